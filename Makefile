@@ -1,0 +1,31 @@
+# The two commands a new user needs: `make run` and `make test`. Both build the venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv run test bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/hookbus run
+
+test: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python -m tests.bench
+
+lint: venv
+	$(BIN)/ruff check bus skills services tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,44 @@
+"""Settings every hookbus process reads from its environment.
+
+One pydantic settings model so that the CLI, the services, the Docker image and the
+Kubernetes manifests agree on the names; `hookbus settings` prints them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Process settings; every field maps to the upper-case environment variable of its alias."""
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+
+    redis_url: str | None = Field(
+        default=None,
+        alias="REDIS_URL",
+        description="Redis to use; unset means start an embedded Redis server.",
+    )
+    prefix: str = Field(
+        default="hookbus:", alias="HOOKBUS_PREFIX", description="Prefix of every Redis key."
+    )
+    openai_base_url: str | None = Field(
+        default=None,
+        alias="OPENAI_BASE_URL",
+        description="OpenAI-compatible endpoint; unset means the built-in offline model.",
+    )
+    openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY")
+    model: str | None = Field(default=None, alias="HOOKBUS_MODEL", description="Model name.")
+    log_format: str = Field(
+        default="auto", alias="HOOKBUS_LOG_FORMAT", description="json, console or auto."
+    )
+    log_level: str = Field(default="info", alias="HOOKBUS_LOG_LEVEL")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

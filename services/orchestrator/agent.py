@@ -1,0 +1,430 @@
+"""The agent loop: one request, top to bottom, in lifecycle order.
+
+    on_connection
+    per round:  before_llm_call -> LLM call (on_chunk per chunk) -> after_llm_call
+                per tool call:  before_toolcall -> tool -> after_toolcall
+    on_message
+    finalize_connection          (exactly once, on every path)
+
+Each lifecycle point is fired in one place below. Where a hook runs (this process or a
+worker group) is the runtime's business, never the loop's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from bus.settings import get_settings
+from services.orchestrator.assemble import ChunkAssembler, add_usage
+from services.orchestrator.llm import LLM
+from services.orchestrator.plan import HookPlan
+from services.orchestrator.runtime import LocalRuntime, Runtime
+from skills import AuthInfo, Context, HookData, HookError, Skill
+from skills.context import Metadata, Session
+from skills.errors import as_hook_error
+from skills.runner import run_hooks
+from skills.toolcall import ToolProblem, invoke_tool, parse_arguments
+
+log = structlog.get_logger("hookbus.agent")
+
+ROUND_CAP_NOTE = (
+    "You have used every tool round allowed for this request. Do not call tools; "
+    "answer now with what you have."
+)
+
+
+@dataclass
+class RunState:
+    """One request's state as it moves through the lifecycle."""
+
+    ctx: Context
+    plan: HookPlan
+    conversation: list[dict[str, Any]]
+    stream: bool
+    usage: CompletionUsage | None = None
+    chunks_seen: int = 0
+    last_response: ChatCompletion | None = None
+    result: ChatCompletion | None = None
+    error: HookError | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def completion_id(self) -> str:
+        return self.ctx.metadata.completion_id
+
+
+class Agent:
+    """An agent: a model, instructions, skills; `run` or `run_stream` one request at a time or many.
+
+    An agent holds no per-request state, so one instance serves concurrent requests and
+    may be used from several event loops one after another.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: str | None = None,
+        instructions: str | None = None,
+        skills: Iterable[Skill | type[Skill]] = (),
+        llm: LLM | None = None,
+        max_tool_rounds: int = 50,
+        runtime: Runtime | None = None,
+    ) -> None:
+        if max_tool_rounds < 0:
+            raise ValueError("max_tool_rounds must be >= 0")
+        self.name = name
+        self.llm = llm or LLM()
+        self.model = model or get_settings().model or "offline"
+        self.instructions = instructions
+        self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
+        self.max_tool_rounds = max_tool_rounds
+        self.runtime: Runtime = runtime or LocalRuntime()
+        self._local_hooks = [h for skill in self.skills for h in skill.bound_hooks()]
+        self._local_tools = [t for skill in self.skills for t in skill.bound_tools()]
+        self._plan: HookPlan | None = None
+        self._plan_version = -1
+
+    # ----------------------------------------------------------------- public API
+
+    async def run(
+        self,
+        messages: Sequence[dict[str, Any]] | str,
+        auth: AuthInfo | dict[str, Any] | None = None,
+        session_id: str | None = None,
+        *,
+        completion_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> ChatCompletion:
+        """Run one request to its end; raises the HookError that aborted it."""
+        state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=False)
+        async for _ in self._lifecycle(state):
+            pass
+        assert state.result is not None
+        return state.result
+
+    def run_stream(
+        self,
+        messages: Sequence[dict[str, Any]] | str,
+        auth: AuthInfo | dict[str, Any] | None = None,
+        session_id: str | None = None,
+        *,
+        completion_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """An async generator of the chunks the client sees, as the hooks made them.
+
+        The last chunk has no choices and carries the usage summed over every LLM call.
+        Stopping early (`aclose()`) ends the request; finalize_connection still runs.
+        """
+        return self._stream(messages, auth, session_id, completion_id, metadata)
+
+    def plan(self) -> HookPlan:
+        """The merged hook order; rebuilt only when the runtime's remote set changed."""
+        version = self.runtime.remote_version()
+        if self._plan is None or version != self._plan_version:
+            self._plan = HookPlan.build(
+                self._local_hooks,
+                self._local_tools,
+                self.runtime.remote_hooks(),
+                self.runtime.remote_tools(),
+            )
+            self._plan_version = version
+        return self._plan
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _stream(self, messages, auth, session_id, completion_id, metadata):  # type: ignore[no-untyped-def]
+        state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=True)
+        async with contextlib.aclosing(self._lifecycle(state)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _begin(
+        self,
+        messages: Sequence[dict[str, Any]] | str,
+        auth: AuthInfo | dict[str, Any] | None,
+        session_id: str | None,
+        completion_id: str | None,
+        metadata: dict[str, Any] | None,
+        stream: bool,
+    ) -> RunState:
+        ctx = Context(
+            auth=auth if isinstance(auth, AuthInfo) else AuthInfo.model_validate(auth or {}),
+            metadata=Metadata(
+                completion_id=completion_id or f"chatcmpl-{uuid.uuid4().hex}",
+                model=self.model,
+                agent_name=self.name,
+                **(metadata or {}),
+            ),
+            session=Session(id=session_id),
+        )
+        return RunState(ctx, self.plan(), self._conversation(messages), stream)
+
+    async def _lifecycle(self, state: RunState) -> AsyncIterator[ChatCompletionChunk]:
+        """The whole request; a generator so streaming and non-streaming share one path."""
+        try:
+            if state.ctx.session.id:
+                state.ctx.session.data = await self.runtime.load_session(state.ctx.session.id)
+            await self._on_connection(state)
+            rounds = 0
+            while True:
+                final_round = rounds >= self.max_tool_rounds
+                messages, tools = await self._before_llm_call(state, rounds, final_round)
+                if state.stream:
+                    async with contextlib.aclosing(
+                        self._streamed_llm_call(state, messages, tools)
+                    ) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                else:
+                    state.last_response = await self.llm.complete(self.model, messages, tools)
+                    state.last_response.id = state.completion_id
+                message = await self._after_llm_call(state, rounds)
+                if final_round or not message.get("tool_calls"):
+                    break
+                for tool_call in message["tool_calls"]:
+                    await self._tool_round_call(state, tool_call)
+                rounds += 1
+            await self._on_message(state)
+            if state.stream:
+                yield self._usage_chunk(state)
+        except HookError as exc:
+            state.error = exc
+            raise
+        except asyncio.CancelledError:
+            state.error = HookError(499, "cancelled", "the request was cancelled")
+            raise
+        except GeneratorExit:
+            state.error = HookError(499, "client_closed", "the client stopped reading")
+            raise
+        except Exception as exc:
+            state.error = as_hook_error(exc)
+            log.exception("run_failed", completion_id=state.completion_id)
+            raise state.error from exc
+        finally:
+            await self._finalize_shielded(state)
+
+    async def _on_connection(self, state: RunState) -> None:
+        data = HookData.model_construct(
+            lifecycle="on_connection", messages=state.conversation, stream=state.stream
+        )
+        data = await self._stage(state, data)
+        state.conversation = list(data.messages or [])
+
+    async def _before_llm_call(
+        self, state: RunState, iteration: int, final_round: bool
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        messages = list(state.conversation)
+        if final_round:
+            messages.append({"role": "system", "content": ROUND_CAP_NOTE})
+        tools = None if final_round else state.plan.tool_schemas(state.ctx.auth.scopes) or None
+        data = HookData.model_construct(
+            lifecycle="before_llm_call", messages=messages, tools=tools, iteration=iteration
+        )
+        data = await self._stage(state, data, f"before_llm_call#{iteration}")
+        return list(data.messages or []), data.tools or None
+
+    async def _streamed_llm_call(
+        self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """One streamed LLM call; every chunk goes through on_chunk before the client sees it."""
+        assembler = ChunkAssembler(state.completion_id, self.model)
+        segments = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+        full_content: list[str] = []
+        async for chunk in self.llm.stream(self.model, messages, tools):
+            chunk.id = state.completion_id
+            if chunk.usage is not None:
+                assembler.usage = chunk.usage
+            content = _chunk_text(chunk)
+            if content:
+                full_content.append(content)
+            if segments:
+                visible = await self._on_chunk(
+                    state, chunk, content, state.chunks_seen, "".join(full_content)
+                )
+            else:
+                visible = chunk
+            state.chunks_seen += 1
+            if visible is None or not visible.choices:
+                continue  # dropped by a hook, or the usage-only chunk (summed at the end)
+            visible.id = state.completion_id
+            assembler.add(visible)
+            yield visible
+        state.last_response = assembler.completion()
+
+    async def _on_chunk(
+        self, state: RunState, chunk: ChatCompletionChunk, content: str, index: int, full: str
+    ) -> ChatCompletionChunk | None:
+        data = HookData.model_construct(
+            lifecycle="on_chunk", chunk=chunk, content=content, chunk_index=index, full_content=full
+        )
+        data = await self._stage(state, data, f"on_chunk#{index}")
+        if data.chunk is not None and data.content != content and data.chunk.choices:
+            data.chunk.choices[0].delta.content = data.content
+        return data.chunk
+
+    async def _after_llm_call(self, state: RunState, iteration: int) -> dict[str, Any]:
+        response = state.last_response
+        assert response is not None
+        state.usage = add_usage(state.usage, response.usage)
+        data = HookData.model_construct(
+            lifecycle="after_llm_call", response=response, usage=response.usage, iteration=iteration
+        )
+        data = await self._stage(state, data, f"after_llm_call#{iteration}")
+        state.last_response = data.response or response
+        message = state.last_response.choices[0].message.model_dump(exclude_none=True)
+        message.setdefault("content", None)
+        state.conversation.append(message)
+        return message
+
+    async def _tool_round_call(self, state: RunState, tool_call: dict[str, Any]) -> None:
+        tool_id = str(tool_call.get("id", ""))
+        before = HookData.model_construct(
+            lifecycle="before_toolcall", tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
+            tool_skipped=False,
+        )
+        before = await self._stage(state, before, f"before_toolcall#{tool_id}")
+        if before.tool_skipped:
+            result = before.tool_result or ""
+        else:
+            result = await self._run_tool(state, before.tool_call or tool_call)
+        after = HookData.model_construct(
+            lifecycle="after_toolcall", tool_call=before.tool_call, tool_id=tool_id,
+            tool_result=result, tool_skipped=before.tool_skipped,
+        )
+        after = await self._stage(state, after, f"after_toolcall#{tool_id}")
+        state.conversation.append(
+            {"role": "tool", "tool_call_id": tool_id, "content": after.tool_result or ""}
+        )
+
+    async def _run_tool(self, state: RunState, tool_call: dict[str, Any]) -> str:
+        function = tool_call.get("function") or {}
+        name = str(function.get("name", ""))
+        tool = state.plan.tools.get(name)
+        try:
+            if tool is None or not state.ctx.allows(tool.scope):
+                known = ", ".join(sorted(state.plan.tools)) or "none"
+                raise ToolProblem(f"unknown tool {name!r}; available tools: {known}")
+            arguments = parse_arguments(name, function.get("arguments"))
+            if tool.local is not None:
+                return await invoke_tool(tool.local, arguments, state.ctx)
+            return await self.runtime.call_tool(tool, arguments, state.ctx)
+        except ToolProblem as exc:
+            return f"Error: {exc}"
+
+    async def _on_message(self, state: RunState) -> None:
+        data = HookData.model_construct(lifecycle="on_message", messages=state.conversation)
+        data = await self._stage(state, data)
+        state.conversation = list(data.messages or [])
+        state.result = self._final_completion(state)
+
+    async def _finalize_shielded(self, state: RunState) -> None:
+        """Run finalize to its end even if the caller cancels us again meanwhile."""
+        task = asyncio.ensure_future(self._finalize(state))
+        cancelled = False
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled and state.error is None:
+            state.error = HookError(499, "cancelled", "the request was cancelled")
+
+    async def _finalize(self, state: RunState) -> None:
+        data = HookData.model_construct(
+            lifecycle="finalize_connection",
+            messages=state.conversation,
+            usage=state.usage,
+            error=state.error,
+        )
+        try:
+            await self._stage(state, data)
+        except Exception:  # noqa: BLE001 - never replaces the original error
+            log.exception("finalize_failed", completion_id=state.completion_id)
+        if state.ctx.session.id:
+            try:
+                await self.runtime.save_session(state.ctx.session.id, state.ctx.session.data)
+            except Exception:  # noqa: BLE001
+                log.exception("session_save_failed", completion_id=state.completion_id)
+        log.debug(
+            "request_finished",
+            completion_id=state.completion_id,
+            error=state.error.code if state.error else None,
+            ms=round((time.perf_counter() - state.started) * 1000, 2),
+        )
+
+    # ---------------------------------------------------------------- machinery
+
+    async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
+        """Run every hook of data.lifecycle in order, segment by segment."""
+        lifecycle = data.lifecycle
+        for segment in state.plan.segments(lifecycle, state.ctx.auth.scopes):
+            started = time.perf_counter()
+            if segment.group is None:
+                result = await run_hooks(
+                    segment.local_hooks(), data, state.ctx, stage_key=stage_key or lifecycle
+                )
+            else:
+                result = await self.runtime.hop(segment, data, state.ctx, stage_key or lifecycle)
+            self.runtime.record_stage(
+                state.ctx, lifecycle, segment.group, result.outcomes,
+                (time.perf_counter() - started) * 1000,
+            )
+            data = result.data
+            if result.abort is not None and lifecycle != "finalize_connection":
+                raise result.abort
+            if result.blocked:
+                break
+        return data
+
+    def _conversation(self, messages: Sequence[dict[str, Any]] | str) -> list[dict[str, Any]]:
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        conversation = [
+            copy.deepcopy(m if isinstance(m, dict) else m.model_dump(exclude_none=True))  # type: ignore[attr-defined]
+            for m in messages
+        ]
+        if self.instructions and not (conversation and conversation[0].get("role") == "system"):
+            conversation.insert(0, {"role": "system", "content": self.instructions})
+        return conversation
+
+    def _final_completion(self, state: RunState) -> ChatCompletion:
+        response = state.last_response
+        assert response is not None
+        final = response.model_copy(deep=True)
+        final.id = state.completion_id
+        final.model = self.model
+        final.usage = state.usage
+        last = state.conversation[-1] if state.conversation else None
+        if last is not None and last.get("role") == "assistant":
+            final.choices[0].message.content = last.get("content")
+        return final
+
+    def _usage_chunk(self, state: RunState) -> ChatCompletionChunk:
+        return ChatCompletionChunk.model_validate(
+            {
+                "id": state.completion_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [],
+                "usage": state.usage.model_dump() if state.usage else None,
+            }
+        )
+
+
+def _chunk_text(chunk: ChatCompletionChunk) -> str:
+    if chunk.choices and chunk.choices[0].delta.content:
+        return chunk.choices[0].delta.content
+    return ""

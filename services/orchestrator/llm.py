@@ -1,0 +1,134 @@
+"""The LLM adapter: the official `openai` async client against any compatible endpoint.
+
+With no endpoint configured, the built-in offline model (services.orchestrator.
+offline_model) is started on loopback and reached through the very same client and
+HTTP path, so tests and demos exercise the production code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from bus.settings import get_settings
+from skills.errors import HookError
+
+
+class ContextTooLong(HookError):
+    """The endpoint refused the prompt as longer than the model's context window."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, "context_length_exceeded", message)
+
+
+class LLM:
+    """One endpoint and its credentials; a client per event loop (clients are loop-bound)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+    ) -> None:
+        settings = get_settings()
+        self._base_url = base_url or settings.openai_base_url
+        self._api_key = api_key or settings.openai_api_key or "hookbus-offline"
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def offline(self) -> bool:
+        return self._base_url is None
+
+    @property
+    def base_url(self) -> str:
+        if self._base_url is None:
+            from services.orchestrator.offline_server import shared_offline_base_url
+
+            return shared_offline_base_url()
+        return self._base_url
+
+    def client(self) -> openai.AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key,
+                timeout=self._timeout,
+                max_retries=self._max_retries,
+                http_client=httpx.AsyncClient(
+                    timeout=self._timeout,
+                    limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+                ),
+            )
+            self._clients[loop] = client
+        return client
+
+    async def complete(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> ChatCompletion:
+        try:
+            return await self.client().chat.completions.create(
+                model=model, messages=messages, **_tool_args(tools)  # type: ignore[arg-type]
+            )
+        except openai.APIError as exc:
+            raise llm_error(exc) from exc
+
+    async def stream(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        try:
+            response = await self.client().chat.completions.create(
+                model=model,
+                messages=messages,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},
+                **_tool_args(tools),
+            )
+            async with response:
+                async for chunk in response:
+                    yield chunk
+        except openai.APIError as exc:
+            raise llm_error(exc) from exc
+
+
+def _tool_args(tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {"tools": tools} if tools else {}
+
+
+def llm_error(exc: openai.APIError) -> HookError:
+    """Turn what the endpoint said into the structured error the client will see."""
+    if isinstance(exc, openai.APIStatusError):
+        code = _error_code(exc.body)
+        if code == "context_length_exceeded":
+            return ContextTooLong(exc.message)
+        status = 404 if exc.status_code == 404 else 502
+        return HookError(
+            status,
+            code or "llm_error",
+            f"the LLM endpoint answered {exc.status_code}: {exc.message}",
+            {"upstream_status": exc.status_code},
+        )
+    if isinstance(exc, openai.APITimeoutError):
+        return HookError(504, "llm_timeout", "the LLM endpoint did not answer in time")
+    return HookError(502, "llm_unreachable", f"the LLM endpoint could not be reached: {exc.message}")
+
+
+def _error_code(body: object) -> str | None:
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("code"):
+            return str(inner["code"])
+    return None

@@ -1,0 +1,100 @@
+"""Where an agent's remote hooks, tools, sessions and monitor records go.
+
+The agent loop is the same in-process and on the bus; only the runtime differs. The
+in-process runtime has no remote hooks and keeps sessions in memory; the bus runtime
+(services.orchestrator.bus_runtime) sends hops to worker groups and keeps sessions in
+Redis.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import structlog
+
+from services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
+from skills import Context, HookData
+from skills.runner import ChainResult, HookOutcome
+
+log = structlog.get_logger("hookbus.runtime")
+
+
+class Runtime(Protocol):
+    def remote_version(self) -> int:
+        """Changes whenever the set of remote hooks or tools changes."""
+
+    def remote_hooks(self) -> Sequence[RemoteHook]: ...
+
+    def remote_tools(self) -> Sequence[RemoteTool]: ...
+
+    async def hop(
+        self, segment: Segment, data: HookData, ctx: Context, stage_key: str
+    ) -> ChainResult:
+        """Run a remote segment in its worker group and bring back the result."""
+
+    async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str: ...
+
+    async def load_session(self, session_id: str) -> dict[str, Any]: ...
+
+    async def save_session(self, session_id: str, data: dict[str, Any]) -> None: ...
+
+    def record_stage(
+        self,
+        ctx: Context,
+        lifecycle: str,
+        group: str | None,
+        outcomes: Sequence[HookOutcome],
+        duration_ms: float,
+    ) -> None:
+        """A monitor record for one segment of one stage."""
+
+
+class LocalRuntime:
+    """Everything in this process: no remote hooks, sessions in a dict."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, dict[str, Any]] = {}
+
+    def remote_version(self) -> int:
+        return 0
+
+    def remote_hooks(self) -> Sequence[RemoteHook]:
+        return ()
+
+    def remote_tools(self) -> Sequence[RemoteTool]:
+        return ()
+
+    async def hop(
+        self, segment: Segment, data: HookData, ctx: Context, stage_key: str
+    ) -> ChainResult:
+        raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")
+
+    async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str:
+        raise RuntimeError(f"no bus: cannot reach worker group {tool.group!r} in-process")
+
+    async def load_session(self, session_id: str) -> dict[str, Any]:
+        return copy.deepcopy(self._sessions.get(session_id, {}))
+
+    async def save_session(self, session_id: str, data: dict[str, Any]) -> None:
+        self._sessions[session_id] = copy.deepcopy(data)
+
+    def record_stage(
+        self,
+        ctx: Context,
+        lifecycle: str,
+        group: str | None,
+        outcomes: Sequence[HookOutcome],
+        duration_ms: float,
+    ) -> None:
+        for outcome in outcomes:
+            if outcome.outcome != "ok":
+                log.info(
+                    "hook_outcome",
+                    completion_id=ctx.completion_id,
+                    lifecycle=lifecycle,
+                    hook=outcome.hook,
+                    outcome=outcome.outcome,
+                    error=outcome.error,
+                )

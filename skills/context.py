@@ -1,0 +1,75 @@
+"""The request context a hook receives next to its data.
+
+Skills are stateless across requests, so everything a request carries lives here:
+`state` travels with the request to every process that runs one of its hooks, and
+`session.data` is persisted per conversation in Redis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AuthInfo(BaseModel):
+    """Who is calling; `scopes` decides which scoped hooks and tools apply."""
+
+    peer_user_id: str | None = None
+    scopes: list[str] = Field(default_factory=list)
+
+
+class Metadata(BaseModel):
+    """Facts about the request; extra keys are allowed and travel with it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    completion_id: str = ""
+    model: str = ""
+    agent_name: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+class Session(BaseModel):
+    """One conversation's persisted data; `id` is None for a request without a session."""
+
+    id: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class HookCall(BaseModel):
+    """Which hook is running now: lets a hook make its side effects idempotent.
+
+    `idempotency_key` is stable across redeliveries (completion id, stage, hook);
+    `attempt` counts deliveries from 1.
+    """
+
+    idempotency_key: str = ""
+    attempt: int = 1
+
+
+class Context(BaseModel):
+    """Everything about the request that is not the stage's data."""
+
+    auth: AuthInfo = Field(default_factory=AuthInfo)
+    metadata: Metadata = Field(default_factory=Metadata)
+    session: Session = Field(default_factory=Session)
+    state: dict[str, Any] = Field(default_factory=dict)
+    recovery: bool = Field(
+        default=False,
+        description="True when another orchestrator finalizes a request whose owner died.",
+    )
+    call: HookCall = Field(default_factory=HookCall)
+
+    @property
+    def completion_id(self) -> str:
+        return self.metadata.completion_id
+
+    def allows(self, scope: str) -> bool:
+        """Whether a hook or tool with this scope applies to this caller."""
+        return scope == "all" or scope in self.auth.scopes

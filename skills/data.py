@@ -1,0 +1,78 @@
+"""HookData: what one lifecycle point hands to its hooks.
+
+One model for every point keeps hooks simple to write (a hook for several points reads
+the same fields), while `lifecycle` says which fields are meaningful and writable there.
+Assigning a field that is read-only at this point raises an AttributeError that names
+the writable ones, so a hook learns of the mistake at once instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+
+from skills.errors import HookError
+from skills.lifecycle import WRITABLE
+
+
+def _load_error(value: Any) -> HookError | None:
+    if value is None or isinstance(value, HookError):
+        return value
+    if isinstance(value, dict):
+        return HookError.from_dict(value)
+    raise TypeError(f"error must be a HookError or its dict form, not {type(value).__name__}")
+
+
+def _dump_error(value: HookError | None) -> dict[str, Any] | None:
+    return None if value is None else value.to_dict()
+
+
+ErrorField = Annotated[
+    HookError | None, BeforeValidator(_load_error), PlainSerializer(_dump_error)
+]
+
+
+class HookData(BaseModel):
+    """The stage's data; see skills.lifecycle.WRITABLE for what each point may change."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    lifecycle: str
+    # on_connection, before_llm_call, on_message, finalize_connection
+    messages: list[dict[str, Any]] | None = None
+    stream: bool | None = None
+    # before_llm_call
+    tools: list[dict[str, Any]] | None = None
+    iteration: int | None = None
+    # after_llm_call
+    response: ChatCompletion | None = None
+    usage: CompletionUsage | None = None
+    # on_chunk
+    chunk: ChatCompletionChunk | None = None
+    content: str | None = None
+    chunk_index: int | None = None
+    full_content: str | None = None
+    # before_toolcall, after_toolcall
+    tool_call: dict[str, Any] | None = None
+    tool_id: str | None = None
+    tool_skipped: bool = False
+    tool_result: str | None = None
+    # finalize_connection
+    error: ErrorField = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        writable = WRITABLE.get(self.lifecycle)
+        if writable is not None and name not in writable and name in type(self).model_fields:
+            allowed = ", ".join(sorted(writable)) or "nothing"
+            raise AttributeError(
+                f"HookData.{name} is read-only at {self.lifecycle}; a hook may change: {allowed}"
+            )
+        super().__setattr__(name, value)
+
+    def set_internal(self, **fields: Any) -> None:
+        """Assign fields as the runtime (not a hook), bypassing the per-lifecycle guard."""
+        for name, value in fields.items():
+            BaseModel.__setattr__(self, name, value)

@@ -1,0 +1,157 @@
+"""The two decorators a skill author uses: `@hook` and `@tool`.
+
+Both only attach a small spec to the function; `Skill.__init_subclass__` collects them,
+so a mistake (an unknown lifecycle) fails when the class is defined, not at run time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from skills.lifecycle import check_lifecycle
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+HOOK_ATTR = "__hookbus_hook__"
+TOOL_ATTR = "__hookbus_tool__"
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """How a hook method was declared."""
+
+    lifecycle: str
+    priority: int
+    scope: str
+    timeout: float | None
+    critical: bool
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """An OpenAI function tool built from a method's signature."""
+
+    name: str
+    description: str
+    scope: str
+    timeout: float | None
+    arguments: type[BaseModel]
+
+    def openai_schema(self) -> dict[str, Any]:
+        parameters = self.arguments.model_json_schema()
+        parameters.pop("title", None)
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": parameters,
+            },
+        }
+
+
+def hook(
+    lifecycle: str,
+    priority: int = 50,
+    *,
+    scope: str = "all",
+    timeout: float | None = None,
+    critical: bool = False,
+) -> Callable[[F], F]:
+    """Register a method as a hook on `lifecycle`; lower `priority` runs first.
+
+    `scope` other than "all" runs only for callers holding that scope; `timeout`
+    (seconds) counts as a failure when exceeded; `critical=True` turns a plain
+    exception into a 500 that aborts the run instead of being logged and skipped.
+    """
+    check_lifecycle(lifecycle)
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"hook timeout must be positive, got {timeout}")
+    spec = HookSpec(lifecycle, int(priority), scope, timeout, critical)
+
+    def decorate(method: F) -> F:
+        setattr(method, HOOK_ATTR, spec)
+        return method
+
+    return decorate
+
+
+def tool(
+    method: F | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    scope: str = "all",
+    timeout: float | None = None,
+) -> Any:
+    """Make a method an OpenAI function tool; its JSON schema comes from its signature.
+
+    Usable bare (`@tool`) or with options (`@tool(name=..., scope=...)`). Parameter
+    descriptions come from the docstring's `Args:` section.
+    """
+
+    def decorate(fn: F) -> F:
+        setattr(fn, TOOL_ATTR, build_tool_spec(fn, name, description, scope, timeout))
+        return fn
+
+    return decorate(method) if method is not None else decorate
+
+
+def build_tool_spec(
+    fn: Callable[..., Any],
+    name: str | None = None,
+    description: str | None = None,
+    scope: str = "all",
+    timeout: float | None = None,
+) -> ToolSpec:
+    doc = inspect.getdoc(fn) or ""
+    summary, arg_docs = _parse_docstring(doc)
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.name in ("self", "cls") or param.kind in (
+            param.VAR_POSITIONAL,
+            param.VAR_KEYWORD,
+        ):
+            continue
+        if param.name == "ctx":  # the request context is injected, not asked of the model
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
+    tool_name = name or fn.__name__
+    arguments = create_model(  # type: ignore[call-overload]
+        f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return ToolSpec(tool_name, description or summary or tool_name, scope, timeout, arguments)
+
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
+_ARG_LINE = re.compile(r"^\s+(\w+)(?:\s*\([^)]*\))?:\s*(.+)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its summary and per-argument descriptions."""
+    lines = doc.splitlines()
+    summary_lines: list[str] = []
+    arg_docs: dict[str, str] = {}
+    in_args = False
+    for line in lines:
+        if _ARGS_HEADER.match(line):
+            in_args = True
+            continue
+        if in_args:
+            match = _ARG_LINE.match(line)
+            if match:
+                arg_docs[match.group(1)] = match.group(2).strip()
+            elif line.strip() and not line.startswith((" ", "\t")):
+                in_args = False
+        elif not arg_docs:
+            summary_lines.append(line)
+    return " ".join(part.strip() for part in summary_lines if part.strip()), arg_docs

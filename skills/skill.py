@@ -1,0 +1,89 @@
+"""The `Skill` base class: a named bundle of hooks and tools.
+
+A skill is stateless across requests; the same class runs in the orchestrator's
+process or in a worker group, whichever the deployment chooses.
+"""
+
+from __future__ import annotations
+
+import re
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from skills.decorators import HOOK_ATTR, TOOL_ATTR, HookSpec, ToolSpec
+
+
+@dataclass(frozen=True)
+class BoundHook:
+    """A hook method of one skill instance, ready to call."""
+
+    skill: str
+    method: str
+    spec: HookSpec
+    fn: Callable[..., Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.skill}.{self.method}"
+
+
+@dataclass(frozen=True)
+class BoundTool:
+    """A tool method of one skill instance, ready to call."""
+
+    skill: str
+    method: str
+    spec: ToolSpec
+    fn: Callable[..., Any]
+    wants_ctx: bool
+
+
+class Skill:
+    """Subclass it, set `name`, decorate methods with `@hook` and `@tool`.
+
+    Hooks and tools are collected when the class is defined, in definition order
+    (inherited ones first), which is the tie-break order among equal priorities.
+    """
+
+    name: ClassVar[str] = ""
+    _hook_specs: ClassVar[tuple[tuple[str, HookSpec], ...]] = ()
+    _tool_specs: ClassVar[tuple[tuple[str, ToolSpec], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            cls.name = _kebab(cls.__name__)
+        hook_specs: dict[str, HookSpec] = {}
+        tool_specs: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                if (spec := getattr(value, HOOK_ATTR, None)) is not None:
+                    hook_specs[attr] = spec
+                if (tspec := getattr(value, TOOL_ATTR, None)) is not None:
+                    tool_specs[attr] = tspec
+        cls._hook_specs = tuple(hook_specs.items())
+        cls._tool_specs = tuple(tool_specs.items())
+
+    def bound_hooks(self) -> list[BoundHook]:
+        return [
+            BoundHook(self.name, method, spec, getattr(self, method))
+            for method, spec in self._hook_specs
+        ]
+
+    def bound_tools(self) -> list[BoundTool]:
+        bound = []
+        for method, spec in self._tool_specs:
+            fn = getattr(self, method)
+            wants_ctx = "ctx" in inspect.signature(fn).parameters
+            bound.append(BoundTool(self.name, method, spec, fn, wants_ctx))
+        return bound
+
+    @classmethod
+    def handles_compaction(cls) -> bool:
+        return callable(getattr(cls, "on_compaction", None))
+
+
+def _kebab(class_name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", class_name).lower()

@@ -1,0 +1,136 @@
+"""The skills SDK as a skill author meets it: decorators, schemas, errors, data rules."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+import pytest
+
+from skills import LIFECYCLES, Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+
+
+def test_unknown_lifecycle_fails_when_the_class_is_defined_and_lists_valid_names():
+    with pytest.raises(ValueError) as caught:
+
+        class Broken(Skill):
+            @hook("before_llm")
+            async def nope(self, data, ctx):
+                return data
+
+    message = str(caught.value)
+    assert "before_llm" in message
+    for name in LIFECYCLES:
+        assert name in message
+
+
+class Unit(str, Enum):
+    celsius = "celsius"
+    fahrenheit = "fahrenheit"
+
+
+class WeatherSkill(Skill):
+    name = "weather"
+
+    @tool
+    async def forecast(
+        self, city: str, days: int = 3, unit: Unit = Unit.celsius, tags: list[str] | None = None,
+        hour: Optional[int] = None,  # noqa: UP045 - Optional spelled the old way on purpose
+    ) -> str:
+        """Forecast the weather for a city.
+
+        Args:
+            city: Name of the city.
+            days: How many days ahead.
+            unit: Temperature unit.
+        """
+        return f"{city}:{days}:{unit.value}"
+
+
+def test_tool_schema_comes_from_signature_hints_defaults_and_docstring():
+    (method, spec), = WeatherSkill._tool_specs
+    schema = spec.openai_schema()
+    function = schema["function"]
+    assert schema["type"] == "function"
+    assert function["name"] == "forecast"
+    assert function["description"] == "Forecast the weather for a city."
+    params = function["parameters"]
+    assert params["required"] == ["city"]
+    props = params["properties"]
+    assert props["city"] == {"description": "Name of the city.", "title": "City", "type": "string"}
+    assert props["days"]["default"] == 3 and props["days"]["type"] == "integer"
+    assert props["days"]["description"] == "How many days ahead."
+    assert props["unit"]["default"] == "celsius"
+    unit_schema = params["$defs"]["Unit"]
+    assert unit_schema["enum"] == ["celsius", "fahrenheit"]
+    assert {"type": "array", "items": {"type": "string"}} in props["tags"]["anyOf"]
+    assert {"type": "null"} in props["hour"]["anyOf"]
+    assert "ctx" not in props
+
+
+def test_tool_name_scope_and_description_can_be_set():
+    class Named(Skill):
+        @tool(name="lookup", description="Look a thing up.", scope="admin")
+        def find(self, key: str, ctx: Context) -> str:
+            return key
+
+    (_, spec), = Named._tool_specs
+    assert (spec.name, spec.description, spec.scope) == ("lookup", "Look a thing up.", "admin")
+    assert "ctx" not in spec.openai_schema()["function"]["parameters"]["properties"]
+    assert Named().bound_tools()[0].wants_ctx is True
+
+
+def test_skill_without_name_gets_one_from_its_class():
+    class RequestCounter(Skill):
+        pass
+
+    assert RequestCounter.name == "request-counter"
+
+
+def test_hooks_are_collected_in_definition_order_with_inherited_first():
+    class Base(Skill):
+        @hook("on_connection", 10)
+        def first(self, data, ctx):
+            return data
+
+    class Child(Base):
+        name = "child"
+
+        @hook("on_message")
+        def second(self, data, ctx):
+            return data
+
+    assert [h.method for h in Child().bound_hooks()] == ["first", "second"]
+    assert Child().bound_hooks()[0].key == "child.first"
+
+
+def test_hook_data_refuses_a_field_that_is_read_only_at_that_point():
+    data = HookData(lifecycle="on_chunk", content="hi")
+    data.content = "HI"
+    with pytest.raises(AttributeError, match="read-only at on_chunk; a hook may change: chunk, content"):
+        data.messages = []
+    final = HookData(lifecycle="finalize_connection")
+    with pytest.raises(AttributeError, match="may change: nothing"):
+        final.usage = None
+
+
+def test_hook_data_round_trips_through_json_with_its_error():
+    data = HookData(lifecycle="finalize_connection", messages=[], error=PaymentRequired("no credit"))
+    again = HookData.model_validate_json(data.model_dump_json())
+    assert isinstance(again.error, PaymentRequired)
+    assert again.error.status_code == 402 and again.error.message == "no credit"
+
+
+def test_hook_error_has_an_openai_style_body():
+    error = HookError(429, "too_many", "slow down", {"retry_after": 3})
+    body = error.to_openai_body()["error"]
+    assert body == {
+        "message": "slow down", "type": "rate_limit_error", "code": "too_many", "param": None,
+        "details": {"retry_after": 3},
+    }
+    assert PaymentRequired().to_openai_body()["error"]["type"] == "payment_required"
+
+
+def test_hook_rejects_a_non_positive_timeout():
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        hook("on_message", timeout=0)
