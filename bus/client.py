@@ -1,0 +1,155 @@
+"""HookbusClient: put a request on the queue and read its answer from its response stream.
+
+    async with HookbusClient() as client:            # REDIS_URL from the environment
+        async for chunk in client.stream("hello"):    # openai ChatCompletionChunk
+            print(chunk.choices[0].delta.content or "", end="")
+        completion = await client.complete("hello")   # openai ChatCompletion
+
+A structured error (for example a 402 from a payment hook) is raised as
+`skills.HookError` with its status, code and message; a request that outlives its
+deadline raises a 504 HookError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import redis.asyncio as aredis
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import ValidationError
+
+from bus.connection import connect
+from bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from bus.keys import Keys
+from bus.responses import TERMINAL_KINDS
+from bus.settings import get_settings
+from skills import AuthInfo, HookError
+
+DEFAULT_TIMEOUT = 300.0
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+class HookbusClient:
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        prefix: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+    ) -> None:
+        settings = get_settings()
+        url = redis_url or settings.redis_url
+        if not url:
+            raise ValueError("no Redis to talk to: pass redis_url or set REDIS_URL")
+        self.keys = Keys(prefix or settings.prefix)
+        self.timeout = timeout
+        self.max_request_bytes = max_request_bytes
+        self._client = connect(url, max_connections=2000)
+        self._reader = connect(url, max_connections=2000, retries=0)
+
+    async def __aenter__(self) -> HookbusClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.aclose()
+        await self._reader.aclose()
+
+    @property
+    def redis(self) -> aredis.Redis:
+        return self._client
+
+    # ------------------------------------------------------------------ sending
+
+    async def submit(
+        self,
+        messages: Sequence[dict[str, Any]] | str,
+        *,
+        stream: bool = True,
+        session_id: str | None = None,
+        auth: AuthInfo | dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        completion_id: str | None = None,
+        timeout: float | None = None,
+    ) -> RequestEnvelope:
+        """Queue a request; returns its envelope (its `completion_id` names the response stream)."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        try:
+            request = RequestEnvelope(
+                completion_id=completion_id or f"chatcmpl-{uuid.uuid4().hex}",
+                messages=list(messages),
+                stream=stream,
+                auth=auth if isinstance(auth, AuthInfo) else AuthInfo.model_validate(auth or {}),
+                session_id=session_id,
+                metadata=metadata or {},
+                deadline=time.time() + (timeout or self.timeout),
+            )
+        except ValidationError as exc:
+            raise HookError(400, "invalid_request", f"invalid request: {exc}") from exc
+        fields = encode(request)
+        size = len(fields[b"e"])
+        if size > self.max_request_bytes:
+            raise HookError(
+                413, "request_too_large",
+                f"request is {size} bytes; the limit is {self.max_request_bytes} bytes",
+            )
+        await self._client.xadd(self.keys.requests, fields)  # type: ignore[arg-type]
+        return request
+
+    # ------------------------------------------------------------------ reading
+
+    async def items(self, request: RequestEnvelope) -> AsyncIterator[ResponseItem]:
+        """Every response item of the request, up to and including the terminal one."""
+        stream = self.keys.responses(request.completion_id)
+        deadline = request.deadline or (time.time() + self.timeout)
+        last_id = "0-0"
+        while True:
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                raise HookError(504, "deadline_exceeded", f"no answer for {request.completion_id} before its deadline")
+            response = await self._reader.xread(
+                {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
+            )
+            for _stream, entries in response or ():
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    try:
+                        item = decode(fields, ResponseItem)
+                    except DecodeError as exc:
+                        raise HookError(502, "bad_response", f"unreadable response item: {exc}") from exc
+                    yield item
+                    if item.kind in TERMINAL_KINDS:
+                        await self._client.delete(stream)
+                        return
+
+    async def stream(self, messages: Sequence[dict[str, Any]] | str, **options: Any) -> AsyncIterator[ChatCompletionChunk]:
+        """Send a streaming request and yield its chunks as they come."""
+        request = await self.submit(messages, stream=True, **options)
+        async for item in self.items(request):
+            if item.kind == "chunk" and item.chunk is not None:
+                yield ChatCompletionChunk.model_validate(item.chunk)
+            elif item.kind == "error":
+                raise _error(item)
+
+    async def complete(self, messages: Sequence[dict[str, Any]] | str, **options: Any) -> ChatCompletion:
+        """Send a non-streaming request and return the final completion."""
+        request = await self.submit(messages, stream=False, **options)
+        async for item in self.items(request):
+            if item.kind == "final" and item.completion is not None:
+                return ChatCompletion.model_validate(item.completion)
+            if item.kind == "error":
+                raise _error(item)
+        raise HookError(502, "bad_response", "the response stream ended without a completion")
+
+
+def _error(item: ResponseItem) -> HookError:
+    error = item.error or {"status_code": 500, "code": "unknown", "message": json.dumps(item.model_dump())}
+    return HookError.from_dict(error)

@@ -1,0 +1,120 @@
+"""Request/reply over Redis Streams: one reply stream per process, one reader task.
+
+A hop is XADD to the worker group's stream; the worker's reply lands on this process's
+`replies:{instance}` stream, where a single reader resolves the waiting future by
+`hop_id`. That is one round trip each way and no per-call subscription, unlike a
+temporary reply channel per call. A reply that comes after its caller gave up is
+dropped (logged), never applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import redis.asyncio as aredis
+import structlog
+
+from bus.connection import RECONNECT_ERRORS
+from bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
+
+log = structlog.get_logger("hookbus.router")
+
+TRIM_EVERY = 256
+
+
+class HopTimeout(TimeoutError):
+    """No reply within the hop's deadline."""
+
+
+class ReplyRouter:
+    def __init__(self, client: aredis.Redis, reader: aredis.Redis, reply_stream: str) -> None:
+        """`reader` is a client without retries (bus.connection.connect(url, retries=0))."""
+        self._client = client
+        self._reader_client = reader
+        self.reply_stream = reply_stream
+        self._waiting: dict[str, asyncio.Future[HopReply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.late_replies = 0
+
+    async def start(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read_replies(), name="hookbus-reply-reader")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._reader is not None:
+            # Wake the blocked XREAD with an entry rather than cancelling it: redis-py can
+            # swallow a cancellation mid-read and keep blocking.
+            with contextlib.suppress(*RECONNECT_ERRORS):
+                await self._client.xadd(self.reply_stream, {"wake": "stop"})
+            try:
+                await asyncio.wait_for(self._reader, 3)
+            except (TimeoutError, asyncio.CancelledError):
+                self._reader.cancel()
+            self._reader = None
+        await self._reader_client.aclose()
+        for future in self._waiting.values():
+            future.cancel()
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await self._client.delete(self.reply_stream)
+
+    async def call(self, stream: str, event: HopEvent, timeout: float) -> HopReply:
+        """Send one hop and wait for its reply; HopTimeout when none comes in time."""
+        future: asyncio.Future[HopReply] = asyncio.get_running_loop().create_future()
+        self._waiting[event.hop_id] = future
+        try:
+            await self._client.xadd(stream, encode(event))  # type: ignore[arg-type]
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError as exc:
+            raise HopTimeout(f"no reply from {stream} within {timeout:g}s") from exc
+        finally:
+            self._waiting.pop(event.hop_id, None)
+
+    async def _read_replies(self) -> None:
+        last_id = "0-0"
+        since_trim = 0
+        backoff = 0.05
+        while not self._stopping:
+            try:
+                response = await self._reader_client.xread(
+                    {self.reply_stream: last_id}, count=1000, block=2000
+                )
+                backoff = 0.05
+            except RECONNECT_ERRORS as exc:
+                if self._stopping:  # redis-py may turn our cancel into a read error
+                    return
+                log.warning("reply_reader_reconnecting", error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            for _stream, entries in response or ():
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self._resolve(fields)
+                    since_trim += 1
+            if since_trim >= TRIM_EVERY:
+                since_trim = 0
+                with contextlib.suppress(*RECONNECT_ERRORS):
+                    await self._reader_client.xtrim(self.reply_stream, minid=last_id)
+
+    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+        if b"wake" in fields:
+            return
+        try:
+            reply = decode(fields, HopReply)
+        except DecodeError as exc:
+            log.warning("bad_reply_dropped", reason=str(exc), stream=self.reply_stream)
+            return
+        future = self._waiting.get(reply.hop_id)
+        if future is None or future.done():
+            self.late_replies += 1
+            log.info("late_reply_ignored", hop_id=reply.hop_id, completion_id=reply.completion_id)
+            return
+        future.set_result(reply)
+
+
+def hop_deadline(timeout: float) -> float:
+    return time.time() + timeout

@@ -1,0 +1,214 @@
+"""The runtime an orchestrator service gives its agent: hops to worker groups over Redis.
+
+Error semantics of a hop that fails as a whole (no reply in time, no live replica, a
+reply in the wrong shape, a dead-lettered event) follow DESIGN.md: it counts as a plain
+exception of the segment's hooks, so a critical hook turns it into an abort, a
+before_toolcall hop blocks the call, and anything else keeps the data unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from bus.envelopes import HookRef, HopEvent, HopReply, MonitorRecord, ToolInvocation
+from bus.events import EventWriter
+from bus.keys import Keys
+from bus.registry import RegistryView
+from bus.router import HopTimeout, ReplyRouter
+from bus.sessions import SessionStore
+from services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
+from skills import Context, HookData, HookError
+from skills.runner import ChainResult, HookOutcome, block_tool_call
+
+log = structlog.get_logger("hookbus.bus_runtime")
+
+DEFAULT_HOP_TIMEOUT = 30.0
+
+
+class BusRuntime:
+    def __init__(
+        self,
+        keys: Keys,
+        router: ReplyRouter,
+        registry: RegistryView,
+        sessions: SessionStore,
+        events: EventWriter,
+        *,
+        instance: str,
+        default_timeout: float = DEFAULT_HOP_TIMEOUT,
+    ) -> None:
+        self.keys = keys
+        self.router = router
+        self.registry = registry
+        self.sessions = sessions
+        self.events = events
+        self.instance = instance
+        self.default_timeout = default_timeout
+        self.epoch = 0
+        self.hops = 0
+        self._remote_cache: tuple[int, tuple[RemoteHook, ...], tuple[RemoteTool, ...]] | None = None
+
+    # ------------------------------------------------------------- registry view
+
+    def remote_version(self) -> int:
+        return self.registry.version
+
+    def remote_hooks(self) -> Sequence[RemoteHook]:
+        return self._remote()[1]
+
+    def remote_tools(self) -> Sequence[RemoteTool]:
+        return self._remote()[2]
+
+    def _remote(self) -> tuple[int, tuple[RemoteHook, ...], tuple[RemoteTool, ...]]:
+        version = self.registry.version
+        if self._remote_cache is None or self._remote_cache[0] != version:
+            hooks: list[RemoteHook] = []
+            tools: list[RemoteTool] = []
+            for rank, (group, announcement) in enumerate(self.registry.groups.items()):
+                hooks.extend(
+                    RemoteHook(
+                        group, h.skill, h.method, h.lifecycle, h.priority, h.scope, h.timeout,
+                        h.critical, rank, index,
+                    )
+                    for index, h in enumerate(announcement.hooks)
+                )
+                tools.extend(
+                    RemoteTool(group, t.name, t.parameters_schema, t.scope, t.timeout)
+                    for t in announcement.tools
+                )
+            self._remote_cache = (version, tuple(hooks), tuple(tools))
+        return self._remote_cache
+
+    # ---------------------------------------------------------------------- hops
+
+    async def hop(
+        self, segment: Segment, data: HookData, ctx: Context, stage_key: str
+    ) -> ChainResult:
+        group = segment.group
+        assert group is not None
+        keys = [h.key for h in segment.hooks]
+        if not self.registry.is_live(group):
+            return failed_segment(segment, data, f"no live replica in worker group {group!r}", "skipped", no_worker=True)
+        timeout = self._segment_timeout(segment)
+        event = HopEvent(
+            hop_id=uuid.uuid4().hex,
+            completion_id=ctx.completion_id,
+            lifecycle=data.lifecycle,
+            stage_key=stage_key,
+            hooks=[HookRef(skill=h.remote.skill, method=h.remote.method) for h in segment.hooks if h.remote],
+            data=data.model_dump(mode="json"),
+            ctx=ctx.model_dump(mode="json"),
+            reply_to=self.router.reply_stream,
+            deadline=time.time() + timeout,
+            epoch=self.epoch,
+        )
+        self.hops += 1
+        try:
+            reply = await self.router.call(self.keys.hooks(group), event, timeout)
+        except HopTimeout as exc:
+            return failed_segment(segment, data, str(exc), "timeout")
+        if reply.failure:
+            return failed_segment(segment, data, f"worker group {group!r}: {reply.failure}", "error")
+        try:
+            return self._apply(reply, data, ctx)
+        except (ValidationError, ValueError, KeyError) as exc:
+            log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
+            return failed_segment(segment, data, f"reply in the wrong shape: {exc}", "error")
+
+    def _apply(self, reply: HopReply, data: HookData, ctx: Context) -> ChainResult:
+        new_data = HookData.model_validate(reply.data) if reply.data is not None else data
+        if new_data.lifecycle != data.lifecycle:
+            raise ValueError(f"reply is for {new_data.lifecycle}, not {data.lifecycle}")
+        ctx.state = reply.state
+        ctx.session.data = reply.session
+        return ChainResult(
+            new_data,
+            [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes],  # type: ignore[arg-type]
+            HookError.from_dict(reply.abort) if reply.abort else None,
+            reply.blocked,
+        )
+
+    def _segment_timeout(self, segment: Segment) -> float:
+        return sum(h.timeout or self.default_timeout for h in segment.hooks)
+
+    async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str:
+        assert tool.group is not None
+        if not self.registry.is_live(tool.group):
+            return f"Error: tool {tool.name!r} is unavailable: no live replica in worker group {tool.group!r}"
+        timeout = tool.timeout or self.default_timeout
+        event = HopEvent(
+            hop_id=uuid.uuid4().hex,
+            completion_id=ctx.completion_id,
+            lifecycle="tool",
+            stage_key=f"tool:{tool.name}",
+            tool=ToolInvocation(name=tool.name, arguments=arguments),
+            ctx=ctx.model_dump(mode="json"),
+            reply_to=self.router.reply_stream,
+            deadline=time.time() + timeout,
+            epoch=self.epoch,
+        )
+        self.hops += 1
+        try:
+            reply = await self.router.call(self.keys.hooks(tool.group), event, timeout)
+        except HopTimeout:
+            return f"Error: tool {tool.name!r} timed out after {timeout:g}s"
+        if reply.failure:
+            return f"Error: tool {tool.name!r} failed: {reply.failure}"
+        ctx.state = reply.state
+        ctx.session.data = reply.session
+        return reply.tool_result or ""
+
+    # ------------------------------------------------------------ sessions, events
+
+    async def load_session(self, session_id: str) -> dict[str, Any]:
+        return await self.sessions.load(session_id)
+
+    async def save_session(self, session_id: str, data: dict[str, Any]) -> None:
+        await self.sessions.save(session_id, data)
+
+    def record_stage(
+        self,
+        ctx: Context,
+        lifecycle: str,
+        group: str | None,
+        outcomes: Sequence[HookOutcome],
+        duration_ms: float,
+    ) -> None:
+        bad = next((o for o in outcomes if o.outcome != "ok"), None)
+        self.events.emit(
+            MonitorRecord(
+                kind="stage",
+                completion_id=ctx.completion_id,
+                lifecycle=lifecycle,
+                hooks=[o.hook for o in outcomes],
+                group=group,
+                replica=self.instance,
+                duration_ms=duration_ms,
+                outcome=bad.outcome if bad else "ok",
+                error=bad.error if bad else None,
+            )
+        )
+
+
+def failed_segment(
+    segment: Segment, data: HookData, reason: str, outcome: str, *, no_worker: bool = False
+) -> ChainResult:
+    """A segment that failed as a whole, with the same semantics as a hook that raised."""
+    started_outcomes = [HookOutcome(h.key, 0.0, outcome, reason) for h in segment.hooks]  # type: ignore[arg-type]
+    critical = next((h for h in segment.hooks if h.critical), None)
+    if critical is not None and data.lifecycle != "finalize_connection":
+        status, code = (503, "no_worker") if no_worker else (500, "hook_failed")
+        return ChainResult(
+            data, started_outcomes,
+            HookError(status, code, f"critical hook {critical.key} failed: {reason}"),
+        )
+    if data.lifecycle == "before_toolcall" and not no_worker:
+        block_tool_call(data, segment.hooks[0].key, reason)
+        return ChainResult(data, started_outcomes, blocked=True)
+    return ChainResult(data, started_outcomes)

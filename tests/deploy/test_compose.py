@@ -1,0 +1,125 @@
+"""deploy/docker-compose.yml: Redis 7 with AOF, two orchestrators, two scalable worker groups,
+the gateway on 8000, configured by environment only."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+
+from tests.deploy.manifests import (
+    COMPOSE_FILES,
+    SCHEMAS,
+    compose_argv,
+    compose_environment,
+    compose_services,
+    duration_seconds,
+    hookbus_service_names,
+    load_yaml,
+    option_value,
+)
+
+WORKER_DRAIN_SECONDS = 30
+
+
+@pytest.fixture(scope="module")
+def services():
+    return compose_services()
+
+
+def long_running(services):
+    return {
+        name: service
+        for name, service in services.items()
+        if name in hookbus_service_names() and not service.get("profiles")
+    }
+
+
+def workers(services):
+    return {
+        name: service
+        for name, service in long_running(services).items()
+        if compose_argv(service["command"])[0] == "worker"
+    }
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda path: path.name)
+def test_compose_file_follows_the_compose_specification(path):
+    schema = json.loads((SCHEMAS / "compose-spec.json").read_text())
+    jsonschema.validate(load_yaml(path), schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_redis_is_7_with_aof_and_never_evicts(services):
+    redis = services["redis"]
+    assert redis["image"].split(":")[1].startswith("7"), redis["image"]
+    command = compose_argv(redis["command"])
+    assert option_value(command, "--appendonly") == "yes"
+    assert option_value(command, "--maxmemory-policy") == "noeviction"
+    assert redis["healthcheck"]["test"]
+    assert any(volume.endswith(":/data") for volume in redis["volumes"])
+
+
+def test_two_orchestrators_run_the_demo_agent(services):
+    orchestrator = services["orchestrator"]
+    assert orchestrator["deploy"]["replicas"] >= 2
+    argv = compose_argv(orchestrator["command"])
+    assert argv[0] == "orchestrator" and option_value(argv, "--agent")
+
+
+def test_worker_groups_host_the_builtin_skills(services):
+    groups = {}
+    for service in workers(services).values():
+        argv = compose_argv(service["command"])
+        groups[option_value(argv, "--group")] = {part for part in argv if ":" in part}
+    assert groups["guard"] >= {"skills.builtin:SecuritySkill", "skills.builtin:ContentFilter"}
+    assert groups["telemetry"] >= {
+        "skills.builtin:RequestLogger",
+        "skills.builtin:AnalyticsSkill",
+        "skills.builtin:PerformanceMonitor",
+    }
+
+
+def test_worker_groups_scale_with_compose_scale(services):
+    for name, service in workers(services).items():
+        # `docker compose up --scale NAME=3` refuses services with a fixed name or host port.
+        assert "container_name" not in service, name
+        assert "ports" not in service, name
+        assert "hostname" not in service, name
+
+
+def test_the_gateway_listens_on_8000(services):
+    gateway = services["gateway"]
+    argv = compose_argv(gateway["command"])
+    assert argv[0] == "gateway" and option_value(argv, "--port") == "8000"
+    published_and_target = [str(port).split(":")[-2:] for port in gateway["ports"]]
+    assert ["8000", "8000"] in published_and_target, gateway["ports"]
+
+
+def test_every_hookbus_service_uses_the_compose_redis(services):
+    for name in hookbus_service_names():
+        service = services[name]
+        redis_url = compose_environment(service)["REDIS_URL"]
+        assert redis_url and urlparse(redis_url).hostname == "redis", (name, redis_url)
+        assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
+
+
+def test_configuration_is_environment_only(services):
+    for name in hookbus_service_names():
+        service = services[name]
+        assert "env_file" not in service, name
+        # No config files mounted into hookbus services (the auth override mounts a secret).
+        assert "volumes" not in service, name
+        assert "configs" not in service, name
+
+
+def test_long_running_services_have_healthchecks(services):
+    for name in ["redis", *long_running(services)]:
+        assert services[name].get("healthcheck", {}).get("test"), name
+
+
+def test_workers_get_time_to_drain_on_stop(services):
+    for name, service in long_running(services).items():
+        grace = duration_seconds(service["stop_grace_period"])
+        assert grace >= WORKER_DRAIN_SECONDS + 10, (name, grace)
