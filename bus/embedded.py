@@ -45,7 +45,7 @@ class EmbeddedRedis:
     ) -> None:
         self.port = port or free_port()
         self._own_dir = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-"))
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-")).resolve()
         self.appendonly = appendonly
         self._process: subprocess.Popen[bytes] | None = None
 

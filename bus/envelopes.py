@@ -52,8 +52,15 @@ class ToolInvocation(BaseModel):
     arguments: dict[str, Any]
 
 
+COMPACTION_LIFECYCLE = "on_compaction"
+"""A hop of this lifecycle carries a compaction outcome as `data`; `hooks` names the
+skills whose `on_compaction` to call (method "on_compaction"); `ctx` is `{}` for a
+compaction between turns (the skills then get ctx=None)."""
+
+
 class HopEvent(Envelope):
-    """One hop to a worker group: hooks to run in order over `data`, or one tool call."""
+    """One hop to a worker group: hooks to run in order over `data`, or one tool call,
+    or (lifecycle `on_compaction`) a compaction outcome for the group's skills."""
 
     kind: Literal["hop"] = "hop"
     hop_id: str

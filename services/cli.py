@@ -1,5 +1,282 @@
-"""The `hookbus` command line (placeholder until the services land)."""
+"""The `hookbus` command line: run the services, send requests, watch the bus.
+
+Every command reads its settings from the environment (bus.settings.Settings). Without
+REDIS_URL, commands use the Redis of a running `hookbus run` (its URL is kept in
+`.hookbus/redis-url` in the current directory); `hookbus run` itself starts an embedded
+Redis server when there is none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bus.settings import get_settings
+
+RUN_STATE = Path(".hookbus")
 
 
-def main() -> None:
-    print("hookbus")
+def redis_url_or_exit() -> str:
+    """REDIS_URL, else the URL a running `hookbus run` left behind, else a clear error."""
+    url = get_settings().redis_url
+    if url:
+        return url
+    state = RUN_STATE / "redis-url"
+    if state.exists():
+        return state.read_text().strip()
+    sys.exit(
+        "hookbus: no Redis to talk to. Set REDIS_URL=redis://host:port/0, "
+        "or start the whole stack on an embedded Redis with `hookbus run` (`make run`)."
+    )
+
+
+# ------------------------------------------------------------------------ services
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from services.imports import SpecError, load_skill
+    from services.logs import configure_logging
+    from services.worker.host import GroupHost
+    from services.worker.replica import WorkerReplica
+
+    configure_logging()
+    try:
+        skills = [load_skill(spec) for spec in args.skills]
+    except SpecError as exc:
+        sys.exit(f"hookbus worker: {exc}")
+    replica = WorkerReplica(
+        GroupHost(args.group, skills),
+        redis_url_or_exit(),
+        prefix=get_settings().prefix,
+        concurrency=args.concurrency,
+        replica=args.replica,
+        claim_idle=args.claim_idle,
+        max_deliveries=args.max_deliveries,
+    )
+    asyncio.run(replica.app.run())
+    return 0
+
+
+def cmd_orchestrator(args: argparse.Namespace) -> int:
+    from services.imports import SpecError, load_agent
+    from services.logs import configure_logging
+    from services.orchestrator.service import OrchestratorService
+
+    configure_logging()
+    try:
+        agent = load_agent(args.agent)
+    except SpecError as exc:
+        sys.exit(f"hookbus orchestrator: {exc}")
+    service = OrchestratorService(
+        agent,
+        redis_url_or_exit(),
+        prefix=get_settings().prefix,
+        concurrency=args.concurrency,
+        instance=args.instance,
+    )
+    asyncio.run(service.app.run())
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from services.gateway.server import serve
+    from services.logs import configure_logging
+
+    configure_logging()
+    serve(args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix)
+    return 0
+
+
+# ------------------------------------------------------------------------- clients
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from bus.client import HookbusClient
+    from skills import HookError
+
+    async def send() -> int:
+        async with HookbusClient(redis_url_or_exit(), timeout=args.timeout) as client:
+            try:
+                if args.no_stream:
+                    completion = await client.complete(args.text, session_id=args.session)
+                    print(completion.choices[0].message.content or "")
+                else:
+                    async for chunk in client.stream(args.text, session_id=args.session):
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            print(chunk.choices[0].delta.content, end="", flush=True)
+                    print()
+            except HookError as exc:
+                print(f"\nerror {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
+                return 1
+        return 0
+
+    return asyncio.run(send())
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from bus.connection import connect
+    from bus.keys import Keys
+    from services.monitor import EventFilter, follow_events, format_event
+
+    selection = EventFilter(args.completion_id, args.lifecycle, args.group, args.errors)
+
+    async def monitor() -> None:
+        client = connect(redis_url_or_exit(), retries=0)
+        shown = 0
+        async for record in follow_events(client, Keys(get_settings().prefix), from_start=args.from_start):
+            if selection.matches(record):
+                print(format_event(record), flush=True)
+                shown += 1
+                if args.count and shown >= args.count:
+                    return
+
+    try:
+        asyncio.run(monitor())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from bus.connection import connect
+    from bus.keys import Keys
+    from services.monitor import format_status, read_status
+
+    async def status() -> None:
+        client = connect(redis_url_or_exit())
+        try:
+            result = await read_status(client, Keys(get_settings().prefix))
+        finally:
+            await client.aclose()
+        print(result.model_dump_json(indent=2) if args.json else format_status(result))
+
+    asyncio.run(status())
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from services.health import check_health
+
+    ok, message = asyncio.run(check_health(redis_url_or_exit(), get_settings().prefix, args.role, args.group))
+    print(message)
+    return 0 if ok else 1
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from services.chat import run_chat
+
+    return run_chat(local=args.local)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from services.stack import run_stack
+
+    keep = args.keep if args.keep is not None else sys.stdin.isatty()
+    return run_stack(keep_running=keep, port=args.port, replicas=args.replicas)
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from services import docs
+
+    document = docs.asyncapi_document() if args.kind == "asyncapi" else docs.openapi_document()
+    print(json.dumps(document, indent=2))
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    from bus.settings import Settings
+
+    for name, field in Settings.model_fields.items():
+        print(f"{field.alias:<20} {getattr(get_settings(), name)!r:<30} {field.description or ''}")
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hookbus",
+        description="An AI agent's request lifecycle as events on Redis Streams.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    worker = commands.add_parser("worker", help="run one replica of a hook-worker group")
+    worker.add_argument("--group", required=True, help="worker group name (its stream is hooks:NAME)")
+    worker.add_argument("skills", nargs="+", metavar="pkg.module:SkillClass", help="skills this group hosts")
+    worker.add_argument("--concurrency", type=int, default=16, help="hops in flight (and prefetched) at most")
+    worker.add_argument("--replica", default=None, help="consumer name (default: worker-GROUP-HOST-PID)")
+    worker.add_argument("--claim-idle", type=float, default=5.0, help="seconds before a dead sibling's entry is claimed")
+    worker.add_argument("--max-deliveries", type=int, default=3, help="deliveries before an entry is dead-lettered")
+    worker.set_defaults(func=cmd_worker)
+
+    orchestrator = commands.add_parser("orchestrator", help="run one orchestrator instance")
+    orchestrator.add_argument("--agent", required=True, metavar="pkg.module:agent", help="the Agent to run")
+    orchestrator.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
+    orchestrator.add_argument("--instance", default=None, help="instance name (default: orchestrator-HOST-PID)")
+    orchestrator.set_defaults(func=cmd_orchestrator)
+
+    gateway = commands.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8000)
+    gateway.add_argument("--api-keys", default=None, metavar="FILE", help='JSON {"<key>": {"peer_user_id": ..., "scopes": [...]}}; without it auth is off')
+    gateway.set_defaults(func=cmd_gateway)
+
+    send = commands.add_parser("send", help="send one request through the queue and print the answer")
+    send.add_argument("text")
+    send.add_argument("--session", default=None, help="session id (conversation state)")
+    send.add_argument("--no-stream", action="store_true", help="wait for the whole answer")
+    send.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up")
+    send.set_defaults(func=cmd_send)
+
+    monitor = commands.add_parser("monitor", help="follow lifecycle events live")
+    monitor.add_argument("--completion-id", default=None, help="only this request (a prefix is enough)")
+    monitor.add_argument("--lifecycle", default=None)
+    monitor.add_argument("--group", default=None)
+    monitor.add_argument("--errors", action="store_true", help="only failures")
+    monitor.add_argument("--from-start", action="store_true", help="replay the capped history first")
+    monitor.add_argument("--count", type=int, default=0, help="stop after N events")
+    monitor.set_defaults(func=cmd_monitor)
+
+    status = commands.add_parser("status", help="groups, replicas, lag, pending, orchestrators, throughput")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    health = commands.add_parser("health", help="exit 0 when this host's replica heartbeats are fresh")
+    health.add_argument("--role", choices=["worker", "orchestrator"], default=None)
+    health.add_argument("--group", default=None)
+    health.set_defaults(func=cmd_health)
+
+    chat = commands.add_parser("chat", help="chat in the terminal (through the queue, or --local)")
+    chat.add_argument("--local", action="store_true", help="run the agent in this process")
+    chat.set_defaults(func=cmd_chat)
+
+    run = commands.add_parser("run", help="the whole stack on an embedded Redis, with a demo request")
+    run.add_argument("--port", type=int, default=8000, help="gateway port")
+    run.add_argument("--replicas", type=int, default=2, help="worker replicas")
+    run.add_argument("--keep", dest="keep", action="store_true", default=None, help="keep running after the demo")
+    run.add_argument("--once", dest="keep", action="store_false", help="stop after the demo")
+    run.set_defaults(func=cmd_run)
+
+    docs = commands.add_parser("docs", help="print the AsyncAPI (bus) or OpenAPI (gateway) document")
+    docs.add_argument("kind", choices=["asyncapi", "openapi"])
+    docs.set_defaults(func=cmd_docs)
+
+    settings = commands.add_parser("settings", help="print the settings and their environment variables")
+    settings.set_defaults(func=cmd_settings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ hook behaves the same wherever the deployment puts it:
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import time
 from collections.abc import Sequence
@@ -63,7 +64,7 @@ async def run_hooks(
     for bound in hooks:
         ctx.call.idempotency_key = f"{ctx.metadata.completion_id}:{stage_key or data.lifecycle}:{bound.key}"
         ctx.call.attempt = attempt
-        saved_fields, saved_state = _snapshot(result.data), dict(ctx.state)
+        saved_fields, saved_state = _snapshot(result.data), copy.deepcopy(ctx.state)
         started = time.perf_counter()
         try:
             returned = await _call(bound, result.data, ctx)
@@ -122,11 +123,15 @@ async def _call(bound: BoundHook, data: HookData, ctx: Context) -> Any:
 
 
 def _snapshot(data: HookData) -> dict[str, Any]:
-    """Cheap copy of the fields (and top-level lists) so a failed hook's changes can be undone."""
+    """A copy of the fields, the lists and their message dicts, so a failed hook can be undone.
+
+    A hook that edits deeper than a message's own keys (inside `tool_calls`) and then
+    raises keeps that edit: a full deep copy per hook call would cost more than it saves.
+    """
     saved = dict(data.__dict__)
     for name in ("messages", "tools"):
         if saved[name] is not None:
-            saved[name] = list(saved[name])
+            saved[name] = [dict(item) for item in saved[name]]
     return saved
 
 

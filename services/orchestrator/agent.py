@@ -8,6 +8,17 @@
 
 Each lifecycle point is fired in one place below. Where a hook runs (this process or a
 worker group) is the runtime's business, never the loop's.
+
+Compaction (services.orchestrator.compaction) keeps a conversation inside the model's
+context window. Between turns the host calls `compact_if_needed` / `compact`; inside a
+run, after `before_llm_call`, messages past the policy's `hard` threshold are compacted
+by `compact_in_run` (the turn in progress stays whole) and the compacted conversation
+replaces the run's own, so later rounds do not grow back. An endpoint that still answers
+"context too long" gets one compaction and one retry. The summary is one plain LLM call
+(`policy.model` or the agent's model): no hooks, not streamed, not a tool round, and its
+usage is not added to the request's. Every skill defining `on_compaction(outcome, ctx)`
+(in-process, or hosted by a worker group through the runtime) hears of each compaction
+that changed something; `ctx` is None between turns.
 """
 
 from __future__ import annotations
@@ -15,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +39,13 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from bus.settings import get_settings
+from services.orchestrator import compaction
 from services.orchestrator.assemble import ChunkAssembler, add_usage
-from services.orchestrator.llm import LLM
+from services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
+from services.orchestrator.llm import LLM, ContextTooLong
 from services.orchestrator.plan import HookPlan
 from services.orchestrator.runtime import LocalRuntime, Runtime
+from services.orchestrator.tokens import context_window, count_messages
 from skills import AuthInfo, Context, HookData, HookError, Skill
 from skills.context import Metadata, Session
 from skills.errors import as_hook_error
@@ -42,6 +58,12 @@ ROUND_CAP_NOTE = (
     "You have used every tool round allowed for this request. Do not call tools; "
     "answer now with what you have."
 )
+_REFUSAL_NUMBERS = re.compile(
+    r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens",
+    re.IGNORECASE | re.DOTALL,
+)
+_REFUSAL_SHRINK = 0.9
+"""Assumed ratio of the endpoint's window to our count when its refusal names no numbers."""
 
 
 @dataclass
@@ -80,12 +102,15 @@ class Agent:
         llm: LLM | None = None,
         max_tool_rounds: int = 50,
         runtime: Runtime | None = None,
+        compaction_policy: CompactionPolicy | None = None,
     ) -> None:
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
         self.name = name
         self.llm = llm or LLM()
         self.model = model or get_settings().model or "offline"
+        self.compaction_policy = compaction_policy or CompactionPolicy()
+        self.last_compaction: Compaction | None = None
         self.instructions = instructions
         self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
         self.max_tool_rounds = max_tool_rounds
@@ -128,6 +153,153 @@ class Agent:
         Stopping early (`aclose()`) ends the request; finalize_connection still runs.
         """
         return self._stream(messages, auth, session_id, completion_id, metadata)
+
+    # ---------------------------------------------------------------- compaction
+
+    @property
+    def compaction_policy(self) -> CompactionPolicy:
+        """The policy in force; replace it as a whole (it is frozen), e.g.
+        `agent.compaction_policy = CompactionPolicy(at=0.7)`."""
+        return self._compaction_policy
+
+    @compaction_policy.setter
+    def compaction_policy(self, policy: CompactionPolicy) -> None:
+        if not isinstance(policy, CompactionPolicy):
+            raise TypeError(
+                f"compaction_policy must be a CompactionPolicy, not {type(policy).__name__}"
+            )
+        policy.resolve(context_window(self.model))  # refuse one that cannot work for this model
+        self._compaction_policy = policy
+
+    @property
+    def context_window(self) -> int:
+        """Tokens compaction budgets against: the policy's `window`, else the model's."""
+        return self._compaction_policy.window or context_window(self.model)
+
+    async def compact_if_needed(
+        self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int
+    ) -> Compaction:
+        """Between turns: compact when `messages` plus the next message would pass `at`.
+
+        `messages` is never changed; keep `outcome.messages` when `outcome.stage != "none"`.
+        """
+        policy = self._compaction_policy
+        outcome = await compaction.compact_if_needed(
+            _plain(messages), tokens_of_next_message, policy, self.context_window,
+            self._summarizer(policy),
+        )
+        await self._compacted(outcome, None)
+        return outcome
+
+    async def compact(
+        self, messages: Sequence[Mapping[str, Any]], focus: str | None = None
+    ) -> Compaction:
+        """Compact now, whatever the size: everything before the latest exchange becomes one
+        summary, steered by `focus`. `messages` is never changed."""
+        policy = self._compaction_policy
+        outcome = await compaction.compact(
+            _plain(messages), policy, self.context_window, self._summarizer(policy), focus=focus
+        )
+        await self._compacted(outcome, None)
+        return outcome
+
+    def _summarizer(self, policy: CompactionPolicy) -> Summarizer:
+        model = policy.model or self.model
+
+        async def summarize(request: list[dict[str, Any]]) -> str:
+            # A plain call: no hooks, not streamed, not a tool round, usage not counted.
+            response = await self.llm.complete(model, request, None)
+            return (response.choices[0].message.content or "") if response.choices else ""
+
+        return summarize
+
+    async def _compacted(self, outcome: Compaction, ctx: Context | None) -> None:
+        """Record a compaction and tell every skill that handles it; failures are only logged."""
+        if outcome.stage == "none":
+            return
+        self.last_compaction = outcome
+        completion_id = ctx.completion_id if ctx is not None else None
+        log.info(
+            "compacted", completion_id=completion_id, stage=outcome.stage,
+            before=outcome.before, after=outcome.after, window=outcome.window,
+        )
+        for skill in self.skills:
+            if not skill.handles_compaction():
+                continue
+            try:
+                result = skill.on_compaction(outcome, ctx)  # type: ignore[attr-defined]
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - a listener never breaks the run
+                log.exception("on_compaction_failed", skill=skill.name, completion_id=completion_id)
+        notify = getattr(self.runtime, "notify_compaction", None)
+        if notify is not None:
+            try:
+                await notify(outcome, ctx)
+            except Exception:  # noqa: BLE001
+                log.exception("on_compaction_failed", group="*", completion_id=completion_id)
+
+    async def _compact_in_run(
+        self,
+        state: RunState,
+        messages: list[dict[str, Any]],
+        final_round: bool,
+        policy: CompactionPolicy,
+        window: int,
+    ) -> list[dict[str, Any]] | None:
+        """Compact the messages about to go to the LLM, keeping the turn in progress whole.
+
+        The result also becomes the run's conversation (without the round-cap note).
+        Returns the messages to send, or None when nothing changed.
+        """
+        outcome = await compaction.compact_in_run(
+            messages, policy, window, self._summarizer(policy), _turn_start(messages)
+        )
+        if outcome.stage == "none":
+            return None
+        compacted = copy.deepcopy(outcome.messages)
+        conversation = copy.deepcopy(outcome.messages)
+        if final_round and conversation and conversation[-1] == _round_cap_message():
+            conversation.pop()
+        state.conversation = conversation
+        await self._compacted(outcome, state.ctx)
+        return compacted
+
+    async def _compact_after_refusal(
+        self,
+        state: RunState,
+        messages: list[dict[str, Any]],
+        final_round: bool,
+        refusal: ContextTooLong,
+    ) -> list[dict[str, Any]] | None:
+        """The endpoint said the prompt is too long although our count said it fits: compact
+        against the window the refusal implies (scaled to our count), once."""
+        policy = self._compaction_policy
+        ours = count_messages(messages)
+        numbers = _REFUSAL_NUMBERS.search(refusal.message or "")
+        ratio = _REFUSAL_SHRINK
+        if numbers and int(numbers[2]) > int(numbers[1]) > 0:
+            ratio = int(numbers[1]) / int(numbers[2])
+        try:
+            resolved = policy.resolve(self.context_window)
+            window = max(1, min(resolved.window, int(ours * ratio)))
+            tighter = CompactionPolicy(
+                auto=policy.auto,
+                at=resolved.at / resolved.window,
+                keep=resolved.keep / resolved.window,
+                hard=resolved.hard / resolved.window,
+                clear_tool_results=policy.clear_tool_results,
+                model=policy.model,
+                instructions=policy.instructions,
+                window=window,
+            )
+        except ValueError:
+            return None
+        log.info(
+            "context_too_long_compacting", completion_id=state.completion_id,
+            counted=ours, window=window,
+        )
+        return await self._compact_in_run(state, messages, final_round, tighter, window)
 
     def plan(self) -> HookPlan:
         """The merged hook order; rebuilt only when the runtime's remote set changed."""
@@ -181,15 +353,11 @@ class Agent:
             while True:
                 final_round = rounds >= self.max_tool_rounds
                 messages, tools = await self._before_llm_call(state, rounds, final_round)
-                if state.stream:
-                    async with contextlib.aclosing(
-                        self._streamed_llm_call(state, messages, tools)
-                    ) as chunks:
-                        async for chunk in chunks:
-                            yield chunk
-                else:
-                    state.last_response = await self.llm.complete(self.model, messages, tools)
-                    state.last_response.id = state.completion_id
+                async with contextlib.aclosing(
+                    self._llm_call(state, messages, tools, final_round)
+                ) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 message = await self._after_llm_call(state, rounds)
                 if final_round or not message.get("tool_calls"):
                     break
@@ -225,15 +393,54 @@ class Agent:
     async def _before_llm_call(
         self, state: RunState, iteration: int, final_round: bool
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-        messages = list(state.conversation)
+        messages = [dict(m) for m in state.conversation]  # the LLM's copy; the conversation stays
         if final_round:
-            messages.append({"role": "system", "content": ROUND_CAP_NOTE})
+            messages.append(_round_cap_message())
         tools = None if final_round else state.plan.tool_schemas(state.ctx.auth.scopes) or None
         data = HookData.model_construct(
             lifecycle="before_llm_call", messages=messages, tools=tools, iteration=iteration
         )
         data = await self._stage(state, data, f"before_llm_call#{iteration}")
-        return list(data.messages or []), data.tools or None
+        messages = list(data.messages or [])
+        policy = self._compaction_policy
+        window = self.context_window
+        if count_messages(messages) > policy.resolve(window).hard:  # the in-run safety stop
+            compacted = await self._compact_in_run(state, messages, final_round, policy, window)
+            if compacted is not None:
+                messages = compacted
+        return messages, data.tools or None
+
+    async def _llm_call(
+        self,
+        state: RunState,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        final_round: bool,
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """One LLM call (streamed or not); a "context too long" refusal that comes before any
+        chunk gets one compaction and one retry, else the error stands."""
+        retried = False
+        while True:
+            chunks_before = state.chunks_seen
+            try:
+                if state.stream:
+                    async with contextlib.aclosing(
+                        self._streamed_llm_call(state, messages, tools)
+                    ) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                else:
+                    state.last_response = await self.llm.complete(self.model, messages, tools)
+                    state.last_response.id = state.completion_id
+                return
+            except ContextTooLong as refusal:
+                if retried or state.chunks_seen != chunks_before:
+                    raise
+                retried = True
+                compacted = await self._compact_after_refusal(state, messages, final_round, refusal)
+                if compacted is None:
+                    raise
+                messages = compacted
 
     async def _streamed_llm_call(
         self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -422,6 +629,22 @@ class Agent:
                 "usage": state.usage.model_dump() if state.usage else None,
             }
         )
+
+
+def _round_cap_message() -> dict[str, Any]:
+    return {"role": "system", "content": ROUND_CAP_NOTE}
+
+
+def _turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Index of the turn in progress: its (last) user message; 0 when there is none."""
+    return next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), 0
+    )
+
+
+def _plain(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Messages as mappings (pydantic message objects are dumped); the originals stay as they are."""
+    return [m if isinstance(m, Mapping) else m.model_dump(exclude_none=True) for m in messages]
 
 
 def _chunk_text(chunk: ChatCompletionChunk) -> str:

@@ -16,7 +16,14 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from bus.envelopes import HookRef, HopEvent, HopReply, MonitorRecord, ToolInvocation
+from bus.envelopes import (
+    COMPACTION_LIFECYCLE,
+    HookRef,
+    HopEvent,
+    HopReply,
+    MonitorRecord,
+    ToolInvocation,
+)
 from bus.events import EventWriter
 from bus.keys import Keys
 from bus.registry import RegistryView
@@ -163,6 +170,66 @@ class BusRuntime:
         ctx.state = reply.state
         ctx.session.data = reply.session
         return reply.tool_result or ""
+
+    # ---------------------------------------------------------------- compaction
+
+    async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
+        """One `on_compaction` hop to each live group announcing skills that handle it, in
+        registry order, awaited. A failure (no replica, timeout, a skill raising) is logged
+        and recorded as an event, never raised. Inside a run, the reply's state and session
+        are applied to `ctx` as after any hop."""
+        groups = [(g, a.compaction) for g, a in self.registry.groups.items() if a.compaction]
+        if not groups:
+            return
+        data = outcome.model_dump(mode="json")
+        completion_id = ctx.completion_id if ctx is not None else f"compaction-{outcome.id}"
+        for group, skills in groups:
+            hooks = [f"{skill}.{COMPACTION_LIFECYCLE}" for skill in skills]
+            started = time.perf_counter()
+            reply: HopReply | None = None
+            if not self.registry.is_live(group):
+                problem: str | None = f"no live replica in worker group {group!r}"
+            else:
+                event = HopEvent(
+                    hop_id=uuid.uuid4().hex,
+                    completion_id=completion_id,
+                    lifecycle=COMPACTION_LIFECYCLE,
+                    stage_key=f"{COMPACTION_LIFECYCLE}:{outcome.id}",
+                    hooks=[HookRef(skill=skill, method=COMPACTION_LIFECYCLE) for skill in skills],
+                    data=data,
+                    ctx=ctx.model_dump(mode="json") if ctx is not None else {},
+                    reply_to=self.router.reply_stream,
+                    deadline=time.time() + self.default_timeout,
+                    epoch=self.epoch,
+                )
+                self.hops += 1
+                try:
+                    reply = await self.router.call(self.keys.hooks(group), event, self.default_timeout)
+                    problem = reply.failure
+                except HopTimeout as exc:
+                    problem = str(exc)
+            bad = next((o for o in reply.outcomes if o.outcome != "ok"), None) if reply else None
+            if problem or bad:
+                log.warning(
+                    "on_compaction_failed", group=group, hooks=hooks, completion_id=completion_id,
+                    error=problem or (bad.error if bad else None),
+                )
+            if reply is not None and not problem and ctx is not None:
+                ctx.state = reply.state
+                ctx.session.data = reply.session
+            self.events.emit(
+                MonitorRecord(
+                    kind="stage",
+                    completion_id=completion_id,
+                    lifecycle=COMPACTION_LIFECYCLE,
+                    hooks=hooks,
+                    group=group,
+                    replica=self.instance,
+                    duration_ms=(time.perf_counter() - started) * 1000,
+                    outcome="error" if problem else (bad.outcome if bad else "ok"),
+                    error=problem or (bad.error if bad else None),
+                )
+            )
 
     # ------------------------------------------------------------ sessions, events
 

@@ -39,6 +39,8 @@ from __future__ import annotations
 import copy
 import math
 import re
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -193,7 +195,10 @@ class Compaction(BaseModel):
     summary, ``kept`` the messages carried over besides the system prompt,
     ``cleared`` the tool outputs replaced by a note, ``dropped`` the turns
     dropped. ``target`` is the count compaction aimed at; ``reason`` says
-    why it fell short (the summary failed, automatic compaction is off)."""
+    why it fell short (the summary failed, automatic compaction is off).
+
+    ``id`` and ``created`` (unix time) name this one compaction: a consumer
+    that may see it twice (a redelivered ``on_compaction`` hop) stores it once."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -210,6 +215,8 @@ class Compaction(BaseModel):
     dropped: int = 0
     reason: str | None = None
     focus: str | None = None
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = Field(default_factory=time.time)
 
     def sentence(self) -> str:
         """One line for a person: what was done and how full the context is now."""

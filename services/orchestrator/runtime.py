@@ -50,6 +50,10 @@ class Runtime(Protocol):
     ) -> None:
         """A monitor record for one segment of one stage."""
 
+    async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
+        """Call `on_compaction(outcome, ctx)` of the skills hosted remotely (optional: the
+        agent skips a runtime without it). Failures are logged, never raised."""
+
 
 class LocalRuntime:
     """Everything in this process: no remote hooks, sessions in a dict."""
@@ -79,6 +83,9 @@ class LocalRuntime:
 
     async def save_session(self, session_id: str, data: dict[str, Any]) -> None:
         self._sessions[session_id] = copy.deepcopy(data)
+
+    async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
+        """No worker groups in-process: the agent calls its own skills directly."""
 
     def record_stage(
         self,

@@ -6,15 +6,22 @@ Pure of Redis: a hop goes in, a reply comes out. The hooks run through the same
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Sequence
 
-from bus.envelopes import HookTiming, HopEvent, HopReply
+import structlog
+
+from bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
 from bus.registry import GroupAnnouncement, HookDescriptor, ToolDescriptor
 from skills import Context, HookData, Skill
 from skills.runner import run_hooks
 from skills.skill import BoundHook, BoundTool
 from skills.toolcall import ToolProblem, invoke_tool
+
+
+log = structlog.get_logger("hookbus.worker.host")
 
 
 class UnknownHook(LookupError):
@@ -32,6 +39,9 @@ class GroupHost:
         }
         self.tools: dict[str, BoundTool] = {
             t.spec.name: t for skill in self.skills for t in skill.bound_tools()
+        }
+        self.compaction: dict[str, Skill] = {
+            skill.name: skill for skill in self.skills if skill.handles_compaction()
         }
 
     def announcement(self) -> GroupAnnouncement:
@@ -52,6 +62,7 @@ class GroupHost:
                 )
                 for t in self.tools.values()
             ],
+            compaction=list(self.compaction),
         )
 
     async def answer(self, event: HopEvent, attempt: int, replica: str) -> HopReply:
@@ -59,6 +70,10 @@ class GroupHost:
         started = time.perf_counter()
         reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica=replica)
         try:
+            if event.lifecycle == COMPACTION_LIFECYCLE and event.tool is None:
+                await self._on_compaction(event, reply)
+                reply.duration_ms = (time.perf_counter() - started) * 1000
+                return reply
             ctx = Context.model_validate(event.ctx)
             if event.tool is not None:
                 reply.tool_result = await self._call_tool(event, ctx)
@@ -87,6 +102,44 @@ class GroupHost:
             HookTiming(hook=o.hook, duration_ms=o.duration_ms, outcome=o.outcome, error=o.error)
             for o in result.outcomes
         ]
+
+    async def _on_compaction(self, event: HopEvent, reply: HopReply) -> None:
+        """Call `on_compaction(outcome, ctx)` of each named skill; one failing is recorded in
+        `reply.outcomes` (and logged), never fails the hop or stops the others."""
+        from services.orchestrator.compaction import Compaction
+
+        skills = []
+        for ref in event.hooks:
+            skill = self.compaction.get(ref.skill)
+            if skill is None:
+                raise UnknownHook(f"group {self.group!r} has no on_compaction of skill {ref.skill!r}")
+            skills.append(skill)
+        outcome = Compaction.model_validate(event.data or {})
+        ctx = Context.model_validate(event.ctx) if event.ctx else None
+        for skill in skills:
+            began = time.perf_counter()
+            result, error = "ok", None
+            try:
+                async with asyncio.timeout(max(0.1, event.deadline - time.time())):
+                    called = skill.on_compaction(outcome, ctx)  # type: ignore[attr-defined]
+                    if inspect.isawaitable(called):
+                        await called
+            except TimeoutError:
+                result, error = "timeout", "on_compaction did not finish before the hop's deadline"
+            except Exception as exc:  # noqa: BLE001 - a listener never breaks anything
+                result, error = "error", f"{type(exc).__name__}: {exc}"
+                log.exception("on_compaction_failed", skill=skill.name, completion_id=event.completion_id)
+            reply.outcomes.append(
+                HookTiming(
+                    hook=f"{skill.name}.on_compaction",
+                    duration_ms=(time.perf_counter() - began) * 1000,
+                    outcome=result,
+                    error=error,
+                )
+            )
+        if ctx is not None:
+            reply.state = ctx.state
+            reply.session = ctx.session.data
 
     async def _call_tool(self, event: HopEvent, ctx: Context) -> str:
         assert event.tool is not None

@@ -1,0 +1,55 @@
+"""The cancellation signal a gateway sends when its client goes away.
+
+When a client disconnects before its request ended (mid-stream, or while waiting for a
+non-streamed answer) the gateway, in one pipelined round trip:
+
+1. `SET {prefix}cancel:{completion_id} <reason> EX 3600` - the durable marker, so an
+   orchestrator that picks the request up later (it was still queued) or missed the
+   message below still sees it;
+2. `PUBLISH {prefix}cancel <completion_id>` - the prompt nudge.
+
+The orchestrator that runs the request cancels its agent task on either signal;
+`finalize_connection` then runs once with a 499 error. The reason is
+`client_disconnected` (the client closed the connection) or `gateway_stopped` (the
+gateway was shut down with the request still open).
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aredis
+import structlog
+
+from bus.connection import RECONNECT_ERRORS
+from bus.keys import Keys
+
+log = structlog.get_logger("hookbus.gateway")
+
+CANCEL_TTL = 3600
+CLIENT_DISCONNECTED = "client_disconnected"
+GATEWAY_STOPPED = "gateway_stopped"
+
+
+def cancel_key(keys: Keys, completion_id: str) -> str:
+    """String key whose existence means "cancel this request"; its value is the reason."""
+    return f"{keys.prefix}cancel:{completion_id}"
+
+
+def cancel_channel(keys: Keys) -> str:
+    """Pub/sub channel; each message is the completion id of a request to cancel."""
+    return f"{keys.prefix}cancel"
+
+
+async def request_cancel(
+    client: aredis.Redis, keys: Keys, completion_id: str, reason: str = CLIENT_DISCONNECTED
+) -> bool:
+    """Write the cancel marker and publish it; False if Redis could not be reached."""
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set(cancel_key(keys, completion_id), reason, ex=CANCEL_TTL)
+            pipe.publish(cancel_channel(keys), completion_id)
+            await pipe.execute()
+    except RECONNECT_ERRORS as exc:
+        log.warning("cancel_not_sent", completion_id=completion_id, error=str(exc))
+        return False
+    log.info("request_cancelled", completion_id=completion_id, reason=reason)
+    return True

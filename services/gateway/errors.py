@@ -1,0 +1,85 @@
+"""OpenAI-style error responses: every error the gateway answers has the body
+`{"error": {"message", "type", "code", "param"}}` (plus `details` when a hook gave some).
+"""
+
+from __future__ import annotations
+
+import structlog
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from skills import HookError
+
+log = structlog.get_logger("hookbus.gateway")
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+class GatewayError(HookError):
+    """A HookError the gateway itself raises; `param` names the offending request field."""
+
+    def __init__(
+        self, status_code: int, code: str, message: str, *, param: str | None = None
+    ) -> None:
+        super().__init__(status_code, code, message)
+        self.param = param
+
+
+def error_body(error: HookError) -> dict[str, object]:
+    body = error.to_openai_body()
+    param = getattr(error, "param", None)
+    if param is not None:
+        body["error"]["param"] = param
+    return body
+
+
+def error_response(error: HookError, request: Request | None = None) -> JSONResponse:
+    """The HTTP answer for a structured error; counts it in the error metric."""
+    if request is not None:
+        metrics = getattr(request.app.state, "metrics", None)
+        if metrics is not None:
+            metrics.count_error(error)
+    headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+    return JSONResponse(error_body(error), status_code=error.status_code, headers=headers)
+
+
+def invalid_body(exc: ValidationError) -> GatewayError:
+    """A 400 that says what is wrong with the body: each bad field and why."""
+    problems = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        message = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {message}")
+    first = exc.errors()[0] if exc.errors() else None
+    param = ".".join(str(p) for p in first["loc"]) if first and first["loc"] else None
+    missing = bool(first and first["type"] == "missing")
+    return GatewayError(
+        400,
+        "missing_required_parameter" if missing else "invalid_value",
+        "invalid request body: " + "; ".join(problems),
+        param=param,
+    )
+
+
+async def on_hook_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HookError)
+    return error_response(exc, request)
+
+
+async def on_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    response = error_response(HookError(exc.status_code, code, message), request)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    log.error("gateway_error", path=request.url.path, error=repr(exc), exc_info=exc)
+    return error_response(HookError(500, "internal_error", "the gateway failed: see its logs"), request)

@@ -1,0 +1,126 @@
+"""Server-Sent Events for streamed completions, and noticing a client that went away.
+
+`DisconnectWatcher` reads the ASGI `receive` channel once the body is in: the next
+message a server sends there is `http.disconnect`. Waiting on it, rather than only
+noticing failed writes, catches a client that leaves while the stream is quiet (a slow
+hook, a long tool call) or before the first chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class ClientGone(Exception):
+    """The client disconnected."""
+
+
+class DisconnectWatcher:
+    """Sets `gone` when the server reports the client disconnected."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.gone = asyncio.Event()
+        self._task = asyncio.create_task(self._watch(), name="hookbus-gateway-disconnect")
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.gone.set()
+                return
+
+    async def race(self, awaitable: Awaitable[T]) -> T:
+        """The awaitable's result; ClientGone (and the awaitable cancelled) if the client left first."""
+        task = asyncio.ensure_future(awaitable)
+        gone = asyncio.ensure_future(self.gone.wait())
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if task.cancelled():
+            raise ClientGone
+        return task.result()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+
+class SSEResponse:
+    """An ASGI response that sends `frames` as they come and stops when the client leaves.
+
+    `on_gone` is awaited when the stream ended without `frames` running out (the client
+    disconnected, a write failed, or the server is shutting down).
+    """
+
+    def __init__(
+        self,
+        frames: AsyncIterator[bytes],
+        watcher: DisconnectWatcher,
+        on_gone: Callable[[str], Awaitable[None]],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.frames = frames
+        self.watcher = watcher
+        self.on_gone = on_gone
+        self.headers = SSE_HEADERS + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        self.status_code = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        finished = False
+        reason = "client_disconnected"
+        pump = asyncio.create_task(self._pump(send), name="hookbus-gateway-sse")
+        gone = asyncio.ensure_future(self.watcher.gone.wait())
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                exc = pump.exception()
+                if exc is None:
+                    finished = True
+                elif not isinstance(exc, OSError | ClientGone):
+                    raise exc
+        except asyncio.CancelledError:
+            reason = "gateway_stopped"
+            raise
+        finally:
+            gone.cancel()
+            if not pump.done():
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pump
+            with contextlib.suppress(Exception):
+                await self.frames.aclose()  # type: ignore[attr-defined]
+            await self.watcher.close()
+            if not finished:
+                await asyncio.shield(self.on_gone(reason))
+
+    async def _pump(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+        async for frame in self.frames:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

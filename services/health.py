@@ -1,0 +1,45 @@
+"""`hookbus health`: the liveness probe of a worker or orchestrator container.
+
+It asks Redis whether a replica on this host (the pod or container name is in every
+replica name) has a fresh heartbeat; it imports little and gives up within seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import redis.asyncio as aredis
+
+from bus.keys import Keys
+from bus.registry import REPLICA_TTL
+
+
+async def check_health(redis_url: str, prefix: str, role: str | None, group: str | None) -> tuple[bool, str]:
+    keys = Keys(prefix)
+    host = socket.gethostname()
+    client = aredis.Redis.from_url(redis_url, socket_timeout=3, socket_connect_timeout=3)
+    try:
+        if role == "worker" and not group:
+            return False, "--group is required with --role worker"
+        sets = []
+        if role in (None, "orchestrator"):
+            sets.append(keys.orchestrators)
+        if role == "worker":
+            sets.append(keys.replicas(group or ""))
+        if role is None:
+            sets.extend(keys.replicas(g.decode()) for g in await client.hkeys(keys.registry))
+        fresh_after = time.time() - REPLICA_TTL
+        found = []
+        for key in sets:
+            members = await client.zrangebyscore(key, fresh_after, "+inf")
+            found += [m.decode() for m in members if f"-{host}-" in m.decode() or m.decode().endswith(host)]
+        if found:
+            return True, f"healthy: {', '.join(found)}"
+        if role is None:
+            return True, f"no hookbus service heartbeats from {host} (none running here)"
+        return False, f"no fresh {role} heartbeat from {host}"
+    except (OSError, aredis.RedisError) as exc:
+        return False, f"redis unreachable: {exc}"
+    finally:
+        await client.aclose()

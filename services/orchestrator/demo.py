@@ -1,0 +1,39 @@
+"""The demo agent `make run` and the deploy manifests start: `services.orchestrator.demo:agent`.
+
+It carries one in-process skill with two small tools; the built-in skills run in worker
+groups. With no OPENAI_BASE_URL it talks to the built-in offline model, which calls a
+tool when the message says `[[tool:NAME {json}]]` (see services/orchestrator/offline_model.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from services.orchestrator.agent import Agent
+from skills import Skill, tool
+
+
+class DemoTools(Skill):
+    name = "demo-tools"
+
+    @tool
+    def add(self, a: float, b: float) -> float:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    @tool
+    def utc_now(self) -> str:
+        """The current time in UTC, ISO 8601."""
+        return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+agent = Agent(
+    "demo",
+    instructions="You are hookbus's demo agent. Use the tools when they help.",
+    skills=[DemoTools()],
+)
