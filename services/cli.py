@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -135,10 +136,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
                 if args.count and shown >= args.count:
                     return
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(monitor())
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

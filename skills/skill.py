@@ -6,8 +6,8 @@ process or in a worker group, whichever the deployment chooses.
 
 from __future__ import annotations
 
-import re
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar

@@ -123,9 +123,10 @@ class HookPlan:
                 None, remote_tool.timeout,
             )
         for bound_tool in local_tools:  # in-process tools win a name clash
-            spec = bound_tool.spec
-            tools[spec.name] = PlannedTool(
-                spec.name, spec.openai_schema(), spec.scope, None, bound_tool, spec.timeout
+            tool_spec = bound_tool.spec
+            tools[tool_spec.name] = PlannedTool(
+                tool_spec.name, tool_spec.openai_schema(), tool_spec.scope, None, bound_tool,
+                tool_spec.timeout,
             )
         return cls(by_lifecycle, tools)
 

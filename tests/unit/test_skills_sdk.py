@@ -24,7 +24,7 @@ def test_unknown_lifecycle_fails_when_the_class_is_defined_and_lists_valid_names
         assert name in message
 
 
-class Unit(str, Enum):
+class Unit(str, Enum):  # noqa: UP042 - the (str, Enum) form users write
     celsius = "celsius"
     fahrenheit = "fahrenheit"
 
