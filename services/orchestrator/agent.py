@@ -30,7 +30,7 @@ import inspect
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,30 @@ class Agent:
         Stopping early (`aclose()`) ends the request; finalize_connection still runs.
         """
         return self._stream(messages, auth, session_id, completion_id, metadata)
+
+    async def finalize_only(
+        self,
+        messages: Sequence[dict[str, Any]] | str,
+        *,
+        completion_id: str,
+        error: HookError,
+        auth: AuthInfo | dict[str, Any] | None = None,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        recovery: bool = True,
+    ) -> None:
+        """Run only `finalize_connection` (with `data.error` = `error`) for a request whose
+        run was lost, e.g. its orchestrator died; hooks see `ctx.recovery`. Never raises for
+        a hook's failure; the session is loaded first and saved after, as in a run."""
+        state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=False)
+        state.ctx.recovery = recovery
+        state.error = error
+        if state.ctx.session.id:
+            try:
+                state.ctx.session.data = await self.runtime.load_session(state.ctx.session.id)
+            except Exception:  # noqa: BLE001 - finalize runs even without the session
+                log.exception("session_load_failed", completion_id=state.completion_id)
+        await self._finalize_shielded(state)
 
     # ---------------------------------------------------------------- compaction
 
@@ -416,7 +440,7 @@ class Agent:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         final_round: bool,
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One LLM call (streamed or not); a "context too long" refusal that comes before any
         chunk gets one compaction and one retry, else the error stands."""
         retried = False

@@ -20,7 +20,6 @@ from skills.runner import run_hooks
 from skills.skill import BoundHook, BoundTool
 from skills.toolcall import ToolProblem, invoke_tool
 
-
 log = structlog.get_logger("hookbus.worker.host")
 
 

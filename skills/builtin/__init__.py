@@ -11,6 +11,7 @@ arguments, by environment variables (see each class's docstring).
 
 from skills.builtin.analytics import AnalyticsSkill
 from skills.builtin.content_filter import ContentFilter
+from skills.builtin.memory import MemorySkill
 from skills.builtin.performance import PerformanceMonitor
 from skills.builtin.request_logger import RequestLogger
 from skills.builtin.security import SecuritySkill
@@ -18,6 +19,7 @@ from skills.builtin.security import SecuritySkill
 __all__ = [
     "AnalyticsSkill",
     "ContentFilter",
+    "MemorySkill",
     "PerformanceMonitor",
     "RequestLogger",
     "SecuritySkill",

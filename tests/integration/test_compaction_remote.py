@@ -1,0 +1,163 @@
+"""on_compaction of skills hosted in a worker group: one hop per compaction, over real Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aredis
+
+from bus.envelopes import COMPACTION_LIFECYCLE, HookRef, HopEvent
+from bus.registry import GroupAnnouncement
+from services.orchestrator import Agent, Compaction, CompactionPolicy
+from services.worker.host import GroupHost
+from skills import Context, Skill, tool
+from skills.builtin import MemorySkill
+from tests.integration.stack import running_stack
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+
+
+class Blobs(Skill):
+    name = "blobs"
+
+    @tool
+    def fetch(self, n: int) -> str:
+        """Fetch blob n."""
+        return f"blob {n}: " + " ".join(f"item{i}" for i in range(400))
+
+
+class Counter(Skill):
+    """Records (compaction id, stage, completion id or None) per call; lives in the worker."""
+
+    def __init__(self, name: str = "counter") -> None:
+        self.name = name  # type: ignore[misc]
+        self.calls: list[tuple[str, str, str | None]] = []
+
+    async def on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
+        assert isinstance(outcome, Compaction)
+        self.calls.append((outcome.id, outcome.stage, ctx.completion_id if ctx else None))
+        if ctx is not None:
+            ctx.state["seen_by_counter"] = ctx.state.get("seen_by_counter", 0) + 1
+
+
+class Broken(Skill):
+    name = "broken"
+
+    def on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
+        raise RuntimeError("listener down")
+
+
+def conversation(turns: int, words: int = 60) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [dict(SYSTEM)]
+    for t in range(turns):
+        messages += [
+            {"role": "user", "content": f"Question {t}: " + " ".join(["alpha"] * words)},
+            {"role": "assistant", "content": f"Answer {t}: " + " ".join(["beta"] * words)},
+        ]
+    return messages
+
+
+async def episodes(redis_url: str, key: str) -> list[dict[str, Any]]:
+    client = aredis.Redis.from_url(redis_url)
+    try:
+        return [json.loads(m) for m in await client.zrange(key, 0, -1)]
+    finally:
+        await client.aclose()
+
+
+async def test_in_run_compactions_reach_the_worker_group_once_each(redis_url, prefix) -> None:
+    local = Counter("local-counter")
+    agent = Agent("bus", model="offline-small", skills=[Blobs(), local], max_tool_rounds=30)
+    remote = Counter()
+    memory = MemorySkill(redis_url=redis_url, prefix=prefix)
+    groups = {"mem": [memory, remote, Broken()]}
+    async with running_stack(redis_url, prefix, agent, groups) as (client, services, workers):
+        result = await client.complete("[[loop:fetch]] read every blob", auth={"peer_user_id": "zoe"})
+        announced = services[0].runtime.registry.groups["mem"]
+        hops = services[0].runtime.hops
+
+    assert result.choices[0].message.content == "Final answer after 30 tool calls."
+    assert announced.compaction == ["memory", "counter", "broken"]
+    assert local.calls, "the loop should have needed compaction"
+    # every compaction reached the worker exactly once, in order, with the request's ctx
+    assert remote.calls == [(cid, stage, result.id) for cid, stage, _ in local.calls]
+    assert all(stage == "cleared" for _, stage, _ in remote.calls)
+    assert hops == len(local.calls)  # one on_compaction hop per compaction (tools are local)
+    stored = await episodes(redis_url, f"{prefix}memory:zoe")
+    assert sorted(e["id"] for e in stored) == sorted(cid for cid, _, _ in local.calls)
+    assert {e["completion_id"] for e in stored} == {result.id}
+    assert workers[0].processed == len(local.calls)
+
+
+async def test_a_compaction_between_turns_reaches_the_group_with_no_ctx(redis_url, prefix) -> None:
+    agent = Agent("bus", compaction_policy=CompactionPolicy(window=1000))
+    remote = Counter()
+    memory = MemorySkill(redis_url=redis_url, prefix=prefix, owner="ops")
+    async with running_stack(redis_url, prefix, agent, {"mem": [remote, memory]}):
+        messages = conversation(3)
+        outcome = await agent.compact(messages, focus="the budget")
+        nothing = await agent.compact_if_needed(outcome.messages, 10)
+
+    assert outcome.stage == "summarized" and nothing.stage == "none"
+    assert remote.calls == [(outcome.id, "summarized", None)]
+    stored = await episodes(redis_url, f"{prefix}memory:ops")
+    assert [(e["id"], e["focus"], e["completion_id"]) for e in stored] == [
+        (outcome.id, "the budget", None)
+    ]
+
+
+async def test_a_stack_without_compaction_listeners_sends_no_hop(redis_url, prefix) -> None:
+    agent = Agent("bus", compaction_policy=CompactionPolicy(window=1000))
+    async with running_stack(redis_url, prefix, agent, {"tools": [Blobs()]}) as (_, services, _):
+        assert services[0].runtime.registry.groups["tools"].compaction == []
+        outcome = await agent.compact(conversation(3))
+        assert outcome.stage == "summarized" and services[0].runtime.hops == 0
+
+
+# --------------------------------------------------------------- the worker side, directly
+
+
+def hop(skills: list[str], outcome: Compaction, ctx: dict[str, Any]) -> HopEvent:
+    return HopEvent(
+        hop_id=uuid.uuid4().hex,
+        completion_id="chatcmpl-x",
+        lifecycle=COMPACTION_LIFECYCLE,
+        stage_key=f"{COMPACTION_LIFECYCLE}:{outcome.id}",
+        hooks=[HookRef(skill=s, method=COMPACTION_LIFECYCLE) for s in skills],
+        data=outcome.model_dump(mode="json"),
+        ctx=ctx,
+        reply_to="nowhere",
+        deadline=time.time() + 5,
+    )
+
+
+async def test_the_worker_calls_each_named_skill_and_reports_failures_per_skill() -> None:
+    counter = Counter()
+    host = GroupHost("g", [Broken(), counter, Blobs()])
+    assert host.announcement().compaction == ["broken", "counter"]
+    outcome = await Agent("a", compaction_policy=CompactionPolicy(window=1000)).compact(conversation(3))
+
+    ctx = Context.model_validate({"metadata": {"completion_id": "chatcmpl-x"}, "state": {"k": 1}})
+    reply = await host.answer(hop(["broken", "counter"], outcome, ctx.model_dump(mode="json")), 1, "r1")
+    assert reply.failure is None
+    assert [(o.hook, o.outcome) for o in reply.outcomes] == [
+        ("broken.on_compaction", "error"),
+        ("counter.on_compaction", "ok"),
+    ]
+    assert reply.outcomes[0].error == "RuntimeError: listener down"
+    assert reply.state == {"k": 1, "seen_by_counter": 1}
+    assert counter.calls == [(outcome.id, "summarized", "chatcmpl-x")]
+
+    between = await host.answer(hop(["counter"], outcome, {}), 1, "r1")
+    assert between.failure is None and counter.calls[-1] == (outcome.id, "summarized", None)
+
+    unknown = await host.answer(hop(["blobs"], outcome, {}), 1, "r1")
+    assert unknown.failure and "no on_compaction of skill 'blobs'" in unknown.failure
+
+
+def test_an_old_announcement_without_the_field_still_reads() -> None:
+    old = GroupAnnouncement.model_validate_json('{"group": "g", "hooks": [], "tools": []}')
+    assert old.compaction == []
