@@ -79,6 +79,9 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
         prefix=get_settings().prefix,
         concurrency=args.concurrency,
         instance=args.instance,
+        claim_idle=args.claim_idle,
+        max_deliveries=args.max_deliveries,
+        max_request_bytes=args.max_request_bytes,
     )
     asyncio.run(service.app.run())
     return 0
@@ -89,7 +92,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from services.logs import configure_logging
 
     configure_logging()
-    serve(args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix)
+    try:
+        serve(args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix)
+    except ValueError as exc:
+        print(f"hookbus gateway: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -180,9 +187,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from services import docs
+    import services.docs as docs
 
-    document = docs.asyncapi_document() if args.kind == "asyncapi" else docs.openapi_document()
+    if args.kind == "asyncapi":
+        document = docs.asyncapi_document(get_settings().prefix)
+    else:
+        document = docs.openapi_document()
     print(json.dumps(document, indent=2))
     return 0
 
@@ -218,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     orchestrator.add_argument("--agent", required=True, metavar="pkg.module:agent", help="the Agent to run")
     orchestrator.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
     orchestrator.add_argument("--instance", default=None, help="instance name (default: orchestrator-HOST-PID)")
+    orchestrator.add_argument("--claim-idle", type=float, default=10.0, help="seconds before a dead orchestrator's request is claimed")
+    orchestrator.add_argument("--max-deliveries", type=int, default=5, help="deliveries before a request is set aside")
+    orchestrator.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger requests are refused with a 413")
     orchestrator.set_defaults(func=cmd_orchestrator)
 
     gateway = commands.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")

@@ -41,6 +41,8 @@ def error_response(error: HookError, request: Request | None = None) -> JSONResp
         metrics = getattr(request.app.state, "metrics", None)
         if metrics is not None:
             metrics.count_error(error)
+    if error.status_code >= 500:
+        log.warning("gateway_error_response", status=error.status_code, code=error.code, message=error.message)
     headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
     return JSONResponse(error_body(error), status_code=error.status_code, headers=headers)
 

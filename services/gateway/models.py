@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SESSION_ID_MAX = 200
 
@@ -72,12 +72,13 @@ class ChatCompletionRequest(BaseModel):
         default=None, description="Extra keys for ctx.metadata (reserved keys are ignored)."
     )
 
-    @model_validator(mode="after")
-    def _tool_messages_answer_tool_calls(self) -> ChatCompletionRequest:
-        problem = conversation_problem(self.messages)
+    @field_validator("messages")
+    @classmethod
+    def _tool_messages_answer_tool_calls(cls, messages: list[Message]) -> list[Message]:
+        problem = conversation_problem(messages)
         if problem is not None:
             raise ValueError(problem)
-        return self
+        return messages
 
     @property
     def include_usage(self) -> bool:

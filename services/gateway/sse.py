@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
@@ -71,14 +72,14 @@ class DisconnectWatcher:
             await self._task
 
 
-class SSEResponse:
-    """An ASGI response that sends `frames` as they come and stops when the client leaves.
+class SSEResponse(Response):
+    """A response that sends `frames` as they come and stops when the client leaves.
 
     `on_gone` is awaited when the stream ended without `frames` running out (the client
     disconnected, a write failed, or the server is shutting down).
     """
 
-    def __init__(
+    def __init__(  # not Response.__init__: that renders a body, this streams one
         self,
         frames: AsyncIterator[bytes],
         watcher: DisconnectWatcher,
@@ -88,8 +89,12 @@ class SSEResponse:
         self.frames = frames
         self.watcher = watcher
         self.on_gone = on_gone
-        self.headers = SSE_HEADERS + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = SSE_HEADERS + [
+            (k.lower().encode(), v.encode()) for k, v in (headers or {}).items()
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         finished = False
@@ -113,14 +118,16 @@ class SSEResponse:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
-            with contextlib.suppress(Exception):
-                await self.frames.aclose()  # type: ignore[attr-defined]
+            aclose = getattr(self.frames, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
             await self.watcher.close()
             if not finished:
                 await asyncio.shield(self.on_gone(reason))
 
     async def _pump(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for frame in self.frames:
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

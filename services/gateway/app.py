@@ -1,0 +1,196 @@
+"""The gateway's Starlette app: routes, auth, errors, metrics, and the events follower.
+
+    app = create_app(client, api_keys={"sk-1": {"peer_user_id": "alice", "scopes": []}})
+
+Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{model}`,
+`GET /healthz`, `GET /metrics`, `GET /openapi.json`. The app does not own `client`:
+whoever made it closes it (services.gateway.server does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import RedisError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bus.client import HookbusClient
+from bus.keys import Keys
+from bus.registry import REPLICA_TTL
+from bus.settings import get_settings
+from services.gateway.auth import ApiKey, Authenticator, normalize_keys
+from services.gateway.chat import chat_completions, gateway_of
+from services.gateway.errors import GatewayError, on_hook_error, on_http_exception, on_unexpected
+from services.gateway.metrics import (
+    ORCHESTRATOR_TTL,
+    EventsFollower,
+    GatewayMetrics,
+    MetricsMiddleware,
+)
+from services.gateway.models import Health, ModelCard, ModelList
+from services.gateway.openapi import openapi_document
+from skills import HookError
+
+log = structlog.get_logger("hookbus.gateway")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+HEALTH_TIMEOUT = 2.0
+
+
+@dataclass
+class Gateway:
+    """What the handlers share."""
+
+    client: HookbusClient
+    keys: Keys
+    authenticate: Authenticator
+    models: list[str]
+    max_body_bytes: int
+    metrics: GatewayMetrics
+    started: int
+    probe: aredis.Redis  # no retries: a probe or a scrape answers at once when Redis is down
+
+
+def default_models() -> list[str]:
+    return [os.environ.get("HOOKBUS_MODEL") or get_settings().model or "offline"]
+
+
+def create_app(
+    client: HookbusClient,
+    *,
+    api_keys: dict[str, ApiKey | dict[str, Any]] | None,
+    models: Sequence[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> Starlette:
+    """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start)."""
+    keys = normalize_keys(api_keys)
+    metrics = GatewayMetrics()
+    reader: aredis.Redis = getattr(client, "_reader", client.redis)  # the client's retry-free connection
+    gateway = Gateway(
+        client=client,
+        keys=client.keys,
+        authenticate=Authenticator(keys),
+        models=list(models) if models else default_models(),
+        max_body_bytes=max_body_bytes,
+        metrics=metrics,
+        started=int(time.time()),
+        probe=reader,
+    )
+    follower = EventsFollower(reader, client.keys, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if keys is None:
+            log.warning(
+                "gateway_auth_disabled",
+                message="AUTH IS OFF: anyone who can reach this port can use the agent. "
+                "Pass --api-keys FILE or set HOOKBUS_API_KEYS.",
+            )
+        else:
+            log.info("gateway_auth_enabled", keys=len(keys))
+        await follower.start()
+        log.info("gateway_started", prefix=client.keys.prefix, models=gateway.models)
+        try:
+            yield
+        finally:
+            await follower.stop()
+            log.info("gateway_stopped")
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/openapi.json", openapi_endpoint, methods=["GET"]),
+        ],
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
+        exception_handlers={
+            HookError: on_hook_error,
+            HTTPException: on_http_exception,
+            Exception: on_unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    app.state.metrics = metrics
+    return app
+
+
+# ------------------------------------------------------------------- handlers
+
+
+async def list_models(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.authenticate(request)
+    cards = [ModelCard(id=m, created=gw.started) for m in gw.models]
+    return JSONResponse(ModelList(data=cards).model_dump())
+
+
+async def retrieve_model(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.authenticate(request)
+    model = request.path_params["model"]
+    if model not in gw.models:
+        raise GatewayError(404, "model_not_found", f"The model `{model}` does not exist.", param="model")
+    return JSONResponse(ModelCard(id=model, created=gw.started).model_dump())
+
+
+async def healthz(request: Request) -> Response:
+    """200 when Redis answers PING and an orchestrator heartbeat is fresh (10 s); else 503."""
+    gw = gateway_of(request)
+    client = gw.probe
+    redis_status = "ok"
+    orchestrators: list[str] = []
+    groups: dict[str, int] = {}
+    try:
+        async with asyncio.timeout(HEALTH_TIMEOUT):
+            await client.ping()
+            now = time.time()
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.zrangebyscore(gw.keys.orchestrators, now - ORCHESTRATOR_TTL, "+inf")
+                pipe.hkeys(gw.keys.registry)
+                members, names = await pipe.execute()
+            orchestrators = sorted(m.decode() for m in members)
+            names = sorted(n.decode() for n in names)
+            async with client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.zcount(gw.keys.replicas(name), now - REPLICA_TTL, "+inf")
+                counts = await pipe.execute()
+            groups = dict(zip(names, (int(c) for c in counts), strict=True))
+    except (TimeoutError, RedisError, OSError) as exc:
+        redis_status = f"unreachable: {exc or type(exc).__name__}"
+    ok = redis_status == "ok" and bool(orchestrators)
+    health = Health(
+        status="ok" if ok else "unavailable",
+        redis=redis_status,
+        orchestrators=orchestrators,
+        worker_groups=groups,
+    )
+    return JSONResponse(health.model_dump(), status_code=200 if ok else 503)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    gw = gateway_of(request)
+    body = await gw.metrics.scrape(gw.probe, gw.keys)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi_endpoint(request: Request) -> Response:
+    gw = gateway_of(request)
+    return JSONResponse(openapi_document(gw.models, auth=gw.authenticate.enabled))

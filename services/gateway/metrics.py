@@ -1,0 +1,301 @@
+"""Prometheus metrics of a gateway: its own traffic, the bus's latencies, and queue lag.
+
+Three sources:
+
+- **the gateway's requests** (`hookbus_gateway_*`): counted by an ASGI middleware and the
+  chat handler: requests by path and status, errors by status and code (including errors
+  that arrive mid-stream), latency, time to the first streamed chunk, disconnects;
+- **the `events` stream** (`hookbus_stage_*`, `hookbus_hop*`, `hookbus_agent_*`): a
+  background task follows the monitor firehose from the moment the gateway started and
+  turns each MonitorRecord into histogram observations - lifecycle stages per lifecycle
+  and per hook group (`group="local"` for in-process hooks), hops per worker group, and
+  whole requests as the orchestrators saw them. These describe the whole bus, not just this
+  gateway's requests: with several gateways, aggregate them with `max`, not `sum`;
+- **queue state, read on scrape** (`hookbus_queue_*`): XINFO GROUPS of `requests`
+  (group `orchestrators`) and of `hooks:{group}` for every announced worker group - lag
+  (entries not yet delivered to the group) and pending (delivered, not yet acked) - plus
+  live replicas per group and live orchestrators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import redis.asyncio as aredis
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from bus.connection import RECONNECT_ERRORS
+from bus.envelopes import DecodeError, MonitorRecord, decode
+from bus.keys import ORCHESTRATOR_GROUP, Keys
+from bus.registry import REPLICA_TTL
+from skills import HookError
+
+log = structlog.get_logger("hookbus.gateway")
+
+ORCHESTRATOR_TTL = 10.0
+LAG_COUNT_CAP = 10_000
+SCRAPE_TIMEOUT = 2.0
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+HOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+KNOWN_PATHS = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/openapi.json")
+
+
+def path_label(path: str) -> str:
+    """A bounded label: the route template, or `other`."""
+    if path in KNOWN_PATHS:
+        return path
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{model}"
+    return "other"
+
+
+class GatewayMetrics:
+    """Every metric of one gateway app, in a registry of its own."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "hookbus_gateway_requests", "HTTP requests answered, by path and status.",
+            ["method", "path", "status"], registry=r,
+        )
+        self.errors = Counter(
+            "hookbus_gateway_errors",
+            "Errors returned to clients (as a status or as a mid-stream error event), by status and code.",
+            ["status", "code"], registry=r,
+        )
+        self.latency = Histogram(
+            "hookbus_gateway_request_duration_seconds",
+            "Time from a request's arrival to the end of its response.",
+            ["path"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.first_chunk = Histogram(
+            "hookbus_gateway_time_to_first_chunk_seconds",
+            "Time from a streamed request's arrival to its first chunk.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.in_flight = Gauge(
+            "hookbus_gateway_in_flight_requests", "Chat completions being answered now.", registry=r
+        )
+        self.disconnects = Counter(
+            "hookbus_gateway_client_disconnects",
+            "Clients that went away before their answer ended (their request was cancelled).",
+            registry=r,
+        )
+        # from the events stream
+        self.stage_latency = Histogram(
+            "hookbus_stage_duration_seconds",
+            "One lifecycle stage segment as the orchestrator timed it, per lifecycle and hook group.",
+            ["lifecycle", "group"], buckets=HOOK_BUCKETS, registry=r,
+        )
+        self.stages = Counter(
+            "hookbus_stages", "Lifecycle stage segments run, by outcome.",
+            ["lifecycle", "group", "outcome"], registry=r,
+        )
+        self.hop_latency = Histogram(
+            "hookbus_hop_duration_seconds",
+            "Time a worker replica spent on one hop, per worker group and lifecycle.",
+            ["group", "lifecycle"], buckets=HOOK_BUCKETS, registry=r,
+        )
+        self.hops = Counter(
+            "hookbus_hops", "Hops answered by worker groups, by outcome.",
+            ["group", "lifecycle", "outcome"], registry=r,
+        )
+        self.agent_latency = Histogram(
+            "hookbus_agent_request_duration_seconds",
+            "A whole request as an orchestrator ran it (queue wait excluded).",
+            ["outcome"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.agent_requests = Counter(
+            "hookbus_agent_requests", "Requests the orchestrators finished, by outcome.",
+            ["outcome"], registry=r,
+        )
+        self.events_read = Counter(
+            "hookbus_gateway_events_read", "Monitor records this gateway read from the events stream.",
+            registry=r,
+        )
+        # read on scrape
+        self.queue_lag = Gauge(
+            "hookbus_queue_lag", "Entries of a stream not yet delivered to its consumer group.",
+            ["stream", "group"], registry=r,
+        )
+        self.queue_pending = Gauge(
+            "hookbus_queue_pending", "Entries delivered to a consumer group and not yet acked.",
+            ["stream", "group"], registry=r,
+        )
+        self.queue_consumers = Gauge(
+            "hookbus_queue_consumers", "Consumers of a stream's consumer group.",
+            ["stream", "group"], registry=r,
+        )
+        self.replicas = Gauge(
+            "hookbus_worker_replicas", "Worker replicas with a fresh heartbeat, per group.",
+            ["group"], registry=r,
+        )
+        self.orchestrators = Gauge(
+            "hookbus_orchestrators", "Orchestrators with a fresh heartbeat.", registry=r
+        )
+        self.redis_up = Gauge(
+            "hookbus_gateway_redis_up", "1 if the last scrape could read Redis.", registry=r
+        )
+
+    # ------------------------------------------------------------- observations
+
+    def count_error(self, error: HookError) -> None:
+        self.errors.labels(str(error.status_code), error.code).inc()
+
+    def observe_record(self, record: MonitorRecord) -> None:
+        seconds = record.duration_ms / 1000
+        if record.kind == "stage":
+            group = record.group or "local"
+            self.stage_latency.labels(record.lifecycle, group).observe(seconds)
+            self.stages.labels(record.lifecycle, group, record.outcome).inc()
+        elif record.kind == "hop":
+            group = record.group or "unknown"
+            self.hop_latency.labels(group, record.lifecycle).observe(seconds)
+            self.hops.labels(group, record.lifecycle, record.outcome).inc()
+        elif record.kind == "request":
+            self.agent_latency.labels(record.outcome).observe(seconds)
+            self.agent_requests.labels(record.outcome).inc()
+
+    async def scrape(self, client: aredis.Redis, keys: Keys) -> bytes:
+        """The exposition text, with queue gauges refreshed from Redis first."""
+        try:
+            async with asyncio.timeout(SCRAPE_TIMEOUT):
+                await self._refresh_queues(client, keys)
+            self.redis_up.set(1)
+        except (TimeoutError, *RECONNECT_ERRORS) as exc:
+            log.warning("metrics_redis_unreachable", error=str(exc) or type(exc).__name__)
+            self.redis_up.set(0)
+        return generate_latest(self.registry)
+
+    async def _refresh_queues(self, client: aredis.Redis, keys: Keys) -> None:
+        groups = sorted(str(_text(g)) for g in await client.hkeys(keys.registry))
+        streams = [("requests", keys.requests, ORCHESTRATOR_GROUP)] + [
+            (f"hooks:{g}", keys.hooks(g), g) for g in groups
+        ]
+        now = time.time()
+        async with client.pipeline(transaction=False) as pipe:
+            for _label, stream, _group in streams:
+                pipe.xinfo_groups(stream)
+            for group in groups:
+                pipe.zcount(keys.replicas(group), now - REPLICA_TTL, "+inf")
+            pipe.zcount(keys.orchestrators, now - ORCHESTRATOR_TTL, "+inf")
+            results = await pipe.execute(raise_on_error=False)
+        infos = results[: len(streams)]
+        counts = results[len(streams) :]
+        for gauge in (self.queue_lag, self.queue_pending, self.queue_consumers, self.replicas):
+            gauge.clear()
+        for (label, stream, group), info in zip(streams, infos, strict=True):
+            if isinstance(info, Exception):
+                continue  # the stream does not exist yet
+            entry = next((g for g in info if _text(g.get("name")) == group), None)
+            if entry is None:
+                continue
+            lag = entry.get("lag")
+            if lag is None:  # Redis < 7 has no lag field: count what is after last-delivered-id
+                last = _text(entry.get("last-delivered-id")) or "0-0"
+                lag = len(await client.xrange(stream, f"({last}", "+", count=LAG_COUNT_CAP) or [])
+            self.queue_lag.labels(label, group).set(int(lag))
+            self.queue_pending.labels(label, group).set(int(entry.get("pending") or 0))
+            self.queue_consumers.labels(label, group).set(int(entry.get("consumers") or 0))
+        for group, count in zip(groups, counts[:-1], strict=True):
+            if not isinstance(count, Exception):
+                self.replicas.labels(group).set(int(count))
+        if not isinstance(counts[-1], Exception):
+            self.orchestrators.set(int(counts[-1]))
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode()
+    return value
+
+
+class EventsFollower:
+    """Follows the `events` stream from where it was at start, feeding GatewayMetrics."""
+
+    def __init__(self, reader: aredis.Redis, keys: Keys, metrics: GatewayMetrics) -> None:
+        self._reader = reader
+        self._stream = keys.events
+        self._metrics = metrics
+        self._last_id: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(TimeoutError, *RECONNECT_ERRORS):
+            async with asyncio.timeout(SCRAPE_TIMEOUT):
+                await self._position()
+        self._task = asyncio.create_task(self._loop(), name="hookbus-gateway-events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _position(self) -> None:
+        """Start at the stream's current end (what `$` means, fixed now so nothing is missed)."""
+        newest = await self._reader.xrevrange(self._stream, "+", "-", count=1)
+        self._last_id = _text(newest[0][0]) if newest else "0-0"
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                if self._last_id is None:
+                    await self._position()
+                last_id: str = self._last_id or "0-0"
+                response: Any = await self._reader.xread({self._stream: last_id}, count=1000, block=2000)
+            except RECONNECT_ERRORS as exc:
+                log.warning("events_read_failed", error=str(exc))
+                await asyncio.sleep(1.0)
+                continue
+            for _stream, entries in response or ():
+                for entry_id, fields in entries:
+                    self._last_id = _text(entry_id)
+                    try:
+                        record = decode(fields, MonitorRecord)
+                    except DecodeError:
+                        continue
+                    self._metrics.events_read.inc()
+                    self._metrics.observe_record(record)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by path and status and times it to the end of its body."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        chat = scope["path"] == "/v1/chat/completions"
+        if chat:
+            self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if chat:
+                self.metrics.in_flight.dec()
+            override = scope.get("state", {}).get("final_status")
+            path = path_label(scope["path"])
+            self.metrics.requests.labels(scope["method"], path, str(override or status)).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - started)

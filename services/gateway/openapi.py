@@ -1,0 +1,200 @@
+"""The gateway's OpenAPI 3.1 document, built from the same pydantic models it validates with.
+
+`GET /openapi.json` on a running gateway serves it with that gateway's model names (as an
+enum) and its auth; `hookbus docs openapi` prints the generic one.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic.json_schema import models_json_schema
+
+from services.gateway.models import (
+    SESSION_ID_MAX,
+    ChatCompletionRequest,
+    ErrorBody,
+    Health,
+    ModelCard,
+    ModelList,
+)
+
+REF = "#/components/schemas/{model}"
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+
+
+def _json(ref: str, description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}},
+    }
+
+
+def openapi_document(
+    models: list[str] | None = None, *, auth: bool = True, version: str = "0.1.0"
+) -> dict[str, Any]:
+    """The OpenAPI document; `models` (if given) become the enum of the request's `model`."""
+    _, schemas = models_json_schema(
+        [
+            (ChatCompletionRequest, "validation"),
+            (ErrorBody, "serialization"),
+            (ModelList, "serialization"),
+            (ModelCard, "serialization"),
+            (Health, "serialization"),
+            (ChatCompletion, "serialization"),
+            (ChatCompletionChunk, "serialization"),
+        ],
+        ref_template=REF,
+    )
+    components: dict[str, Any] = copy.deepcopy(schemas.get("$defs", {}))
+    if models:
+        request_schema = components["ChatCompletionRequest"]
+        request_schema["properties"]["model"] = {
+            **request_schema["properties"]["model"], "enum": list(models),
+        }
+    security: list[dict[str, list[str]]] = [{"bearerAuth": []}] if auth else []
+    unauthorized = {"401": _error("Missing or unknown API key.")} if auth else {}
+    session_header = {
+        "name": "X-Session-Id",
+        "in": "header",
+        "required": False,
+        "description": "Session id for ctx.session (wins over the body's `user`).",
+        "schema": {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX, "pattern": r"^\S(.*\S)?$"},
+    }
+    chat_ok = {
+        "description": (
+            "Not streamed: the completion. Streamed: Server-Sent Events, one "
+            "`data: {ChatCompletionChunk}` per chunk, `data: {\"error\": {...}}` if the run "
+            "failed after the first chunk, and `data: [DONE]` last."
+        ),
+        "headers": {
+            "X-Hookbus-Completion-Id": {
+                "description": "The completion id (also the `id` of the completion and of every chunk).",
+                "schema": {"type": "string"},
+            }
+        },
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+            "text/event-stream": {
+                # Open API 3.1 convention for event streams: `schema` describes one event.
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "event": {"type": "string"},
+                        "data": {
+                            "type": "string",
+                            "description": (
+                                "A ChatCompletionChunk as JSON, an error body as JSON "
+                                "(`{\"error\": {...}}`, then the stream ends), or `[DONE]`."
+                            ),
+                        },
+                    },
+                    "required": ["data"],
+                },
+                "x-data-schemas": [
+                    {"$ref": "#/components/schemas/ChatCompletionChunk"},
+                    {"$ref": "#/components/schemas/ErrorBody"},
+                ],
+            },
+        },
+    }
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "hookbus gateway",
+            "version": version,
+            "description": (
+                "OpenAI-compatible Chat Completions in front of the hookbus request queue. "
+                "Every request runs through the agent's lifecycle hooks; any OpenAI client "
+                "works unchanged (base URL `http://HOST:PORT/v1`)."
+            ),
+        },
+        "paths": {
+            "/v1/chat/completions": {
+                "post": {
+                    "operationId": "createChatCompletion",
+                    "summary": "Run one request through the agent (streamed or not).",
+                    "security": security,
+                    "parameters": [session_header],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": chat_ok,
+                        "400": _error("The body is not a valid request; the message says what is wrong."),
+                        **unauthorized,
+                        "402": _error("A payment hook refused the request."),
+                        "404": _error("Unknown model (`model_not_found`)."),
+                        "413": _error("The body is larger than the gateway accepts."),
+                        "default": _error("Any other structured error a hook raised, with its status."),
+                    },
+                }
+            },
+            "/v1/models": {
+                "get": {
+                    "operationId": "listModels",
+                    "summary": "The model name(s) the agent answers as.",
+                    "security": security,
+                    "responses": {"200": _json("ModelList", "The models."), **unauthorized},
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "operationId": "retrieveModel",
+                    "security": security,
+                    "parameters": [
+                        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": _json("ModelCard", "The model."),
+                        "404": _error("Unknown model."),
+                        **unauthorized,
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "health",
+                    "summary": "Redis answers and an orchestrator heartbeat is under 10 s old.",
+                    "security": [],
+                    "responses": {
+                        "200": _json("Health", "Ready."),
+                        "503": _json("Health", "Not ready; the body says why."),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "summary": "Prometheus metrics (text exposition format).",
+                    "security": [],
+                    "responses": {
+                        "200": {
+                            "description": "Metrics.",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+        },
+        "components": {"schemas": components},
+    }
+    if auth:
+        document["components"]["securitySchemes"] = {
+            "bearerAuth": {"type": "http", "scheme": "bearer", "description": "An API key from the keys file."}
+        }
+        document["security"] = security
+    return document

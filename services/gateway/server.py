@@ -1,0 +1,102 @@
+"""`hookbus gateway`: serve the app with uvicorn until SIGTERM or SIGINT.
+
+On SIGTERM or SIGINT uvicorn stops accepting connections and gives open requests
+(streams included) up to GRACEFUL_SECONDS to end; a stream still open after that is cut,
+and its request is cancelled like a client disconnect (reason `gateway_stopped`). The
+process then exits normally (status 0); a second SIGINT forces the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+import structlog
+import uvicorn
+from prometheus_client import disable_created_metrics
+
+from bus.client import HookbusClient
+from services.gateway.app import MAX_BODY_BYTES, create_app
+from services.gateway.auth import load_api_keys
+
+log = structlog.get_logger("hookbus.gateway")
+
+GRACEFUL_SECONDS = 30
+
+
+def serve(
+    host: str,
+    port: int,
+    api_keys_file: str | None,
+    redis_url: str,
+    prefix: str,
+    *,
+    models: list[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> None:
+    """Run a gateway in the foreground; returns after a graceful shutdown.
+
+    Keys come from `api_keys_file`, else $HOOKBUS_API_KEYS, else auth is off (warned).
+    A keys file that cannot be read or parsed raises ValueError/OSError before anything
+    starts.
+    """
+    api_keys = load_api_keys(api_keys_file)
+    disable_created_metrics()  # no `_created` series: they double /metrics for nothing
+    asyncio.run(
+        _serve(host, port, api_keys, redis_url, prefix, models=models, max_body_bytes=max_body_bytes)
+    )
+
+
+async def _serve(
+    host: str,
+    port: int,
+    api_keys: dict | None,
+    redis_url: str,
+    prefix: str,
+    *,
+    models: list[str] | None,
+    max_body_bytes: int,
+) -> None:
+    client = HookbusClient(redis_url, prefix=prefix)
+    try:
+        app = create_app(client, api_keys=api_keys, models=models, max_body_bytes=max_body_bytes)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SECONDS,
+            proxy_headers=True,
+        )
+        log.info("gateway_listening", host=host, port=port, url=f"http://{host}:{port}/v1")
+        await _Server(config).serve()
+    finally:
+        await client.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, minus re-raising the signal after a graceful stop (so the exit status is 0)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        for sig in signals:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("gateway_stopping", signal=signal.Signals(sig).name)
+        self.handle_exit(sig, None)

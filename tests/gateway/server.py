@@ -1,0 +1,92 @@
+"""A real gateway for tests: uvicorn on a free loopback port, in a thread with its own loop.
+
+The gateway gets a HookbusClient of its own, made in its thread's event loop, so the test's
+loop (which runs the orchestrator and the workers in-process) is never blocked by it and
+vice versa.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from bus.client import HookbusClient
+from services.gateway import MAX_BODY_BYTES, create_app
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+    app: Any = None
+    errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    redis_url: str,
+    prefix: str,
+    *,
+    api_keys: dict[str, Any] | None = None,
+    models: Sequence[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    timeout: float = 30.0,
+) -> AsyncIterator[RunningGateway]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    holder: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def main() -> None:
+        client = HookbusClient(redis_url, prefix=prefix, timeout=timeout)
+        try:
+            app = create_app(client, api_keys=api_keys, models=models, max_body_bytes=max_body_bytes)
+            config = uvicorn.Config(
+                app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            )
+            server = uvicorn.Server(config)
+            holder.update(server=server, app=app)
+            ready.set()
+            await server.serve(sockets=[sock])
+        finally:
+            ready.set()
+            await client.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            holder.setdefault("errors", []).append(exc)
+
+    thread = threading.Thread(target=run, name=f"gateway-{port}", daemon=True)
+    thread.start()
+    await asyncio.to_thread(ready.wait, 10)
+    server: uvicorn.Server = holder["server"]
+    for _ in range(1000):
+        if server.started or holder.get("errors"):
+            break
+        await asyncio.sleep(0.01)
+    if not server.started:
+        raise RuntimeError(f"the gateway did not start: {holder.get('errors')}")
+    gateway = RunningGateway(f"http://127.0.0.1:{port}", server, thread, holder["app"])
+    try:
+        yield gateway
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 15)
+        sock.close()
+        gateway.errors.extend(holder.get("errors", []))
