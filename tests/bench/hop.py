@@ -1,0 +1,176 @@
+"""Bench 1, the hop floor: one remote no-op hook hop against raw redis-py, worker side in
+a second process in both cases.
+
+- floor: tests.bench.floor (XADD -> XREADGROUP in a second process -> pipelined reply
+  XADD + XACK -> XREAD by one reader task), carrying exactly as many bytes as the
+  hookbus hop does each way;
+- hookbus: a real `hookbus worker` replica (FastStream, --concurrency 32) hosting
+  tests.bench.skills:HopNoop; the orchestrator side is BusRuntime built as
+  OrchestratorService builds it, driven through `BusRuntime.hop(segment, data, ctx)` +
+  `record_stage` (what Agent._stage does per remote segment), with a realistic HopEvent:
+  `on_chunk` (a ChatCompletionChunk, ~1.1 kB event) and `before_llm_call` (a 20-message
+  conversation and two tools, ~6.7 kB event);
+- hookbus router: the same hops through `ReplyRouter.call` with a prebuilt HopEvent
+  (no HookData/Context dumps, no reply applied): the transport share of the cost.
+
+Run alone: `python -m tests.bench.hop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from tests.bench import payloads
+from tests.bench.common import (
+    PYTHON,
+    Row,
+    alternate,
+    bench_env,
+    bench_redis,
+    bus_side,
+    new_prefix,
+    print_rows,
+    processes,
+    quiet_logs,
+    scaled,
+    wait_for_replicas,
+)
+from tests.bench.floor import FloorCaller
+
+GROUP = "hop"
+CONCURRENCIES = (1, 32)
+
+
+async def sizes(kind: str) -> tuple[int, int]:
+    """Bytes of the encoded HopEvent and HopReply of one hop of `kind`."""
+    from bus.envelopes import HookRef, encode
+    from services.worker.host import GroupHost
+    from tests.bench.skills import HopNoop
+
+    data, ctx = payloads.KINDS[kind](), payloads.context()
+    event = sample_event(kind, data, ctx, "r")
+    host = GroupHost(GROUP, [HopNoop()])
+    event.hooks = [HookRef(skill="hop-noop", method="chunk" if kind == "on_chunk" else "before")]
+    reply = await host.answer(event, 1, "replica")
+    return len(encode(event)[b"e"]), len(encode(reply)[b"e"])
+
+
+def sample_event(kind: str, data, ctx, reply_to: str):  # type: ignore[no-untyped-def]
+    from bus.envelopes import HookRef, HopEvent
+
+    return HopEvent(
+        hop_id=uuid.uuid4().hex,
+        completion_id=ctx.completion_id,
+        lifecycle=data.lifecycle,
+        stage_key=data.lifecycle,
+        hooks=[HookRef(skill="hop-noop", method="chunk" if kind == "on_chunk" else "before")],
+        data=data.model_dump(mode="json"),
+        ctx=ctx.model_dump(mode="json"),
+        reply_to=reply_to,
+        deadline=time.time() + 30,
+    )
+
+
+def _ops(runtime, segment, kind: str, concurrency: int, caller: FloorCaller, payload: bytes):  # type: ignore[no-untyped-def]
+    """floor / hop (BusRuntime.hop + record_stage) / router (ReplyRouter.call) operations."""
+    contexts = [payloads.context() for _ in range(concurrency)]
+    data = payloads.KINDS[kind]()
+    turn = iter(range(1 << 62))
+
+    async def hop() -> None:
+        ctx = contexts[next(turn) % concurrency]
+        started = time.perf_counter()
+        result = await runtime.hop(segment, data, ctx, kind)
+        runtime.record_stage(ctx, kind, GROUP, result.outcomes, (time.perf_counter() - started) * 1000)
+        if result.outcomes[0].outcome != "ok":
+            raise RuntimeError(result.outcomes[0].error)
+
+    event = sample_event(kind, data, contexts[0], runtime.router.reply_stream)
+    stream = runtime.keys.hooks(GROUP)
+
+    async def routed() -> None:
+        await runtime.router.call(stream, event.model_copy(update={"hop_id": uuid.uuid4().hex}), 30)
+
+    async def floor() -> None:
+        await caller.call(payload)
+
+    return {"floor": floor, "hop": hop, "router": routed}
+
+
+async def measure(redis_url: str) -> list[Row]:
+    quiet_logs()
+    prefix = new_prefix("hop")
+    size = {kind: await sizes(kind) for kind in payloads.KINDS}
+    rows: list[Row] = []
+    async with processes() as procs:
+        floor_stream = f"{prefix}floor"
+        floor_env = bench_env(redis_url, prefix)
+        procs.spawn([PYTHON, "-m", "tests.bench.floor", redis_url, floor_stream, "floor", "32", "0"], floor_env, "floor")
+        worker = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
+        side = await bus_side(redis_url, prefix)
+        await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
+        runtime = side.runtime
+        await runtime.registry.refresh()
+        from services.orchestrator.plan import HookPlan
+
+        plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
+        try:
+            for kind in payloads.KINDS:
+                event_bytes, reply_bytes = size[kind]
+                # A floor worker per payload size: restart with this kind's reply size.
+                procs.children[0].terminate()
+                procs.children[0].wait()
+                procs.children[0] = procs.spawn(
+                    [PYTHON, "-m", "tests.bench.floor", redis_url, floor_stream, "floor", "32", str(reply_bytes)],
+                    floor_env, "floor",
+                )
+                caller = FloorCaller(redis_url, floor_stream, f"{prefix}floor-replies")
+                await caller.start()
+                request_payload = b"x" * event_bytes
+                await caller.call(request_payload, timeout=30)  # the floor worker is up
+                segment = plan.segments(kind, ["chat"])[0]
+                print(f"\n[hop] {kind}: HopEvent {event_bytes} B, HopReply {reply_bytes} B")
+                for concurrency in CONCURRENCIES:
+                    total = scaled(1500 if concurrency == 1 else 6000)
+                    ops = _ops(runtime, segment, kind, concurrency, caller, request_payload)
+                    pids = {"floor": [procs.children[0].pid], "hop": [worker.pid], "router": [worker.pid]}
+                    pooled, cpu = await alternate(
+                        ops, concurrency=concurrency, total=total, rounds=2, warmup=scaled(100), pids=pids
+                    )
+                    floor, bus, router = pooled["floor"], pooled["hop"], pooled["router"]
+                    for name, label in (("floor", "floor raw redis-py"), ("hop", "hookbus BusRuntime.hop"),
+                                        ("router", "hookbus ReplyRouter.call")):
+                        print(pooled[name].line(f"{label} c={concurrency}", "hops/s")
+                              + f"  cpu/hop: caller {cpu[name][0]:.0f} us, worker {cpu[name][1]:.0f} us")
+                    case = f"{kind} c={concurrency}"
+                    if concurrency == 1:
+                        rows.append(Row("hop", f"{case} p50", bus.p50_ms, "ms", floor.p50_ms, "floor", "<=1.3x"))
+                        rows.append(Row("hop", f"{case} p99", bus.p99_ms, "ms", floor.p99_ms, "floor"))
+                        rows.append(Row("hop", f"{case} router-only p50", router.p50_ms, "ms", floor.p50_ms, "floor"))
+                    else:
+                        rows.append(Row("hop", f"{case} throughput", bus.rate, "hops/s", floor.rate, "floor", ">=0.7x"))
+                        rows.append(Row("hop", f"{case} p50", bus.p50_ms, "ms", floor.p50_ms, "floor"))
+                        rows.append(Row("hop", f"{case} p99", bus.p99_ms, "ms", floor.p99_ms, "floor"))
+                        rows.append(Row("hop", f"{case} router-only throughput", router.rate, "hops/s", floor.rate, "floor"))
+                    rows.append(Row("hop", f"{case} worker CPU per hop", cpu["hop"][1], "us", cpu["floor"][1], "floor worker"))
+                    rows.append(Row("hop", f"{case} caller CPU per hop", cpu["hop"][0], "us", cpu["floor"][0], "floor caller"))
+                    for name, stats in pooled.items():
+                        if stats.failures:
+                            rows.append(Row("hop", f"{case} {name} failures", stats.failures, "count", note=str(stats.errors)))
+                await caller.stop()
+        finally:
+            await side.close()
+    return rows
+
+
+async def main() -> list[Row]:
+    with bench_redis() as url:
+        rows = await measure(url)
+    print_rows("hop floor", rows)
+    return rows
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,158 @@
+"""Bench 2, the peer: a chain of 3 remote no-op hooks over a `before_llm_call` (20
+messages, two tools) done with FastStream's own request/reply against hookbus.
+
+- FastStream 0.7: `await broker.request(payload, stream=...)` three times in a row, each
+  with the previous reply's body (tests.bench.peer_worker: three idiomatic subscribers
+  returning their body). Each request opens a pub/sub connection, SUBSCRIBEs a fresh
+  reply channel, XADDs, waits for the PUBLISHed reply, unsubscribes: its connections
+  come from the broker's pool (redis-py's default: 100, non-blocking), so at high
+  concurrency it fails with "Too many connections"; those failures are counted.
+- hookbus, 3 hooks in one worker group: the chain runs in one hop (one round trip).
+- hookbus, 3 hooks in 3 groups: three hops, the like-for-like transport comparison.
+Both hookbus cases run `hookbus worker` replicas (--concurrency 32) and drive
+BusRuntime.hop per segment.
+
+Run alone: `python -m tests.bench.peer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from tests.bench import payloads
+from tests.bench.common import (
+    PYTHON,
+    Row,
+    Stats,
+    bench_env,
+    bench_redis,
+    bus_side,
+    new_prefix,
+    print_rows,
+    processes,
+    quiet_logs,
+    run_load,
+    scaled,
+    wait_for_replicas,
+)
+
+CONCURRENCIES = (1, 32, 128)
+CHAIN = ["tests.bench.skills:Chain1", "tests.bench.skills:Chain2", "tests.bench.skills:Chain3"]
+
+
+async def faststream_chain(redis_url: str, prefix: str, procs: Any) -> dict[int, Stats]:
+    from faststream.redis import RedisBroker
+
+    procs.spawn([PYTHON, "-m", "tests.bench.peer_worker", redis_url, prefix], bench_env(redis_url, prefix), "peer")
+    broker = RedisBroker(redis_url)
+    await broker.connect()
+    body = {"data": payloads.before_llm_call_data().model_dump(mode="json"), "ctx": payloads.context().model_dump(mode="json")}
+
+    async def chain() -> None:
+        current: Any = body
+        for n in (1, 2, 3):
+            reply = await broker.request(current, stream=f"{prefix}peer:{n}", timeout=10)
+            current = json.loads(reply.body)
+
+    deadline = time.monotonic() + 60
+    while True:  # until the three subscribers are up
+        procs.check_alive()
+        try:
+            await chain()
+            break
+        except Exception:  # noqa: BLE001
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    results = {}
+    try:
+        for concurrency in CONCURRENCIES:
+            total = scaled(300 if concurrency == 1 else 1500)
+            results[concurrency] = await run_load(chain, concurrency=concurrency, total=total, warmup=scaled(30), max_seconds=40)
+    finally:
+        await broker.stop()
+    return results
+
+
+async def hookbus_chain(redis_url: str, prefix: str, procs: Any, groups: dict[str, list[str]]) -> dict[int, Stats]:
+    from services.orchestrator.plan import HookPlan
+
+    for group, skills in groups.items():
+        procs.worker(redis_url, prefix, group, skills, concurrency=32)
+    side = await bus_side(redis_url, prefix)
+    await wait_for_replicas(redis_url, prefix, dict.fromkeys(groups, 1), procs)
+    runtime = side.runtime
+    await runtime.registry.refresh()
+    plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
+    segments = plan.segments("before_llm_call", ["chat"])
+    assert sum(len(s.hooks) for s in segments) == 3, segments
+    contexts = [payloads.context() for _ in range(max(CONCURRENCIES))]
+    turn = iter(range(1 << 62))
+
+    async def chain() -> None:
+        ctx = contexts[next(turn) % len(contexts)]
+        data = payloads.before_llm_call_data()
+        for segment in segments:
+            began = time.perf_counter()
+            result = await runtime.hop(segment, data, ctx, "before_llm_call#0")
+            runtime.record_stage(ctx, "before_llm_call", segment.group, result.outcomes, (time.perf_counter() - began) * 1000)
+            if any(o.outcome != "ok" for o in result.outcomes):
+                raise RuntimeError(result.outcomes[0].error)
+            data = result.data
+
+    results = {}
+    try:
+        for concurrency in CONCURRENCIES:
+            total = scaled(300 if concurrency == 1 else 1500)
+            results[concurrency] = await run_load(chain, concurrency=concurrency, total=total, warmup=scaled(30), max_seconds=40)
+    finally:
+        await side.close()
+    return results
+
+
+async def measure(redis_url: str) -> list[Row]:
+    quiet_logs()
+    rows: list[Row] = []
+    async with processes() as procs:
+        fs = await faststream_chain(redis_url, new_prefix("peer-fs"), procs)
+        one = await hookbus_chain(redis_url, new_prefix("peer-one"), procs, {"chain": CHAIN})
+        three = await hookbus_chain(
+            redis_url, new_prefix("peer-three"), procs, {f"c{n}": [skill] for n, skill in enumerate(CHAIN, 1)}
+        )
+    print("\n[peer] chain of 3 no-op hooks over a before_llm_call (20 messages)")
+    for concurrency in CONCURRENCIES:
+        print(fs[concurrency].line(f"FastStream broker.request() x3 c={concurrency}", "chains/s"))
+        print(one[concurrency].line(f"hookbus, 1 group (1 hop) c={concurrency}", "chains/s"))
+        print(three[concurrency].line(f"hookbus, 3 groups (3 hops) c={concurrency}", "chains/s"))
+    for concurrency in CONCURRENCIES:
+        base = fs[concurrency]
+        for label, stats in (("1 group/1 hop", one[concurrency]), ("3 groups/3 hops", three[concurrency])):
+            case = f"c={concurrency} {label}"
+            # "at least 3x faster than broker.request() at p50": FastStream p50 / hookbus p50
+            rows.append(Row("peer", f"{case} p50", stats.p50_ms, "ms", base.p50_ms, "FastStream"))
+            rows.append(Row("peer", f"{case} speed-up at p50", base.p50_ms / stats.p50_ms, "x faster",
+                            target=">=3" if concurrency <= 32 else ""))
+            if concurrency > 1:
+                rows.append(Row("peer", f"{case} throughput", stats.rate, "chains/s", base.rate, "FastStream"))
+            rows.append(Row("peer", f"{case} failures", stats.failures, "of " + str(stats.count + stats.failures), target="<=0"))
+        rows.append(
+            Row("peer", f"c={concurrency} FastStream failures", base.failures, "of " + str(base.count + base.failures),
+                note=", ".join(f"{k}: {v}" for k, v in base.errors.items()))
+        )
+        if base.errors:
+            print(f"  FastStream errors at c={concurrency}: {base.errors}")
+    return rows
+
+
+async def main() -> list[Row]:
+    with bench_redis() as url:
+        rows = await measure(url)
+    print_rows("peer: FastStream request/reply", rows)
+    return rows
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,145 @@
+"""Skills and agents the benchmarks run, in-process or in `hookbus worker` / `hookbus
+orchestrator` subprocesses (they load them as `tests.bench.skills:Name`).
+
+Every hook here is a no-op (returns None: "unchanged") unless its name says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from services.orchestrator import Agent
+from skills import Context, HookData, Skill, hook, tool
+from skills.lifecycle import LIFECYCLES
+
+NON_CHUNK = [lc for lc in LIFECYCLES if lc != "on_chunk"]
+
+
+def _noop_hooks(namespace: dict[str, Any], lifecycles: list[str], priority: int, tag: str) -> None:
+    for lifecycle in lifecycles:
+        async def noop(self: Skill, data: HookData, ctx: Context) -> HookData | None:  # noqa: ARG001
+            return None
+
+        noop.__name__ = f"{tag}_{lifecycle}"
+        namespace[noop.__name__] = hook(lifecycle, priority)(noop)
+
+
+# --------------------------------------------------------------- one hop (hop bench)
+
+
+class HopNoop(Skill):
+    """One no-op hook on the two lifecycles the hop bench drives."""
+
+    name = "hop-noop"
+
+    @hook("on_chunk", 10)
+    async def chunk(self, data: HookData, ctx: Context) -> None:
+        return None
+
+    @hook("before_llm_call", 10)
+    async def before(self, data: HookData, ctx: Context) -> None:
+        return None
+
+
+# ------------------------------------------------------- a chain of three (peer bench)
+
+
+class Chain1(Skill):
+    name = "chain-1"
+
+    @hook("before_llm_call", 10)
+    async def first(self, data: HookData, ctx: Context) -> None:
+        return None
+
+
+class Chain2(Skill):
+    name = "chain-2"
+
+    @hook("before_llm_call", 20)
+    async def second(self, data: HookData, ctx: Context) -> None:
+        return None
+
+
+class Chain3(Skill):
+    name = "chain-3"
+
+    @hook("before_llm_call", 30)
+    async def third(self, data: HookData, ctx: Context) -> None:
+        return None
+
+
+# ---------------------------------------------------- full request: 3 hooks, 2 groups
+
+_alpha: dict[str, Any] = {"name": "bench-alpha"}
+_noop_hooks(_alpha, NON_CHUNK, 10, "a1")
+_noop_hooks(_alpha, NON_CHUNK, 20, "a2")
+Alpha = type("Alpha", (Skill,), _alpha)
+"""Two no-op hooks on every lifecycle but on_chunk (priorities 10 and 20: one hop)."""
+
+_beta: dict[str, Any] = {"name": "bench-beta"}
+_noop_hooks(_beta, NON_CHUNK, 30, "b1")
+Beta = type("Beta", (Skill,), _beta)
+"""One no-op hook on every lifecycle but on_chunk (priority 30: a second hop)."""
+
+
+class Lookup(Skill):
+    """An in-process tool, so a request goes through before/after_toolcall too."""
+
+    name = "bench-lookup"
+
+    @tool
+    async def lookup(self, key: str = "x") -> str:
+        """Look a key up.
+
+        Args:
+            key: what to look up
+        """
+        return f"value of {key}"
+
+
+FULL_PROMPT = "Look it up. [[tool:lookup {\"key\": \"k\"}]]"
+"""The offline model calls `lookup` once, then answers: 2 LLM calls, every non-chunk stage."""
+
+
+def full_agent() -> Agent:
+    """The agent of the full-request bench on the bus (hooks live in worker groups)."""
+    return Agent("bench-full", instructions="You are a benchmark.", skills=[Lookup()])
+
+
+def full_agent_inprocess() -> Agent:
+    """The same agent with the same three hooks per stage in-process (the baseline)."""
+    return Agent("bench-full", instructions="You are a benchmark.", skills=[Lookup(), Alpha(), Beta()])
+
+
+# -------------------------------------------------------------------------- streaming
+
+
+class ChunkNoop(Skill):
+    """One remote no-op on_chunk hook, only for callers with scope "chunky"."""
+
+    name = "chunk-noop"
+
+    @hook("on_chunk", 10, scope="chunky")
+    async def chunk(self, data: HookData, ctx: Context) -> None:
+        return None
+
+
+STREAM_PROMPT = "[[words:500]]"
+
+
+def stream_agent() -> Agent:
+    return Agent("bench-stream")
+
+
+# --------------------------------------------------------------------------- scale-out
+
+
+class Sleeper(Skill):
+    """An I/O-bound hook: waits 20 ms."""
+
+    name = "sleeper"
+
+    @hook("on_chunk", 10)
+    async def wait(self, data: HookData, ctx: Context) -> None:
+        await asyncio.sleep(0.02)
