@@ -8,10 +8,16 @@
 A structured error (for example a 402 from a payment hook) is raised as
 `skills.HookError` with its status, code and message; a request that outlives its
 deadline raises a 504 HookError instead of hanging.
+
+Through a Redis outage the client keeps trying until the request's deadline: sending
+retries with backoff (then a 503 `bus_unavailable`), reading reconnects. A response item
+that cannot be decoded is copied to the dead-letter stream and skipped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -19,15 +25,19 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
+import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from bus.connection import connect
+from bus.connection import RECONNECT_ERRORS, connect
+from bus.deadletter import entry_id_text, send_dead_letter
 from bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
 from bus.keys import Keys
 from bus.responses import TERMINAL_KINDS
 from bus.settings import get_settings
 from skills import AuthInfo, HookError
+
+log = structlog.get_logger("hookbus.client")
 
 DEFAULT_TIMEOUT = 300.0
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -101,7 +111,10 @@ class HookbusClient:
                 413, "request_too_large",
                 f"request is {size} bytes; the limit is {self.max_request_bytes} bytes",
             )
-        await self._client.xadd(self.keys.requests, fields)  # type: ignore[arg-type]
+        try:
+            await self._client.xadd(self.keys.requests, fields)  # type: ignore[arg-type]
+        except RECONNECT_ERRORS as exc:
+            raise HookError(503, "bus_unavailable", f"could not queue the request: {exc}") from exc
         return request
 
     # ------------------------------------------------------------------ reading
@@ -110,25 +123,46 @@ class HookbusClient:
         """Every response item of the request, up to and including the terminal one."""
         stream = self.keys.responses(request.completion_id)
         deadline = request.deadline or (time.time() + self.timeout)
-        last_id = "0-0"
+        last_id: bytes | str = "0-0"
+        backoff = 0.05
         while True:
             remaining = deadline - time.time()
             if remaining <= 0:
                 raise HookError(504, "deadline_exceeded", f"no answer for {request.completion_id} before its deadline")
-            response = await self._reader.xread(
-                {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
-            )
+            try:
+                response = await self._reader.xread(
+                    {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
+                )
+                backoff = 0.05
+            except RECONNECT_ERRORS as exc:
+                log.warning("response_read_retry", completion_id=request.completion_id, error=str(exc))
+                await asyncio.sleep(min(backoff, max(0.0, deadline - time.time())))
+                backoff = min(backoff * 2, 1.0)
+                continue
             for _stream, entries in response or ():
                 for entry_id, fields in entries:
                     last_id = entry_id
                     try:
                         item = decode(fields, ResponseItem)
                     except DecodeError as exc:
-                        raise HookError(502, "bad_response", f"unreadable response item: {exc}") from exc
-                    yield item
+                        await self._skip_bad_item(stream, entry_id, fields, str(exc))
+                        continue
                     if item.kind in TERMINAL_KINDS:
-                        await self._client.delete(stream)
+                        # before yielding: a caller that stops at the terminal item (as
+                        # complete() does) never resumes this generator
+                        with contextlib.suppress(*RECONNECT_ERRORS):  # it expires anyway
+                            await self._client.delete(stream)
+                        yield item
                         return
+                    yield item
+
+    async def _skip_bad_item(self, stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], reason: str) -> None:
+        log.warning("bad_response_item_skipped", stream=stream, reason=reason)
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await send_dead_letter(
+                self._client, self.keys.dead_letter, source=stream, entry_id=entry_id_text(entry_id),
+                reason=reason, fields=fields, consumer="client",
+            )
 
     async def stream(self, messages: Sequence[dict[str, Any]] | str, **options: Any) -> AsyncIterator[ChatCompletionChunk]:
         """Send a streaming request and yield its chunks as they come."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
@@ -43,3 +44,25 @@ async def ensure_group(client: aredis.Redis, stream: str, group: str) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def broker_retry() -> dict[str, Any]:
+    """Connection options for a FastStream RedisBroker so its client (consumer reads,
+    acks, replies) rides out a short Redis outage like `connect`'s clients do. Longer
+    outages surface to FastStream's subscriber, which logs "Message fetch error" and
+    reads again after a few seconds."""
+    return {
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=12),
+        "retry_on_error": [ConnectionError, TimeoutError, BusyLoadingError],
+    }
+
+
+async def raw_entry_parser(message, original):  # type: ignore[no-untyped-def]
+    """A FastStream `parser=` for hookbus streams: the handlers read the raw entry
+    (`msg.raw_message["data"]`) and decode it as an envelope themselves, so FastStream
+    is given an empty body. Its own parser would JSON-dump the raw fields first, which
+    costs time on every entry and fails on bytes that are not UTF-8 (the entry would
+    then never reach the handler, so it could not be dead-lettered)."""
+    parsed = await original({**message, "data": {}})
+    parsed.raw_message = message
+    return parsed

@@ -12,6 +12,8 @@ import redis.asyncio as aredis
 from redis.asyncio.client import Pipeline
 
 DEAD_LETTER_MAXLEN = 100_000
+MAX_FIELD_BYTES = 64 * 1024
+"""Original fields are kept up to this size each (an oversized request is not copied whole)."""
 
 
 def add_dead_letter(
@@ -33,9 +35,31 @@ def add_dead_letter(
         "ts": str(time.time()),
     }
     for key, value in fields.items():
+        if len(value) > MAX_FIELD_BYTES:
+            record[b"truncated:" + key] = str(len(value))
+            value = value[:MAX_FIELD_BYTES]
         record[b"orig:" + key] = value
     pipe.xadd(dead_letter_stream, record, maxlen=DEAD_LETTER_MAXLEN, approximate=True)  # type: ignore[arg-type]
 
 
 def entry_id_text(entry_id: bytes | str) -> str:
     return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+async def send_dead_letter(
+    client: aredis.Redis,
+    dead_letter_stream: str,
+    *,
+    source: str,
+    entry_id: str,
+    reason: str,
+    fields: dict[bytes, bytes],
+    consumer: str,
+) -> None:
+    """One dead letter on its own (for streams without a consumer group: nothing to ack)."""
+    async with client.pipeline(transaction=False) as pipe:
+        add_dead_letter(
+            pipe, dead_letter_stream, source=source, entry_id=entry_id, reason=reason,
+            fields=fields, consumer=consumer,
+        )
+        await pipe.execute()

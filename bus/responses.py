@@ -1,53 +1,201 @@
 """Writing a request's response stream: chunks pipelined in order, then one terminal item.
 
 Chunks that arrive while an earlier write is in flight are sent together in the next
-pipeline, so a fast stream costs far fewer round trips than chunks.
+batch, so a fast stream costs far fewer round trips than chunks.
+
+With a `Fence` (the orchestrator always gives one), each batch is one journal script
+(bus.journal) that writes only while the request's epoch is still the writer's, and
+the terminal item goes with the request's ack in one script (`finish`). A fenced-out
+writer drops what it holds, calls `on_fenced` and writes nothing more. A batch that
+failed because Redis was unreachable is retried with backoff, in order; the journal's
+item count makes a retried batch idempotent, so no chunk is stored twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis.asyncio as aredis
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from bus.connection import RECONNECT_ERRORS
 from bus.envelopes import ResponseItem, encode
+from bus.journal import FENCED, Journal
+
+log = structlog.get_logger("hookbus.responses")
 
 RESPONSE_TTL = 3600
 TERMINAL_KINDS = frozenset({"final", "error", "done"})
+RETRY_CAP = 1.0
+
+
+class Fenced(RuntimeError):
+    """The request was claimed by another orchestrator; this writer must stop."""
+
+
+@dataclass
+class Fence:
+    """The request's journal and the epoch this writer holds."""
+
+    journal: Journal
+    completion_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The request entry to ack together with the terminal item."""
+
+    requests: str
+    group: str
+    entry_id: str
 
 
 class ResponseWriter:
-    def __init__(self, client: aredis.Redis, stream: str, ttl: int = RESPONSE_TTL) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        stream: str,
+        ttl: int = RESPONSE_TTL,
+        *,
+        fence: Fence | None = None,
+        on_fenced: Callable[[], None] | None = None,
+        first_seq: int = 0,
+    ) -> None:
+        """`first_seq` is the journal's item count when this writer starts (0 for a new
+        run; -1 when unknown, as in a recovery, which writes only the terminal item)."""
         self._client = client
         self.stream = stream
         self._ttl = ttl
+        self._fence = fence
+        self._on_fenced = on_fenced
+        self._seq = first_seq
         self._pending: list[ResponseItem] = []
         self._drain: asyncio.Task[None] | None = None
         self.written = 0
+        self.fenced = False
+        self.stage = ""
 
     def add(self, item: ResponseItem) -> None:
+        if self.fenced:
+            return
         self._pending.append(item)
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write_pending())
 
-    async def finish(self, terminal: ResponseItem) -> None:
-        """Write the terminal item after everything before it; returns once it is stored."""
+    async def finish(self, terminal: ResponseItem, *, ack: Ack | None = None, give_up_after: float = 120.0) -> bool:
+        """Write the terminal item after everything before it (and ack `ack` in the same
+        step when fenced); returns once it is stored: True, or False if fenced out.
+
+        Raises a connection error if Redis stays unreachable for `give_up_after` seconds.
+        """
         assert terminal.kind in TERMINAL_KINDS
-        self.add(terminal)
-        while self._drain is not None and not self._drain.done():
-            await asyncio.shield(self._drain)
-        if self._drain is not None:
-            self._drain.result()
-        if self._pending:  # a drain failed part way: write what is left now
-            await self._write_pending()
+        if self.fenced:
+            return False
+        if self._drain is not None and not self._drain.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drain), give_up_after)
+            except TimeoutError as exc:
+                await self.close()
+                raise RedisConnectionError(f"{self.stream}: Redis unreachable for {give_up_after:g}s") from exc
+        if self.fenced:
+            return False
+        self._pending.append(terminal)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + give_up_after
+        backoff = 0.05
+        while True:
+            try:
+                if self._fence is None:
+                    await self._pipeline(self._pending[:])
+                    if ack is not None:
+                        await self._client.xack(ack.requests, ack.group, ack.entry_id)
+                    self.written += len(self._pending)
+                    self._pending.clear()
+                    return True
+                return await self._finish_fenced(ack)
+            except RECONNECT_ERRORS as exc:
+                if loop.time() + backoff > deadline:
+                    raise
+                log.warning("response_write_retry", stream=self.stream, error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_CAP)
+
+    async def close(self) -> None:
+        """Stop writing (drop what is not stored yet)."""
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *RECONNECT_ERRORS, Fenced):
+                await self._drain
+        self._pending.clear()
+
+    # ---------------------------------------------------------------- internals
+
+    async def _finish_fenced(self, ack: Ack | None) -> bool:
+        fence = self._fence
+        assert fence is not None and ack is not None, "a fenced writer acks with its terminal item"
+        batch = self._pending[:]
+        result = await fence.journal.finish(
+            fence.completion_id, self.stream, fence.epoch, [encode(i)[b"e"] for i in batch],
+            ttl=self._ttl, requests=ack.requests, group=ack.group, entry_id=ack.entry_id,
+            first_seq=self._seq,
+        )
+        if result == FENCED:
+            self._fenced_out()
+            return False
+        self.written += len(batch)
+        self._pending.clear()
+        return True
 
     async def _write_pending(self) -> None:
-        while self._pending:
+        backoff = 0.05
+        while self._pending and not self.fenced:
             batch = self._pending[:]
-            async with self._client.pipeline(transaction=False) as pipe:
-                for item in batch:
-                    pipe.xadd(self.stream, encode(item))  # type: ignore[arg-type]
-                pipe.expire(self.stream, self._ttl)
-                await pipe.execute()
+            try:
+                if self._fence is None:
+                    await self._pipeline(batch)
+                else:
+                    await self._write_fenced(batch)
+            except RECONNECT_ERRORS as exc:
+                log.warning("response_write_retry", stream=self.stream, error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_CAP)
+                continue
+            backoff = 0.05
+            if self.fenced:
+                return
             del self._pending[: len(batch)]
             self.written += len(batch)
+
+    async def _pipeline(self, batch: list[ResponseItem]) -> None:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for item in batch:
+                pipe.xadd(self.stream, encode(item))  # type: ignore[arg-type]
+            pipe.expire(self.stream, self._ttl)
+            await pipe.execute()
+
+    async def _write_fenced(self, batch: list[ResponseItem]) -> None:
+        fence = self._fence
+        assert fence is not None
+        result = await fence.journal.write(
+            fence.completion_id, self.stream, fence.epoch, [encode(i)[b"e"] for i in batch],
+            ttl=self._ttl, first_seq=self._seq, stage=self.stage,
+        )
+        if result == FENCED:
+            self._fenced_out()
+            return
+        if self._seq >= 0:
+            self._seq = result
+
+    def _fenced_out(self) -> None:
+        if self.fenced:
+            return
+        self.fenced = True
+        self._pending.clear()
+        log.warning("response_writer_fenced", stream=self.stream)
+        if self._on_fenced is not None:
+            self._on_fenced()

@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 import structlog
 
 from bus.connection import RECONNECT_ERRORS
+from bus.deadletter import entry_id_text, send_dead_letter
 from bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
 
 log = structlog.get_logger("hookbus.router")
@@ -28,12 +29,28 @@ class HopTimeout(TimeoutError):
     """No reply within the hop's deadline."""
 
 
+class HopUnsent(HopTimeout):
+    """The hop could not be sent (Redis unreachable through the client's retries): like
+    a timeout, it counts as the segment's hooks failing."""
+
+
 class ReplyRouter:
-    def __init__(self, client: aredis.Redis, reader: aredis.Redis, reply_stream: str) -> None:
-        """`reader` is a client without retries (bus.connection.connect(url, retries=0))."""
+    def __init__(
+        self,
+        client: aredis.Redis,
+        reader: aredis.Redis,
+        reply_stream: str,
+        *,
+        dead_letter: str | None = None,
+    ) -> None:
+        """`reader` is a client without retries (bus.connection.connect(url, retries=0));
+        `dead_letter` the stream bad replies are copied to (None: only logged)."""
         self._client = client
         self._reader_client = reader
         self.reply_stream = reply_stream
+        self.dead_letter = dead_letter
+        self.bad_replies = 0
+        self._background: set[asyncio.Task[None]] = set()
         self._waiting: dict[str, asyncio.Future[HopReply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
@@ -66,8 +83,13 @@ class ReplyRouter:
         future: asyncio.Future[HopReply] = asyncio.get_running_loop().create_future()
         self._waiting[event.hop_id] = future
         try:
-            await self._client.xadd(stream, encode(event))  # type: ignore[arg-type]
+            try:
+                await self._client.xadd(stream, encode(event))  # type: ignore[arg-type]
+            except RECONNECT_ERRORS as exc:
+                raise HopUnsent(f"could not send to {stream}: {exc}") from exc
             return await asyncio.wait_for(future, timeout)
+        except HopUnsent:
+            raise
         except TimeoutError as exc:
             raise HopTimeout(f"no reply from {stream} within {timeout:g}s") from exc
         finally:
@@ -93,20 +115,25 @@ class ReplyRouter:
             for _stream, entries in response or ():
                 for entry_id, fields in entries:
                     last_id = entry_id
-                    self._resolve(fields)
+                    self._resolve(entry_id, fields)
                     since_trim += 1
             if since_trim >= TRIM_EVERY:
                 since_trim = 0
                 with contextlib.suppress(*RECONNECT_ERRORS):
                     await self._reader_client.xtrim(self.reply_stream, minid=last_id)
 
-    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+    def _resolve(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> None:
         if b"wake" in fields:
             return
         try:
             reply = decode(fields, HopReply)
         except DecodeError as exc:
+            self.bad_replies += 1
             log.warning("bad_reply_dropped", reason=str(exc), stream=self.reply_stream)
+            if self.dead_letter is not None:
+                task = asyncio.create_task(self._dead_letter(entry_id_text(entry_id), fields, str(exc)))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             return
         future = self._waiting.get(reply.hop_id)
         if future is None or future.done():
@@ -114,6 +141,14 @@ class ReplyRouter:
             log.info("late_reply_ignored", hop_id=reply.hop_id, completion_id=reply.completion_id)
             return
         future.set_result(reply)
+
+    async def _dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
+        assert self.dead_letter is not None
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await send_dead_letter(
+                self._client, self.dead_letter, source=self.reply_stream, entry_id=entry_id,
+                reason=reason, fields=fields, consumer=self.reply_stream,
+            )
 
 
 def hop_deadline(timeout: float) -> float:

@@ -284,9 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LONG_RUNNING = frozenset({"worker", "orchestrator", "gateway", "run", "chat"})
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if args.command not in LONG_RUNNING:
+        # `hookbus monitor | head` ends quietly. Never for services: a socket that Redis
+        # closed (a restart) would then kill the process instead of raising an error.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(args.func(args))
 
 

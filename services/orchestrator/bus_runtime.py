@@ -36,6 +36,9 @@ from skills.runner import ChainResult, HookOutcome, block_tool_call
 log = structlog.get_logger("hookbus.bus_runtime")
 
 DEFAULT_HOP_TIMEOUT = 30.0
+HOP_GRACE = 0.25
+"""Extra wait for a hop's reply beyond its hooks' timeouts: the worker enforces each hook's
+timeout itself and answers with the other hooks' results, which needs transport time."""
 
 
 class BusRuntime:
@@ -117,7 +120,7 @@ class BusRuntime:
         )
         self.hops += 1
         try:
-            reply = await self.router.call(self.keys.hooks(group), event, timeout)
+            reply = await self.router.call(self.keys.hooks(group), event, timeout + HOP_GRACE)
         except HopTimeout as exc:
             return failed_segment(segment, data, str(exc), "timeout")
         if reply.failure:

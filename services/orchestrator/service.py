@@ -2,15 +2,38 @@
 
 Any number of instances share the queue. Each request's chunks, final completion or
 error go to `responses:{completion_id}`; the request is acked only after
-finalize_connection ran and the terminal item is stored.
+finalize_connection ran and the terminal item is stored, in the same atomic step.
+
+Reliability (see bus/journal.py and services/orchestrator/recovery.py):
+
+- a run starts by creating the request's journal (`begin`, one round trip that also
+  reads the cancel marker); every response write and the final ack check the journal's
+  epoch, so an owner that lost the request (it stalled and another orchestrator claimed
+  it) stops without writing again;
+- the requests it runs keep their claim (lease renewal every `claim_idle / 3` seconds),
+  so a long LLM call is not taken away while this process is alive;
+- a request another orchestrator left pending (it died, or it stalled for longer than
+  `claim_idle`) is claimed: if it had started, only finalize_connection runs, with a 503
+  `orchestrator_lost` error and `ctx.recovery = True`, and the client gets that error; if
+  it had not, it simply runs;
+- a request that cannot be read is dead-lettered; if its completion id is readable the
+  client gets a 400 (or a 413 for one over `max_request_bytes`);
+- a cancel signal (`{prefix}cancel:{completion_id}` marker, `{prefix}cancel` channel, as
+  the gateway writes them) cancels the run: finalize runs with a 499 and the client gets
+  that error;
+- a janitor trims `requests` up to what was acked (bus/trim.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aredis
@@ -19,15 +42,33 @@ from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
 
-from bus.connection import RECONNECT_ERRORS, connect, ensure_group, instance_name
+from bus.claims import Steadiness, heartbeat_every
+from bus.connection import (
+    RECONNECT_ERRORS,
+    broker_retry,
+    connect,
+    ensure_group,
+    instance_name,
+    raw_entry_parser,
+)
 from bus.deadletter import add_dead_letter, entry_id_text
-from bus.envelopes import DecodeError, MonitorRecord, RequestEnvelope, ResponseItem, decode
+from bus.envelopes import (
+    FIELD,
+    DecodeError,
+    MonitorRecord,
+    RequestEnvelope,
+    ResponseItem,
+    decode,
+    encode,
+)
 from bus.events import EventWriter
+from bus.journal import Begun, Journal
 from bus.keys import ORCHESTRATOR_GROUP, Keys
 from bus.registry import HEARTBEAT_EVERY, RegistryView
-from bus.responses import ResponseWriter
+from bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from bus.router import ReplyRouter
 from bus.sessions import SessionStore
+from bus.trim import TRIM_EVERY
 from services.orchestrator.agent import Agent
 from services.orchestrator.bus_runtime import BusRuntime
 from skills import HookError
@@ -36,6 +77,45 @@ from skills.errors import as_hook_error
 log = structlog.get_logger("hookbus.orchestrator")
 
 RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
+DEFAULT_CLAIM_IDLE = 10.0
+DEFAULT_MAX_DELIVERIES = 5
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+SHUTDOWN_WAIT = 30.0
+_CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
+
+
+def lost_error() -> HookError:
+    return HookError(
+        503, "orchestrator_lost",
+        "the orchestrator running this request stopped; the run was lost and has been "
+        "finalized by another orchestrator. Retry the request.",
+    )
+
+
+@dataclass
+class Running:
+    """One request this process is running (or finalizing)."""
+
+    entry_id: str
+    completion_id: str
+    epoch: int = 0
+    stage: str = ""
+    task: asyncio.Task[ResponseItem] | None = None
+    fenced: bool = False
+    cancel_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+
+class _StageNotingRuntime(BusRuntime):
+    """The bus runtime, also telling the service which stage each request reached (for
+    its journal; written with the next lease renewal, not on the request's path)."""
+
+    on_stage: Callable[[str, str], None] | None = None
+
+    def record_stage(self, ctx, lifecycle, group, outcomes, duration_ms) -> None:  # type: ignore[no-untyped-def]
+        super().record_stage(ctx, lifecycle, group, outcomes, duration_ms)
+        if self.on_stage is not None:
+            self.on_stage(ctx.completion_id, lifecycle)
 
 
 class OrchestratorService:
@@ -47,28 +127,48 @@ class OrchestratorService:
         prefix: str = "hookbus:",
         concurrency: int = 64,
         instance: str | None = None,
+        claim_idle: float = DEFAULT_CLAIM_IDLE,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        trim_every: float = TRIM_EVERY,
     ) -> None:
+        from services.orchestrator.recovery import Recovery
+
         self.agent = agent
         self.redis_url = redis_url
         self.keys = Keys(prefix)
         self.instance = instance or instance_name("orchestrator")
         self.concurrency = concurrency
+        self.claim_idle = claim_idle
+        self.max_deliveries = max_deliveries
+        self.max_request_bytes = max_request_bytes
+        self.trim_every = trim_every
         self.broker = RedisBroker(
             redis_url,
             graceful_timeout=60.0,
             logger=logging.getLogger("faststream.hookbus"),
             log_level=logging.DEBUG,
+            **broker_retry(),
         )
         self.app = FastStream(
             self.broker,
             on_startup=[self._before_startup],
             after_startup=[self._after_startup],
             on_shutdown=[self._on_shutdown],
+            after_shutdown=[self._after_shutdown],
         )
         self._client: aredis.Redis | None = None
         self.runtime: BusRuntime | None = None
+        self.journal: Journal | None = None
+        self.recovery = Recovery(self)
         self._tasks: list[asyncio.Task[Any]] = []
+        self._running: dict[str, Running] = {}
+        self._by_cid: dict[str, Running] = {}
+        self._started_at = time.monotonic()
+        self.steadiness = Steadiness(claim_idle)
         self.served = 0
+        self.fenced = 0
+        self.refused = 0
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -81,6 +181,7 @@ class OrchestratorService:
                 polling_interval=1000,
             ),
             ack_policy=AckPolicy.MANUAL,
+            parser=raw_entry_parser,
             max_workers=self.concurrency,
             title="requests",
             description="Agent requests (RequestEnvelope); answers go to responses:{completion_id}.",
@@ -91,38 +192,66 @@ class OrchestratorService:
 
     # ---------------------------------------------------------------- lifecycle
 
+    @property
+    def client(self) -> aredis.Redis:
+        assert self._client is not None, "the service is not started"
+        return self._client
+
     async def start(self) -> None:
         await self._before_startup()
         await self.broker.start()
         await self._after_startup()
 
     async def stop(self) -> None:
-        await self.broker.stop()
         await self._on_shutdown()
+        await self.broker.stop()
+        await self._after_shutdown()
 
     async def _before_startup(self) -> None:
         await ensure_group(await self.broker.connect(), self.keys.requests, ORCHESTRATOR_GROUP)
 
     async def _after_startup(self) -> None:
         client = self._client = await self.broker.connect()
-        router = ReplyRouter(client, connect(self.redis_url, retries=0), self.keys.replies(self.instance))
+        router = ReplyRouter(
+            client, connect(self.redis_url, retries=0), self.keys.replies(self.instance),
+            dead_letter=self.keys.dead_letter,
+        )
         registry = RegistryView(client, self.keys)
         events = EventWriter(client, self.keys.events)
-        self.runtime = BusRuntime(
+        runtime = _StageNotingRuntime(
             self.keys, router, registry, SessionStore(client, self.keys), events,
             instance=self.instance,
         )
+        runtime.on_stage = self._note_stage
+        self.runtime = runtime
+        self.journal = Journal(client, self.keys.prefix)
         await router.start()
         await registry.start()
         await events.start()
         self.agent.runtime = self.runtime
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
-        self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="hookbus-heartbeat")]
-        log.info("orchestrator_started", instance=self.instance, agent=self.agent.name, groups=list(registry.groups))
+        self._started_at = time.monotonic()
+        self.steadiness.started()  # a fresh start: claim nothing before peers could be seen
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="hookbus-heartbeat"),
+            asyncio.create_task(self._cancel_listener(), name="hookbus-cancel"),
+            *self.recovery.start(),
+        ]
+        log.info(
+            "orchestrator_started", instance=self.instance, agent=self.agent.name,
+            groups=list(registry.groups), claim_idle=self.claim_idle,
+        )
 
     async def _on_shutdown(self) -> None:
+        """Before the broker drains: take no more requests over from others."""
+        await self.recovery.stop_claiming()
+
+    async def _after_shutdown(self) -> None:
+        """After the broker drained its in-flight requests: stop everything else."""
+        await self.recovery.wait_recoveries(SHUTDOWN_WAIT)
         for task in self._tasks:
             task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
@@ -136,59 +265,200 @@ class OrchestratorService:
         log.info("orchestrator_stopped", instance=self.instance, served=self.served)
 
     async def _heartbeat_loop(self) -> None:
+        every = heartbeat_every(self.claim_idle, HEARTBEAT_EVERY)
         while True:
-            await asyncio.sleep(HEARTBEAT_EVERY)
+            await asyncio.sleep(every)
+            began = time.monotonic()
             try:
-                assert self._client is not None
-                await self._client.zadd(self.keys.orchestrators, {self.instance: time.time()})
+                await self.client.zadd(self.keys.orchestrators, {self.instance: time.time()})
+                self.steadiness.heartbeat_ok(began)
             except RECONNECT_ERRORS as exc:
+                self.steadiness.trouble()
                 log.warning("heartbeat_failed", error=str(exc))
+
+    def uptime(self) -> float:
+        return time.monotonic() - self._started_at
+
+    def cancel_key(self, completion_id: str) -> str:
+        """The gateway's cancel marker (services.gateway.cancel.cancel_key)."""
+        return f"{self.keys.prefix}cancel:{completion_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.keys.prefix}cancel"
 
     # ------------------------------------------------------------ one request
 
     async def process(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        client = self._client
-        assert client is not None
-        try:
-            request = decode(fields, RequestEnvelope)
-        except DecodeError as exc:
-            async with client.pipeline(transaction=False) as pipe:
-                add_dead_letter(
-                    pipe, self.keys.dead_letter, source=self.keys.requests, entry_id=entry_id,
-                    reason=str(exc), fields=fields, consumer=self.instance,
-                )
-                pipe.xack(self.keys.requests, ORCHESTRATOR_GROUP, entry_id)
-                await pipe.execute()
-            log.warning("bad_request_dead_lettered", entry_id=entry_id, reason=str(exc))
+        """A request entry delivered to this orchestrator for the first time."""
+        request = await self.admit(entry_id, fields)
+        if request is None:
             return
-        await self.serve(request)
-        await client.xack(self.keys.requests, ORCHESTRATOR_GROUP, entry_id)
-        self.served += 1
-
-    async def serve(self, request: RequestEnvelope) -> None:
-        """Run the agent for one request and write its response stream to the end."""
-        assert self._client is not None and self.runtime is not None
-        writer = ResponseWriter(self._client, self.keys.responses(request.completion_id))
-        started = time.perf_counter()
-        terminal: ResponseItem
+        run = self._register(entry_id, request.completion_id)
         try:
-            terminal = await self._run_until_deadline(request, writer)
-        except HookError as exc:
-            terminal = ResponseItem(kind="error", completion_id=request.completion_id, error=exc.to_dict())
-        except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever broke
-            log.exception("request_crashed", completion_id=request.completion_id)
-            terminal = ResponseItem(
-                kind="error", completion_id=request.completion_id, error=as_hook_error(exc).to_dict()
+            assert self.journal is not None
+            try:
+                begun = await self.journal.begin(
+                    request.completion_id, entry_id, self.instance, now=time.time(),
+                    cancel_key=self.cancel_key(request.completion_id),
+                )
+            except RECONNECT_ERRORS as exc:
+                # Left pending: this process claims it back after a while (bus.claims).
+                log.error("request_not_started", completion_id=request.completion_id, error=str(exc))
+                return
+            if not begun.ok:
+                await self._not_ours(entry_id, fields, request, begun)
+                return
+            run.epoch = begun.epoch
+            if begun.cancelled:
+                run.cancel_reason = "cancelled before it started"
+            await self.execute(run, request, "run")
+        finally:
+            self._unregister(run)
+
+    async def admit(self, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None:
+        """The request, or None when it was refused (dead-lettered, acked, and the client
+        told with a 413 or 400 if its completion id could be read)."""
+        raw = fields.get(FIELD)
+        if raw is not None and len(raw) > self.max_request_bytes:
+            error = HookError(
+                413, "request_too_large",
+                f"request is {len(raw)} bytes; this orchestrator takes at most {self.max_request_bytes}",
             )
-        await writer.finish(terminal)
+            await self._refuse(entry_id, fields, _peek_completion_id(raw, parse=False), error)
+            return None
+        try:
+            return decode(fields, RequestEnvelope)
+        except DecodeError as exc:
+            error = HookError(400, "invalid_request", f"the request could not be read: {exc}")
+            await self._refuse(entry_id, fields, _peek_completion_id(raw), error)
+            return None
+
+    async def _refuse(
+        self, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+    ) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            add_dead_letter(
+                pipe, self.keys.dead_letter, source=self.keys.requests, entry_id=entry_id,
+                reason=f"{error.status_code} {error.code}: {error.message}", fields=fields,
+                consumer=self.instance,
+            )
+            if completion_id:
+                stream = self.keys.responses(completion_id)
+                item = ResponseItem(kind="error", completion_id=completion_id, error=error.to_dict())
+                pipe.xadd(stream, encode(item))  # type: ignore[arg-type]
+                pipe.expire(stream, RESPONSE_TTL)
+            pipe.xack(self.keys.requests, ORCHESTRATOR_GROUP, entry_id)
+            await pipe.execute()
+        self.refused += 1
+        log.warning(
+            "bad_request_dead_lettered", entry_id=entry_id, completion_id=completion_id,
+            status=error.status_code, reason=error.message,
+        )
+
+    async def _not_ours(
+        self, entry_id: str, fields: dict[bytes, bytes], request: RequestEnvelope, begun: Begun
+    ) -> None:
+        cid = request.completion_id
+        if begun.entry == entry_id:
+            # Another orchestrator claimed it while it waited in our prefetch buffer.
+            log.info("request_taken_over", completion_id=cid, owner=begun.owner)
+            return
+        error = HookError(409, "duplicate_completion_id", f"completion id {cid!r} is already in use")
+        if begun.done:  # the first one is over: its client is gone, tell this one
+            await self._refuse(entry_id, fields, cid, error)
+        else:  # the first one still runs: do not disturb its response stream
+            await self._refuse(entry_id, fields, None, error)
+
+    async def execute(
+        self,
+        run: Running,
+        request: RequestEnvelope,
+        mode: str,
+        *,
+        first_seq: int = 0,
+        error: HookError | None = None,
+    ) -> bool:
+        """Run (`run`), finalize only (`recover`), or only end (`end`) one request with the
+        epoch in `run`, then store its terminal item and ack it. False if fenced out or
+        left pending because Redis stayed unreachable."""
+        assert self.journal is not None and self.runtime is not None
+        cid = request.completion_id
+        writer = ResponseWriter(
+            self.client, self.keys.responses(cid),
+            fence=Fence(self.journal, cid, run.epoch),
+            on_fenced=lambda: self.fence_out(run),
+            first_seq=first_seq,
+        )
+        if run.cancel_reason is not None and mode == "run":
+            mode, error = "cancelled", HookError(499, "cancelled", f"the request was {run.cancel_reason}")
+        task = asyncio.create_task(self._produce(request, writer, mode, error), name=f"request-{cid}")
+        run.task = task
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:  # this process is stopping hard: let finalize finish
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({task}, timeout=SHUTDOWN_WAIT)
+            raise
+        if run.fenced:
+            await writer.close()
+            self.fenced += 1
+            log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
+            return False
+        if task.cancelled():
+            reason = run.cancel_reason or "cancelled"
+            terminal = ResponseItem(
+                kind="error", completion_id=cid,
+                error=HookError(499, "cancelled", f"the request was {reason}").to_dict(),
+            )
+        else:
+            terminal = task.result()
+        try:
+            stored = await writer.finish(
+                terminal, ack=Ack(self.keys.requests, ORCHESTRATOR_GROUP, run.entry_id)
+            )
+        except RECONNECT_ERRORS as exc:
+            await writer.close()
+            log.error("request_left_pending", completion_id=cid, error=str(exc))
+            return False
+        if not stored:
+            self.fenced += 1
+            log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
+            return False
+        self.served += 1
         self.runtime.events.emit(
             MonitorRecord(
-                kind="request", completion_id=request.completion_id, lifecycle="request",
-                replica=self.instance, duration_ms=(time.perf_counter() - started) * 1000,
+                kind="request", completion_id=cid,
+                lifecycle="request" if mode == "run" else f"request:{mode}",
+                replica=self.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
                 outcome="ok" if terminal.kind != "error" else "error",
                 error=(terminal.error or {}).get("message"),
             )
         )
+        return True
+
+    async def _produce(
+        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
+    ) -> ResponseItem:
+        """The run itself; returns the terminal item (never raises but for cancellation)."""
+        cid = request.completion_id
+        try:
+            if mode == "run":
+                return await self._run_until_deadline(request, writer)
+            assert error is not None
+            if mode in ("recover", "cancelled"):
+                await self.agent.finalize_only(
+                    request.messages, completion_id=cid, error=error, auth=request.auth,
+                    session_id=request.session_id, metadata=self._metadata(request),
+                    recovery=mode == "recover",
+                )
+            raise error
+        except HookError as exc:
+            return ResponseItem(kind="error", completion_id=cid, error=exc.to_dict())
+        except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever broke
+            log.exception("request_crashed", completion_id=cid)
+            return ResponseItem(kind="error", completion_id=cid, error=as_hook_error(exc).to_dict())
 
     async def _run_until_deadline(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
         remaining = None if request.deadline is None else request.deadline - time.time()
@@ -198,13 +468,15 @@ class OrchestratorService:
         except TimeoutError as exc:
             raise HookError(504, "deadline_exceeded", "the request did not finish before its deadline") from exc
 
+    def _metadata(self, request: RequestEnvelope) -> dict[str, Any]:
+        return {k: v for k, v in request.metadata.items() if k not in RESERVED_METADATA}
+
     async def _run(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
-        metadata = {k: v for k, v in request.metadata.items() if k not in RESERVED_METADATA}
         kwargs: dict[str, Any] = {
             "auth": request.auth,
             "session_id": request.session_id,
             "completion_id": request.completion_id,
-            "metadata": metadata,
+            "metadata": self._metadata(request),
         }
         cid = request.completion_id
         if not request.stream:
@@ -213,3 +485,92 @@ class OrchestratorService:
         async for chunk in self.agent.run_stream(request.messages, **kwargs):
             writer.add(ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)))
         return ResponseItem(kind="done", completion_id=cid)
+
+    # ------------------------------------------------------ running requests
+
+    def _register(self, entry_id: str, completion_id: str) -> Running:
+        run = Running(entry_id, completion_id)
+        self._running[entry_id] = run
+        self._by_cid.setdefault(completion_id, run)  # a duplicate never shadows the original
+        return run
+
+    def _unregister(self, run: Running) -> None:
+        if self._running.get(run.entry_id) is run:
+            del self._running[run.entry_id]
+        if self._by_cid.get(run.completion_id) is run:
+            del self._by_cid[run.completion_id]
+
+    def running(self) -> list[Running]:
+        return list(self._running.values())
+
+    def is_busy(self, entry_id: str) -> bool:
+        return entry_id in self._running
+
+    def _note_stage(self, completion_id: str, lifecycle: str) -> None:
+        run = self._by_cid.get(completion_id)
+        if run is not None:
+            run.stage = lifecycle
+
+    def fence_out(self, run: Running) -> None:
+        """Another orchestrator owns this request now: stop it, write nothing more."""
+        if run.fenced:
+            return
+        run.fenced = True
+        log.warning("request_lost_to_another_orchestrator", completion_id=run.completion_id, epoch=run.epoch)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+
+    def cancel(self, completion_id: str, reason: str = "cancelled by the client") -> bool:
+        run = self._by_cid.get(completion_id)
+        if run is None or run.fenced:
+            return False
+        if run.cancel_reason is None:
+            run.cancel_reason = reason
+            log.info("request_cancel_received", completion_id=completion_id)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+        return True
+
+    async def _cancel_listener(self) -> None:
+        """Cancel signals published by gateways; missed ones are caught by the marker
+        check at the start of a run and at each lease renewal."""
+        backoff = 0.1
+        reader = connect(self.redis_url, retries=0)
+        try:
+            while True:
+                pubsub = reader.pubsub()
+                try:
+                    await pubsub.subscribe(self.cancel_channel)
+                    backoff = 0.1
+                    while True:
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if message and message.get("type") == "message":
+                            data = message["data"]
+                            self.cancel(data.decode() if isinstance(data, bytes) else str(data))
+                except RECONNECT_ERRORS as exc:
+                    log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.aclose()
+
+
+def _peek_completion_id(raw: bytes | None, *, parse: bool = True) -> str | None:
+    """The completion id of an unreadable request, if it can be found (to answer it)."""
+    if not raw:
+        return None
+    match = _CID.search(raw[:4096])
+    if match:
+        return match.group(1).decode(errors="replace")
+    if not parse:
+        return None
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    cid = value.get("completion_id") if isinstance(value, dict) else None
+    return cid if isinstance(cid, str) and 0 < len(cid) <= 200 else None

@@ -3,12 +3,23 @@
 - consumer group `{group}`, consumer name unique per replica (host + pid);
 - bounded prefetch (`--concurrency N` entries read and in flight at most), so a second
   replica really takes work instead of one replica swallowing the backlog;
-- reply first, then ack, in one pipelined round trip;
-- entries left pending by a dead sibling are claimed after `claim_idle` seconds; long
-  hooks renew their claim so nobody takes them while they are alive; an entry delivered
-  more than `max_deliveries` times goes to the dead-letter stream and its caller is told;
-- on SIGTERM, in-flight hops finish (FastStream's graceful timeout) and the replica
-  leaves the registry; what it had not started stays pending for its siblings.
+- reply first, then ack, in one pipelined round trip (retried through a short Redis
+  outage while the hop's deadline allows);
+- entries left pending by a dead sibling (no heartbeat for `claim_idle` seconds) are
+  claimed once idle `claim_idle` seconds (bus/claims.py); hooks see the real delivery
+  number as `ctx.call.attempt`; long hooks renew their claim every `claim_idle / 3`
+  seconds so nobody takes them while they are alive; an entry delivered more than
+  `max_deliveries` times goes to the dead-letter stream and its caller is told the hop
+  failed;
+- a janitor trims the group's stream up to what was acked and forgets siblings gone for
+  long (bus/trim.py);
+- on SIGTERM the replica stops claiming and leaves the registry, in-flight hops finish
+  (FastStream's graceful timeout) with their leases renewed; what it had not started
+  stays pending for its siblings.
+
+Hooks run in this process's event loop: a long hook must be `async` (or have a
+`timeout`, which runs a sync hook in a thread); a sync hook that blocks the loop stops the
+heartbeat and the lease renewal too, and its hop is then claimed by a sibling.
 """
 
 from __future__ import annotations
@@ -25,17 +36,26 @@ from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
 
-from bus.connection import RECONNECT_ERRORS, ensure_group, instance_name
+from bus.claims import Claimed, Steadiness, claim, find_orphans, heartbeat_every
+from bus.connection import (
+    RECONNECT_ERRORS,
+    broker_retry,
+    ensure_group,
+    instance_name,
+    raw_entry_parser,
+)
 from bus.deadletter import add_dead_letter, entry_id_text
 from bus.envelopes import DecodeError, HopEvent, HopReply, MonitorRecord, decode, encode
 from bus.events import EventWriter
 from bus.keys import Keys
 from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
+from bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from services.worker.host import GroupHost
 
 log = structlog.get_logger("hookbus.worker")
 
 DRAIN_SECONDS = 30.0
+REPLY_RETRY_GRACE = 5.0
 
 
 class WorkerReplica:
@@ -49,6 +69,7 @@ class WorkerReplica:
         replica: str | None = None,
         claim_idle: float = 5.0,
         max_deliveries: int = 3,
+        trim_every: float = TRIM_EVERY,
     ) -> None:
         self.host = host
         self.group = host.group
@@ -58,24 +79,33 @@ class WorkerReplica:
         self.concurrency = concurrency
         self.claim_idle = claim_idle
         self.max_deliveries = max_deliveries
+        self.trim_every = trim_every
         self.broker = RedisBroker(
             redis_url,
             graceful_timeout=DRAIN_SECONDS,
             logger=logging.getLogger("faststream.hookbus"),
             log_level=logging.DEBUG,
-            retry_on_error=list(RECONNECT_ERRORS[:3]),
+            **broker_retry(),
         )
         self.app = FastStream(
             self.broker,
             after_startup=[self._after_startup],
             on_startup=[self._before_startup],
             on_shutdown=[self._on_shutdown],
+            after_shutdown=[self._after_shutdown],
         )
         self._in_flight: dict[str, float] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self._late_tasks: list[asyncio.Task[Any]] = []
+        self._claimed_tasks: set[asyncio.Task[Any]] = set()
         self._client: aredis.Redis | None = None
         self._events: EventWriter | None = None
+        self._started_at = time.monotonic()
+        self.steadiness = Steadiness(claim_idle)
         self.processed = 0
+        self.claimed = 0
+        self.dead_lettered = 0
+        self.trimmed = 0
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -89,6 +119,7 @@ class WorkerReplica:
                 last_id=">",
             ),
             ack_policy=AckPolicy.MANUAL,
+            parser=raw_entry_parser,
             max_workers=self.concurrency,
             title=f"hooks:{self.group}",
             description="Lifecycle hops (HopEvent) for this worker group; replies go to reply_to.",
@@ -108,6 +139,7 @@ class WorkerReplica:
     async def stop(self) -> None:
         await self._on_shutdown()
         await self.broker.stop()
+        await self._after_shutdown()
 
     async def _before_startup(self) -> None:
         """Create the consumer group at the stream's start, so no entry written before it is missed."""
@@ -119,23 +151,33 @@ class WorkerReplica:
         await self._events.start()
         await announce(self._client, self.keys, self.host.announcement())
         await heartbeat(self._client, self.keys, self.group, self.replica)
+        self._started_at = time.monotonic()
+        self.steadiness.started()  # a fresh start: claim nothing before siblings could be seen
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="hookbus-heartbeat"),
             asyncio.create_task(self._claim_loop(), name="hookbus-claim"),
-            asyncio.create_task(self._lease_loop(), name="hookbus-lease"),
+            asyncio.create_task(self._janitor_loop(), name="hookbus-janitor"),
         ]
-        log.info("worker_started", group=self.group, replica=self.replica, concurrency=self.concurrency)
+        self._late_tasks = [asyncio.create_task(self._lease_loop(), name="hookbus-lease")]
+        log.info(
+            "worker_started", group=self.group, replica=self.replica, concurrency=self.concurrency,
+            claim_idle=self.claim_idle,
+        )
 
     async def _on_shutdown(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Before the broker drains: claim nothing more, leave the registry."""
+        await _cancel_all(self._tasks)
         self._tasks = []
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await leave(self._client, self.keys, self.group, self.replica)
+
+    async def _after_shutdown(self) -> None:
+        """After in-flight hops finished: stop renewing leases and flush events."""
+        if self._claimed_tasks:
+            await asyncio.wait(set(self._claimed_tasks), timeout=DRAIN_SECONDS)
+        await _cancel_all(self._late_tasks)
+        self._late_tasks = []
         if self._events is not None:
             await self._events.stop()
         log.info("worker_stopped", group=self.group, replica=self.replica, processed=self.processed)
@@ -157,14 +199,31 @@ class WorkerReplica:
         self._in_flight[entry_id] = time.monotonic()
         try:
             reply = await self.host.answer(event, attempt, self.replica)
+            await self._reply(entry_id, event, reply)
         finally:
             self._in_flight.pop(entry_id, None)
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.xadd(event.reply_to, encode(reply))  # type: ignore[arg-type]
-            pipe.xack(self.stream, self.group, entry_id)
-            await pipe.execute()
         self.processed += 1
         self._record(event, reply, "failed" if reply.failure else "ok", reply.failure)
+
+    async def _reply(self, entry_id: str, event: HopEvent, reply: HopReply) -> None:
+        """Reply and ack in one round trip; through an outage, retry while the caller may
+        still wait. Given up, the entry stays pending (and expires when claimed again)."""
+        client = self._client
+        assert client is not None
+        backoff = 0.05
+        while True:
+            try:
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.xadd(event.reply_to, encode(reply))  # type: ignore[arg-type]
+                    pipe.xack(self.stream, self.group, entry_id)
+                    await pipe.execute()
+                return
+            except RECONNECT_ERRORS as exc:
+                if time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
+                    log.error("reply_not_sent", entry_id=entry_id, hop_id=event.hop_id, error=str(exc))
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
 
     def _record(self, event: HopEvent, reply: HopReply | None, outcome: str, error: str | None) -> None:
         if self._events is None:
@@ -207,6 +266,7 @@ class WorkerReplica:
                 pipe.xadd(event.reply_to, encode(failure))  # type: ignore[arg-type]
             pipe.xack(self.stream, self.group, entry_id)
             await pipe.execute()
+        self.dead_lettered += 1
         log.warning("dead_lettered", stream=self.stream, entry_id=entry_id, reason=reason)
         if event is not None:
             self._record(event, None, "dead_letter", reason)
@@ -214,12 +274,16 @@ class WorkerReplica:
     # -------------------------------------------------------- background tasks
 
     async def _heartbeat_loop(self) -> None:
+        every = heartbeat_every(self.claim_idle, HEARTBEAT_EVERY)
         while True:
-            await asyncio.sleep(HEARTBEAT_EVERY)
+            await asyncio.sleep(every)
+            began = time.monotonic()
             try:
                 assert self._client is not None
                 await heartbeat(self._client, self.keys, self.group, self.replica)
+                self.steadiness.heartbeat_ok(began)
             except RECONNECT_ERRORS as exc:
+                self.steadiness.trouble()
                 log.warning("heartbeat_failed", error=str(exc))
 
     async def _lease_loop(self) -> None:
@@ -231,41 +295,90 @@ class WorkerReplica:
                 continue
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await self._client.xclaim(
-                    self.stream, self.group, self.replica, 0, ids, justid=True
+                    self.stream, self.group, self.replica, 0, ids, justid=True  # type: ignore[arg-type]
                 )
 
     async def _claim_loop(self) -> None:
         """Take over entries a dead sibling left pending longer than `claim_idle`."""
-        idle_ms = int(self.claim_idle * 1000)
         while True:
             await asyncio.sleep(self.claim_idle / 2)
+            if not self.steadiness.steady():
+                continue  # just (re)connected: siblings may not have refreshed their heartbeats
             try:
-                await self._claim_once(idle_ms)
+                await self.claim_once()
             except RECONNECT_ERRORS as exc:
+                self.steadiness.trouble()
                 log.warning("claim_failed", error=str(exc))
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("claim_failed")
 
-    async def _claim_once(self, idle_ms: int) -> None:
+    async def claim_once(self) -> int:
         client = self._client
         assert client is not None
-        claimed = await client.xautoclaim(
-            self.stream, self.group, self.replica, idle_ms, start_id="0-0", count=self.concurrency
+        began = time.monotonic()
+        orphans = await find_orphans(
+            client, self.stream, self.group, me=self.replica,
+            heartbeats=self.keys.replicas(self.group), claim_idle=self.claim_idle,
+            uptime=time.monotonic() - self._started_at, busy=self._in_flight,
+            spare=len(self._in_flight) < self.concurrency,
+            count=max(100, self.concurrency * 4),
         )
-        entries = [(entry_id_text(i), f) for i, f in claimed[1] if f is not None]
-        if not entries:
-            return
-        async with client.pipeline(transaction=False) as pipe:
-            for entry_id, _ in entries:
-                pipe.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
-            pending = await pipe.execute()
-        for (entry_id, fields), info in zip(entries, pending, strict=True):
-            deliveries = int(info[0]["times_delivered"]) if info else 1
-            log.info("claimed", entry_id=entry_id, deliveries=deliveries, replica=self.replica)
-            if deliveries > self.max_deliveries:
+        self.steadiness.call_took(began)
+        room = max(0, self.concurrency - len(self._in_flight))
+        if not orphans or not room or not self.steadiness.steady():
+            return 0
+        claimed = await claim(client, self.stream, self.group, self.replica, orphans[:room], self.claim_idle)
+        for entry in claimed:
+            self._in_flight[entry.entry_id] = time.monotonic()  # leased from now on
+            task = asyncio.create_task(self._run_claimed(entry))
+            self._claimed_tasks.add(task)
+            task.add_done_callback(self._claimed_tasks.discard)
+        self.claimed += len(claimed)
+        return len(claimed)
+
+    async def _run_claimed(self, entry: Claimed) -> None:
+        log.info(
+            "claimed", entry_id=entry.entry_id, attempt=entry.attempt, replica=self.replica,
+            previous_owner=entry.previous_owner,
+        )
+        try:
+            if entry.attempt > self.max_deliveries:
                 event = None
                 with contextlib.suppress(DecodeError):
-                    event = decode(fields, HopEvent)
+                    event = decode(entry.fields, HopEvent)
                 await self._dead_letter(
-                    entry_id, fields, f"delivered {deliveries} times without an answer", event
+                    entry.entry_id, entry.fields,
+                    f"delivered {entry.attempt} times without an answer", event,
                 )
-                continue
-            asyncio.create_task(self.process(entry_id, fields, attempt=deliveries))
+                return
+            await self.process(entry.entry_id, entry.fields, attempt=entry.attempt)
+        except RECONNECT_ERRORS as exc:
+            log.warning("claimed_hop_failed", entry_id=entry.entry_id, error=str(exc))
+        finally:
+            self._in_flight.pop(entry.entry_id, None)
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.trim_every)
+            try:
+                await self.janitor_once()
+            except RECONNECT_ERRORS as exc:
+                log.warning("janitor_failed", error=str(exc))
+            except Exception:  # noqa: BLE001
+                log.exception("janitor_failed")
+
+    async def janitor_once(self) -> int:
+        client = self._client
+        assert client is not None
+        removed, _minid = await trim_acked(client, self.stream)
+        self.trimmed += removed
+        await prune_consumers(client, self.stream, self.group, self.keys.replicas(self.group))
+        return removed
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

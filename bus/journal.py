@@ -1,0 +1,295 @@
+"""The request journal: who runs a request, how far it got, and whether it was finished.
+
+`journal:{completion_id}` is a hash written only through the Lua scripts below, so each
+step is one atomic round trip:
+
+| field | meaning |
+|---|---|
+| `owner` | orchestrator instance running the request now |
+| `epoch` | fencing token: "1" when a run starts; +1 each time another orchestrator claims it |
+| `entry` | the `requests` entry id (another entry with the same completion id is a duplicate) |
+| `stage` | the last lifecycle stage a hook ran at (`started` before any, `done` at the end) |
+| `started` | unix time the first run started |
+| `written` | response items stored so far (chunks and the terminal item) |
+| `terminal` | "1" once the terminal item is stored |
+| `finalized` | "1" once finalize_connection ran and the terminal item is stored |
+| `done` | "1" once the request entry is acked |
+| `recovered` | "1" if an orchestrator other than the first one claimed it |
+| `previous_owner` | who owned it before the last claim |
+
+Every script is safe to run twice (the client retries a call whose reply was lost in a
+dropped connection): `begin` recognises its own journal, `write` and `finish` skip items
+already stored (by the journal's item count), `claim` just bumps the epoch again.
+
+Fencing: every response write and the final ack go through a script that first checks
+that the journal's `epoch` is still the writer's. An owner that stalled and lost the
+request (another orchestrator claimed it and bumped the epoch) finds out at its next
+write or lease renewal and stops; it never writes after the claim. A journal that is
+gone (expired) fences everybody out.
+
+Cost on a request's path: `begin` is one round trip at the start (it also reads the
+cancel marker); `finish` replaces the two round trips a request used to end with (the
+last response write and the XACK) by one; chunk batches cost what they cost before (one
+round trip each). Lease renewal and stage notes go in one script per orchestrator every
+few seconds, for all its requests together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aredis
+
+JOURNAL_TTL = 6 * 3600
+"""While a request runs (renewed with its lease)."""
+DONE_TTL = 600
+"""After the request was acked: long enough to refuse a late duplicate and to inspect."""
+
+FENCED = -1
+
+_BEGIN = """
+local cancelled = 0
+if KEYS[2] ~= nil then cancelled = redis.call('EXISTS', KEYS[2]) end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local j = redis.call('HMGET', KEYS[1], 'entry', 'done', 'owner', 'epoch', 'recovered')
+  if j[1] == ARGV[2] and j[3] == ARGV[1] and j[4] == '1' and not j[5] and j[2] ~= '1' then
+    -- our own begin, run again by the client's retry after its reply was lost
+    return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
+  end
+  return {0, j[1] or '', j[2] or '0', j[3] or '', j[4] or '0', cancelled}
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'entry', ARGV[2],
+  'stage', 'started', 'started', ARGV[4], 'written', '0')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
+"""
+
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'entry', ARGV[2],
+    'stage', 'started', 'started', ARGV[4], 'written', '0', 'recovered', '1')
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  return {'fresh', '1', '0', 'started', '0'}
+end
+local j = redis.call('HMGET', KEYS[1], 'entry', 'done', 'finalized', 'stage', 'terminal', 'owner')
+if j[1] ~= ARGV[2] then return {'duplicate', '0', j[3] or '0', j[4] or '', j[5] or '0'} end
+if j[2] == '1' then return {'done', '0', j[3] or '0', j[4] or '', j[5] or '0'} end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'recovered', '1', 'previous_owner', j[6] or '')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {'claimed', tostring(epoch), j[3] or '0', j[4] or '', j[5] or '0'}
+"""
+
+# KEYS: journal, responses. ARGV: epoch, ttl, first_seq, stage, items...
+# first_seq >= 0 makes a retried batch idempotent: if `written` moved past it, the batch
+# is already stored (a script runs whole or not at all).
+_WRITE = """
+local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+if j[1] ~= ARGV[1] or j[3] == '1' then return -1 end
+local written = tonumber(j[2] or '0')
+local first = tonumber(ARGV[3])
+if first >= 0 and written ~= first then return written end
+for i = 5, #ARGV do redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+written = written + #ARGV - 4
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'written', written, 'stage', ARGV[4])
+else
+  redis.call('HSET', KEYS[1], 'written', written)
+end
+return written
+"""
+
+# KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
+# items... (the last one terminal). Idempotent: a retry after a lost reply only acks again.
+_FINISH = """
+local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+if j[1] ~= ARGV[1] then return -1 end
+local written = tonumber(j[2] or '0')
+if j[3] ~= '1' then
+  local first = tonumber(ARGV[3])
+  if first < 0 or written == first then
+    for i = 7, #ARGV do redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+    written = written + #ARGV - 6
+  end
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
+redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
+redis.call('HSET', KEYS[1], 'written', written, 'terminal', '1', 'finalized', '1',
+  'done', '1', 'stage', 'done')
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+return written
+"""
+
+# KEYS: requests, then (journal, cancel marker) per request. ARGV: group, consumer, ttl,
+# then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries}.
+_RENEW = """
+local fenced, cancelled = {}, {}
+local n = (#KEYS - 1) / 2
+for i = 1, n do
+  local journal, marker = KEYS[2 * i], KEYS[2 * i + 1]
+  local base = 4 + (i - 1) * 3
+  local entry, epoch, stage = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+  local j = redis.call('HMGET', journal, 'epoch', 'done')
+  if j[1] ~= epoch then
+    fenced[#fenced + 1] = entry
+  elseif j[2] ~= '1' then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry, 'JUSTID')
+    redis.call('EXPIRE', journal, ARGV[3])
+    if stage ~= '' then redis.call('HSET', journal, 'stage', stage) end
+    if redis.call('EXISTS', marker) == 1 then cancelled[#cancelled + 1] = entry end
+  end
+end
+return {fenced, cancelled}
+"""
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What `Journal.begin` found: `ok` means this call created the journal (epoch 1)."""
+
+    ok: bool
+    entry: str
+    done: bool
+    owner: str
+    epoch: int
+    cancelled: bool
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What `Journal.claim` found.
+
+    `outcome`: `fresh` (nobody had started it: run it), `claimed` (it was started and its
+    owner is gone: finalize it), `done` (it was finished: only ack), `duplicate` (the
+    journal belongs to another request entry with the same completion id).
+    """
+
+    outcome: str
+    epoch: int
+    finalized: bool
+    stage: str
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One running request as the lease renewal sees it."""
+
+    entry_id: str
+    completion_id: str
+    epoch: int
+    stage: str = ""
+
+
+def _text(value: bytes | str | int) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Journal:
+    """The journal scripts, bound to one client and key layout."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        prefix: str,
+        *,
+        ttl: int = JOURNAL_TTL,
+        done_ttl: int = DONE_TTL,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.ttl = ttl
+        self.done_ttl = done_ttl
+        self._begin = client.register_script(_BEGIN)
+        self._claim = client.register_script(_CLAIM)
+        self._write = client.register_script(_WRITE)
+        self._finish = client.register_script(_FINISH)
+        self._renew = client.register_script(_RENEW)
+
+    def key(self, completion_id: str) -> str:
+        return f"{self.prefix}journal:{completion_id}"
+
+    async def begin(
+        self, completion_id: str, entry_id: str, owner: str, *, now: float, cancel_key: str | None = None
+    ) -> Begun:
+        """Create the journal for a first run; if one exists, say whose it is instead."""
+        keys = [self.key(completion_id)] + ([cancel_key] if cancel_key else [])
+        raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now)])
+        ok, entry, done, who, epoch, cancelled = raw
+        return Begun(
+            ok=int(ok) == 1, entry=_text(entry), done=_text(done) == "1", owner=_text(who),
+            epoch=int(_text(epoch) or 0), cancelled=int(cancelled) == 1,
+        )
+
+    async def claim(self, completion_id: str, entry_id: str, owner: str, *, now: float) -> Claim:
+        """Take a request over from a lost owner: bumps the epoch (fencing the old owner out)."""
+        raw = await self._claim(
+            keys=[self.key(completion_id)], args=[owner, entry_id, self.ttl, repr(now)]
+        )
+        outcome, epoch, finalized, stage, terminal = (_text(v) for v in raw)
+        return Claim(outcome, int(epoch or 0), finalized == "1", stage, terminal == "1")
+
+    async def write(
+        self,
+        completion_id: str,
+        responses: str,
+        epoch: int,
+        items: Sequence[bytes],
+        *,
+        ttl: int,
+        first_seq: int = -1,
+        stage: str = "",
+    ) -> int:
+        """Append response items if `epoch` still owns the request; FENCED (-1) if not.
+
+        Returns the journal's count of written items."""
+        return int(
+            await self._write(
+                keys=[self.key(completion_id), responses],
+                args=[epoch, ttl, first_seq, stage, *items],
+            )
+        )
+
+    async def finish(
+        self,
+        completion_id: str,
+        responses: str,
+        epoch: int,
+        items: Sequence[bytes],
+        *,
+        ttl: int,
+        requests: str,
+        group: str,
+        entry_id: str,
+        first_seq: int = -1,
+    ) -> int:
+        """Store the last items (the terminal one last, unless a terminal item is already
+        stored), ack the request entry and mark the journal done, if `epoch` still owns
+        the request; FENCED (-1) if not."""
+        return int(
+            await self._finish(
+                keys=[self.key(completion_id), responses, requests],
+                args=[epoch, ttl, first_seq, group, entry_id, self.done_ttl, *items],
+            )
+        )
+
+    async def renew(
+        self, requests: str, group: str, consumer: str, leases: Sequence[Lease], cancel_key_of
+    ) -> tuple[list[str], list[str]]:
+        """Renew the claim on every running request still ours (XCLAIM JUSTID), refresh
+        their journals' TTL and stage; returns (entries fenced out, entries cancelled)."""
+        if not leases:
+            return [], []
+        keys: list[str] = [requests]
+        args: list[str | int] = [group, consumer, self.ttl]
+        for lease in leases:
+            keys += [self.key(lease.completion_id), cancel_key_of(lease.completion_id)]
+            args += [lease.entry_id, lease.epoch, lease.stage]
+        fenced, cancelled = await self._renew(keys=keys, args=args)
+        return [_text(e) for e in fenced], [_text(e) for e in cancelled]
+
+    async def read(self, completion_id: str) -> dict[str, str]:
+        raw = await self.client.hgetall(self.key(completion_id))
+        return {_text(k): _text(v) for k, v in raw.items()}

@@ -1,0 +1,244 @@
+"""Orchestrator crash recovery: claiming requests a lost orchestrator left pending,
+renewing the lease on the requests this one runs, and the `requests` janitor.
+
+Three background loops per orchestrator:
+
+- **claims** (every `claim_idle / 2` s): pending `requests` entries whose orchestrator is
+  dead (no heartbeat for `claim_idle` s), or idle far too long, are claimed (see
+  bus/claims.py). For each, the journal decides (bus/journal.py `claim`, which bumps
+  the fencing epoch):
+  - `fresh`: nobody started it (it sat in the dead one's prefetch buffer): run it;
+  - `claimed`: it had started: run only finalize_connection, with `data.error` a 503
+    `orchestrator_lost` and `ctx.recovery = True`, then store that error as the terminal
+    item (unless one is stored already) and ack, in one fenced step;
+  - `done`: it was finished and acked already: nothing to do but ack;
+  - `duplicate`: another entry owns that completion id: dead-letter it.
+  An entry delivered more than `max_deliveries` times (it keeps killing orchestrators)
+  gets a 500 `request_failed` terminal item without another finalize, and a dead letter.
+- **leases** (every `claim_idle / 3` s): one script renews the claim of every request this
+  process runs (XCLAIM JUSTID) if the journal's epoch is still ours, refreshes their
+  journals' TTL and stage, and reports those fenced out (stopped at once) and those with
+  a cancel marker (cancelled).
+- **janitor** (every `trim_every` s): trims `requests` up to what was acked, deletes the
+  reply streams of orchestrators gone for long and forgets them (bus/trim.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from bus.claims import Claimed, claim, find_orphans
+from bus.connection import RECONNECT_ERRORS
+from bus.deadletter import add_dead_letter, entry_id_text
+from bus.journal import Lease
+from bus.keys import ORCHESTRATOR_GROUP
+from bus.trim import FORGET_AFTER, prune_consumers, trim_acked
+from skills import HookError
+
+if TYPE_CHECKING:
+    from services.orchestrator.service import OrchestratorService
+
+log = structlog.get_logger("hookbus.recovery")
+
+
+class Recovery:
+    def __init__(self, service: OrchestratorService) -> None:
+        self.service = service
+        self._claim_task: asyncio.Task[None] | None = None
+        self._recoveries: set[asyncio.Task[Any]] = set()
+        self.claimed = 0
+        self.recovered = 0
+        self.resumed = 0
+        self.trimmed = 0
+
+    def start(self) -> list[asyncio.Task[Any]]:
+        """The loops to run; the claim loop is kept apart so shutdown can stop it first."""
+        self._claim_task = asyncio.create_task(self._claim_loop(), name="hookbus-claims")
+        return [
+            asyncio.create_task(self._lease_loop(), name="hookbus-leases"),
+            asyncio.create_task(self._janitor_loop(), name="hookbus-janitor"),
+        ]
+
+    async def stop_claiming(self) -> None:
+        if self._claim_task is not None:
+            self._claim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._claim_task
+            self._claim_task = None
+
+    async def wait_recoveries(self, timeout: float) -> None:
+        await self.stop_claiming()
+        if self._recoveries:
+            await asyncio.wait(set(self._recoveries), timeout=timeout)
+
+    # ------------------------------------------------------------------ claims
+
+    async def _claim_loop(self) -> None:
+        service = self.service
+        while True:
+            await asyncio.sleep(service.claim_idle / 2)
+            if not service.steadiness.steady():
+                continue  # just (re)connected: live peers may not have refreshed their heartbeats
+            try:
+                await self.claim_once()
+            except RECONNECT_ERRORS as exc:
+                service.steadiness.trouble()
+                log.warning("claim_failed", error=str(exc))
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("claim_failed")
+
+    async def claim_once(self) -> int:
+        service = self.service
+        keys = service.keys
+        began = time.monotonic()
+        orphans = await find_orphans(
+            service.client, keys.requests, ORCHESTRATOR_GROUP, me=service.instance,
+            heartbeats=keys.orchestrators, claim_idle=service.claim_idle,
+            uptime=service.uptime(), busy=service._running,
+            spare=len(service._running) < service.concurrency, count=max(100, service.concurrency * 4),
+        )
+        service.steadiness.call_took(began)
+        if not orphans or not service.steadiness.steady():
+            return 0
+        claimed = await claim(
+            service.client, keys.requests, ORCHESTRATOR_GROUP, service.instance,
+            orphans[: service.concurrency], service.claim_idle,
+        )
+        for entry in claimed:
+            log.info(
+                "request_claimed", entry_id=entry.entry_id, previous_owner=entry.previous_owner,
+                attempt=entry.attempt,
+            )
+            task = asyncio.create_task(self.recover(entry), name=f"recover-{entry.entry_id}")
+            self._recoveries.add(task)
+            task.add_done_callback(self._recoveries.discard)
+        self.claimed += len(claimed)
+        return len(claimed)
+
+    async def recover(self, entry: Claimed) -> None:
+        service = self.service
+        assert service.journal is not None
+        request = await service.admit(entry.entry_id, entry.fields)
+        if request is None:
+            return
+        cid = request.completion_id
+        run = service._register(entry.entry_id, cid)
+        try:
+            outcome = await service.journal.claim(cid, entry.entry_id, service.instance, now=time.time())
+            if outcome.outcome == "duplicate":
+                await service._refuse(
+                    entry.entry_id, entry.fields, None,
+                    HookError(409, "duplicate_completion_id", f"completion id {cid!r} is already in use"),
+                )
+                return
+            if outcome.outcome == "done":
+                await service.client.xack(service.keys.requests, ORCHESTRATOR_GROUP, entry.entry_id)
+                return
+            run.epoch = outcome.epoch
+            if entry.attempt > service.max_deliveries:
+                await self._give_up(entry, request, run)
+                return
+            if outcome.outcome == "fresh":
+                log.info("request_resumed", completion_id=cid, previous_owner=entry.previous_owner)
+                if await service.execute(run, request, "run"):
+                    self.resumed += 1
+                return
+            mode = "end" if outcome.finalized else "recover"
+            log.warning(
+                "request_recovering", completion_id=cid, previous_owner=entry.previous_owner,
+                stage=outcome.stage, epoch=outcome.epoch, mode=mode,
+            )
+            if await service.execute(run, request, mode, first_seq=-1, error=_lost()):
+                self.recovered += 1
+        except RECONNECT_ERRORS as exc:
+            log.warning("recovery_failed", completion_id=cid, error=str(exc))
+        finally:
+            service._unregister(run)
+
+    async def _give_up(self, entry: Claimed, request: Any, run: Any) -> None:
+        service = self.service
+        error = HookError(
+            500, "request_failed",
+            f"the request was delivered {entry.attempt} times and never finished; it was set aside",
+        )
+        async with service.client.pipeline(transaction=False) as pipe:
+            add_dead_letter(
+                pipe, service.keys.dead_letter, source=service.keys.requests, entry_id=entry.entry_id,
+                reason=f"delivered {entry.attempt} times without finishing", fields=entry.fields,
+                consumer=service.instance,
+            )
+            await pipe.execute()
+        log.error("request_given_up", completion_id=request.completion_id, attempt=entry.attempt)
+        await service.execute(run, request, "end", first_seq=-1, error=error)
+
+    # ------------------------------------------------------------------ leases
+
+    async def _lease_loop(self) -> None:
+        service = self.service
+        while True:
+            await asyncio.sleep(service.claim_idle / 3)
+            try:
+                await self.renew_once()
+            except RECONNECT_ERRORS as exc:
+                log.warning("lease_renewal_failed", error=str(exc))
+            except Exception:  # noqa: BLE001
+                log.exception("lease_renewal_failed")
+
+    async def renew_once(self) -> None:
+        service = self.service
+        assert service.journal is not None
+        runs = [r for r in service.running() if r.epoch and not r.fenced]
+        if not runs:
+            return
+        fenced, cancelled = await service.journal.renew(
+            service.keys.requests, ORCHESTRATOR_GROUP, service.instance,
+            [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs],
+            service.cancel_key,
+        )
+        by_entry = {r.entry_id: r for r in runs}
+        for entry_id in fenced:
+            run = by_entry.get(entry_id)
+            if run is not None:
+                service.fence_out(run)
+        for entry_id in cancelled:
+            run = by_entry.get(entry_id)
+            if run is not None:
+                service.cancel(run.completion_id)
+
+    # ----------------------------------------------------------------- janitor
+
+    async def _janitor_loop(self) -> None:
+        service = self.service
+        while True:
+            await asyncio.sleep(service.trim_every)
+            try:
+                await self.janitor_once()
+            except RECONNECT_ERRORS as exc:
+                log.warning("janitor_failed", error=str(exc))
+            except Exception:  # noqa: BLE001
+                log.exception("janitor_failed")
+
+    async def janitor_once(self, forget_after: float = FORGET_AFTER) -> int:
+        service = self.service
+        keys = service.keys
+        client = service.client
+        removed, _minid = await trim_acked(client, keys.requests)
+        self.trimmed += removed
+        gone = await client.zrangebyscore(keys.orchestrators, "-inf", time.time() - forget_after)
+        if gone:
+            await client.delete(*(keys.replies(entry_id_text(g)) for g in gone))  # type: ignore[arg-type]
+        await prune_consumers(
+            client, keys.requests, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after
+        )
+        return removed
+
+
+def _lost() -> HookError:
+    from services.orchestrator.service import lost_error
+
+    return lost_error()

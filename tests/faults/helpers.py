@@ -1,0 +1,146 @@
+"""Small tools the fault tests share: a raw response reader that never deletes the
+stream (so a second terminal item would be seen), polling, and counters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aredis
+
+from bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from bus.keys import Keys
+from bus.responses import TERMINAL_KINDS
+from tests.faults.fault_skills import fault_key
+
+
+@dataclass
+class Outcome:
+    completion_id: str
+    items: list[ResponseItem] = field(default_factory=list)
+    terminal_id: bytes | None = None
+    ended: float | None = None
+
+    @property
+    def terminal(self) -> ResponseItem | None:
+        return self.items[-1] if self.terminal_id is not None else None
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        terminal = self.terminal
+        return terminal.error if terminal is not None and terminal.kind == "error" else None
+
+    @property
+    def text(self) -> str:
+        parts = []
+        for item in self.items:
+            if item.kind == "chunk" and item.chunk:
+                for choice in item.chunk.get("choices", []):
+                    parts.append((choice.get("delta") or {}).get("content") or "")
+            elif item.kind == "final" and item.completion:
+                parts.append(item.completion["choices"][0]["message"].get("content") or "")
+        return "".join(parts)
+
+
+async def submit(
+    client: aredis.Redis,
+    keys: Keys,
+    text: str,
+    *,
+    completion_id: str,
+    stream: bool = True,
+    timeout: float = 60.0,
+    session_id: str | None = None,
+) -> RequestEnvelope:
+    request = RequestEnvelope(
+        completion_id=completion_id,
+        messages=[{"role": "user", "content": text}],
+        stream=stream,
+        session_id=session_id,
+        deadline=time.time() + timeout,
+    )
+    await client.xadd(keys.requests, encode(request))  # type: ignore[arg-type]
+    return request
+
+
+async def read_until_terminal(
+    client: aredis.Redis, keys: Keys, completion_id: str, timeout: float = 60.0
+) -> Outcome:
+    """Every item up to the first terminal one; the stream is left in place."""
+    outcome = Outcome(completion_id)
+    stream = keys.responses(completion_id)
+    last: bytes | str = "0-0"
+    deadline = time.monotonic() + timeout
+    backoff = 0.05
+    while time.monotonic() < deadline:
+        try:
+            response = await client.xread({stream: last}, count=500, block=500)
+        except (ConnectionError, OSError, aredis.ConnectionError, aredis.TimeoutError):
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+            continue
+        for _name, entries in response or ():
+            for entry_id, fields in entries:
+                last = entry_id
+                try:
+                    item = decode(fields, ResponseItem)
+                except DecodeError:
+                    continue
+                outcome.items.append(item)
+                if item.kind in TERMINAL_KINDS:
+                    outcome.terminal_id = entry_id
+                    outcome.ended = time.monotonic()
+                    return outcome
+    return outcome
+
+
+async def items_after_terminal(client: aredis.Redis, keys: Keys, outcome: Outcome) -> list[Any]:
+    """Entries written to the response stream after its first terminal item."""
+    assert outcome.terminal_id is not None
+    entries = await client.xrange(keys.responses(outcome.completion_id), min=f"({outcome.terminal_id.decode()}")
+    return entries
+
+
+async def terminal_count(client: aredis.Redis, keys: Keys, completion_id: str) -> int:
+    count = 0
+    for _id, fields in await client.xrange(keys.responses(completion_id)):
+        try:
+            if decode(fields, ResponseItem).kind in TERMINAL_KINDS:
+                count += 1
+        except DecodeError:
+            continue
+    return count
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[Any]], timeout: float = 10.0, every: float = 0.05
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(every)
+
+
+async def finalize_log(client: aredis.Redis, prefix: str, completion_id: str, counter: str = "finalize") -> list[dict[str, Any]]:
+    raw = await client.lrange(fault_key(f"{counter}-log", completion_id, prefix=prefix), 0, -1)
+    return [json.loads(r) for r in raw]
+
+
+async def runs(client: aredis.Redis, prefix: str, completion_id: str) -> list[dict[str, Any]]:
+    raw = await client.lrange(fault_key("runs", completion_id, prefix=prefix), 0, -1)
+    return [json.loads(r) for r in raw]
+
+
+async def pending(client: aredis.Redis, stream: str, group: str) -> int:
+    try:
+        return int((await client.xpending(stream, group))["pending"])
+    except aredis.ResponseError:
+        return 0

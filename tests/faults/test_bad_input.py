@@ -1,0 +1,185 @@
+"""Garbage on every stream, oversized and invalid requests, replies in the wrong shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from bus.envelopes import HopEvent, HopReply, MonitorRecord, decode, encode
+from bus.keys import ORCHESTRATOR_GROUP
+from bus.registry import GroupAnnouncement, HookDescriptor, announce, heartbeat
+from services.monitor import recent_events
+from services.orchestrator import Agent
+from skills import Context, HookData, Skill, hook
+from tests.faults.helpers import pending, read_until_terminal
+from tests.integration.stack import running_stack, wait_for_groups
+
+
+class Upper(Skill):
+    name = "upper"
+
+    @hook("on_chunk")
+    def shout(self, data: HookData, ctx: Context) -> HookData:
+        if data.content:
+            data.content = data.content.upper()
+        return data
+
+
+class WrongLifecycle(Skill):
+    """Returns data of another lifecycle: its reply must count as the hook failing."""
+
+    name = "wrong-lifecycle"
+
+    @hook("on_connection", 5)
+    def confused(self, data: HookData, ctx: Context) -> HookData:
+        return HookData(lifecycle="on_message", messages=[{"role": "user", "content": "[[echo]] hijacked"}])
+
+
+def new_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+async def dead_letters(client, keys, source: str) -> list[dict[bytes, bytes]]:
+    for _ in range(50):
+        found = [f for _id, f in await client.xrange(keys.dead_letter) if f[b"source"] == source.encode()]
+        if found:
+            return found
+        await asyncio.sleep(0.02)
+    return []
+
+
+async def test_garbage_on_the_requests_stream_is_dead_lettered_and_answered_when_possible(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("t")) as (client, services, _):
+        services[0].max_request_bytes = 50_000
+        redis, keys = client.redis, client.keys
+        bad_json, bad_version, too_big = new_id(), new_id(), new_id()
+        await redis.xadd(keys.requests, {"junk": "no envelope field"})
+        await redis.xadd(keys.requests, {"e": b"\xff\xfe not json"})
+        await redis.xadd(keys.requests, {"e": json.dumps({"v": 1, "kind": "request", "completion_id": bad_json, "messages": []})})
+        await redis.xadd(keys.requests, {"e": json.dumps({"v": 99, "kind": "request", "completion_id": bad_version, "messages": [{"role": "user", "content": "hi"}]})})
+        big = {"v": 1, "kind": "request", "completion_id": too_big, "messages": [{"role": "user", "content": "x" * 70_000}]}
+        await redis.xadd(keys.requests, {"e": json.dumps(big)})
+
+        invalid = await read_until_terminal(redis, keys, bad_json, timeout=10)
+        assert invalid.error is not None and invalid.error["status_code"] == 400
+        assert invalid.error["code"] == "invalid_request" and "messages" in invalid.error["message"]
+        version = await read_until_terminal(redis, keys, bad_version, timeout=10)
+        assert version.error["status_code"] == 400 and "unknown envelope version 99" in version.error["message"]
+        oversized = await read_until_terminal(redis, keys, too_big, timeout=10)
+        assert oversized.error["status_code"] == 413 and oversized.error["code"] == "request_too_large"
+
+        letters = await dead_letters(redis, keys, keys.requests)
+        assert len(letters) == 5
+        assert any(b"truncated:e" in f for f in letters)  # the oversized one is not copied whole
+        # and the orchestrator goes on serving
+        completion = await client.complete("[[echo]] still serving")
+        assert completion.choices[0].message.content == "still serving"
+        assert await pending(redis, keys.requests, ORCHESTRATOR_GROUP) == 0
+        assert services[0].refused == 5
+
+
+async def test_garbage_on_a_hooks_stream_is_dead_lettered_and_the_worker_goes_on(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("t"), {"shouty": [Upper()]}) as (client, _, workers):
+        redis, keys = client.redis, client.keys
+        await redis.xadd(keys.hooks("shouty"), {"e": "{not json"})
+        await redis.xadd(keys.hooks("shouty"), {"e": json.dumps({"v": 2, "kind": "hop"})})
+        letters = await dead_letters(redis, keys, keys.hooks("shouty"))
+        for _ in range(50):
+            if len(letters) == 2:
+                break
+            await asyncio.sleep(0.02)
+            letters = await dead_letters(redis, keys, keys.hooks("shouty"))
+        assert len(letters) == 2
+        assert all(f[b"reason"].startswith(b"not a valid HopEvent") for f in letters)
+        chunks = [c async for c in client.stream("[[echo]] loud and clear")]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "LOUD AND CLEAR"
+        assert workers[0].dead_lettered == 2
+        assert await pending(redis, keys.hooks("shouty"), "shouty") == 0
+
+
+async def test_garbage_on_a_reply_stream_is_dropped_and_the_router_goes_on(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("t"), {"shouty": [Upper()]}) as (client, services, _):
+        router = services[0].runtime.router
+        await client.redis.xadd(router.reply_stream, {"e": "garbage"})
+        chunks = [c async for c in client.stream("[[echo]] fine")]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "FINE"
+        assert router.bad_replies == 1
+        assert await dead_letters(client.redis, client.keys, router.reply_stream)
+
+
+async def test_garbage_on_a_response_stream_is_skipped_by_the_client(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("t")) as (client, _, _):
+        cid = new_id()
+        await client.redis.xadd(client.keys.responses(cid), {"e": "not a response item"})
+        completion = await client.complete("[[echo]] through the noise", completion_id=cid)
+        assert completion.choices[0].message.content == "through the noise"
+        assert await dead_letters(client.redis, client.keys, client.keys.responses(cid))
+
+
+async def test_garbage_on_the_events_stream_is_ignored_by_the_monitor(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("t")) as (client, _, _):
+        await client.redis.xadd(client.keys.events, {"e": "nonsense"})
+        await client.redis.xadd(client.keys.events, {"x": "y"})
+        good = MonitorRecord(kind="stage", completion_id="c1", lifecycle="on_message")
+        await client.redis.xadd(client.keys.events, encode(good))
+        records = await recent_events(client.redis, client.keys)
+        assert [r.completion_id for r in records][-1:] == ["c1"]
+
+
+async def test_a_reply_of_the_wrong_lifecycle_counts_as_the_hook_failing(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("t"), {"confused": [WrongLifecycle()]}) as (client, _, _):
+        cid = new_id()
+        completion = await client.complete("[[echo]] untouched", completion_id=cid)
+        assert completion.choices[0].message.content == "untouched"
+        stage = await _stage(client, cid, "on_connection")
+        assert stage.outcome == "error" and "reply is for on_message" in (stage.error or "")
+
+
+async def test_a_raw_reply_in_the_wrong_shape_counts_as_the_hook_failing(redis_url, prefix):
+    """A 'worker' that is not hookbus: it answers every hop with data of the wrong shape."""
+    async with running_stack(redis_url, prefix, Agent("t")) as (client, services, _):
+        redis, keys = client.redis, client.keys
+        group = "impostor"
+        await redis.xgroup_create(keys.hooks(group), group, id="0", mkstream=True)
+        await announce(redis, keys, GroupAnnouncement(
+            group=group,
+            hooks=[HookDescriptor(skill="impostor", method="meddle", lifecycle="on_connection", priority=5)],
+        ))
+        await heartbeat(redis, keys, group, "impostor-1")
+        await wait_for_groups(services, 1)
+
+        async def impostor() -> None:
+            while True:
+                response = await redis.xreadgroup(group, "impostor-1", {keys.hooks(group): ">"}, count=10, block=100)
+                for _stream, entries in response or ():
+                    for entry_id, fields in entries:
+                        event = decode(fields, HopEvent)
+                        reply = HopReply(
+                            hop_id=event.hop_id, completion_id=event.completion_id, replica="impostor-1",
+                            data={"lifecycle": "on_connection", "messages": "not a list"},
+                        )
+                        await redis.xadd(event.reply_to, encode(reply))
+                        await redis.xack(keys.hooks(group), group, entry_id)
+
+        task = asyncio.create_task(impostor())
+        try:
+            cid = new_id()
+            completion = await client.complete("[[echo]] as written", completion_id=cid)
+        finally:
+            task.cancel()
+        assert completion.choices[0].message.content == "as written"
+        stage = await _stage(client, cid, "on_connection")
+        assert stage.group == group and stage.outcome == "error"
+        assert "reply in the wrong shape" in (stage.error or "")
+
+
+async def _stage(client, cid: str, lifecycle: str) -> MonitorRecord:
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        for record in await recent_events(client.redis, client.keys):
+            if record.completion_id == cid and record.kind == "stage" and record.lifecycle == lifecycle:
+                return record
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no {lifecycle} stage record for {cid}")

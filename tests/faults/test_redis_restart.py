@@ -1,0 +1,71 @@
+"""Redis restarts under load (an embedded redis-server with AOF, of this test's own):
+every request ends, finalize ran for each, and the services work on afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis.asyncio as aredis
+
+from bus.embedded import EmbeddedRedis
+from bus.keys import ORCHESTRATOR_GROUP, Keys
+from tests.faults.fault_skills import fault_key
+from tests.faults.helpers import pending, read_until_terminal, submit
+from tests.integration.processes import Processes
+
+AGENT = "tests.faults.fault_skills:agent"
+GROUP_SKILLS = ("tests.faults.fault_skills:Ledger", "tests.faults.fault_skills:Touch")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=True)
+    server.start()
+    yield server
+    server.cleanup()
+
+
+async def test_services_ride_out_a_redis_restart_and_every_request_ends(own_redis, service_env, tmp_path, prefix):
+    env = dict(service_env, REDIS_URL=own_redis.url)
+    procs = Processes(env, tmp_path / "logs")
+    client = aredis.Redis.from_url(own_redis.url)
+    keys = Keys(prefix)
+    try:
+        workers = [procs.worker("alpha", *GROUP_SKILLS, replica=f"alpha-{n}", claim_idle=1) for n in range(2)]
+        orchestrators = [procs.orchestrator(AGENT, instance=f"orch-{n}", claim_idle=1) for n in range(2)]
+        await procs.wait_ready(*workers, *orchestrators)
+
+        first = [f"chatcmpl-before-{n}-{uuid.uuid4().hex[:6]}" for n in range(30)]
+        for n, cid in enumerate(first):
+            text = "[[words:20]] [[delay:50]]" if n % 2 else "[[delay:600]] [[echo]] patient"
+            await submit(client, keys, text, completion_id=cid, stream=bool(n % 2), timeout=90)
+        readers = [asyncio.create_task(read_until_terminal(client, keys, cid, timeout=90)) for cid in first]
+        await asyncio.sleep(0.4)
+        await asyncio.to_thread(own_redis.restart, down_for=1.5)
+
+        outcomes = await asyncio.gather(*readers)
+        unfinished = [o.completion_id for o in outcomes if o.terminal is None]
+        assert not unfinished, procs.logs()
+        finalized = [int(await client.get(fault_key("finalize", cid, prefix=prefix)) or 0) for cid in first]
+        assert all(f >= 1 for f in finalized), (finalized, procs.logs())
+        ok = sum(o.error is None for o in outcomes)
+        errors = sorted({(o.error["status_code"], o.error["code"]) for o in outcomes if o.error})
+
+        # the services reconnected: new requests run normally
+        after = [f"chatcmpl-after-{n}-{uuid.uuid4().hex[:6]}" for n in range(10)]
+        for cid in after:
+            await submit(client, keys, "[[echo]] back to normal", completion_id=cid, timeout=60)
+        later = await asyncio.gather(*(read_until_terminal(client, keys, cid, timeout=60) for cid in after))
+        assert all(o.terminal is not None and o.terminal.kind == "done" for o in later), [o.terminal for o in later]
+        assert all(o.text == "back to normal" for o in later)
+        assert all(p.alive for p in procs.procs), procs.logs()
+        await asyncio.sleep(0.5)
+        assert await pending(client, keys.requests, ORCHESTRATOR_GROUP) == 0
+        print(f"redis restart: {ok}/{len(first)} in-flight requests succeeded; errors: {errors}")
+    finally:
+        procs.close()
+        await client.aclose()
