@@ -15,43 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from services.openai_wire import Message, StreamOptions
+
 SESSION_ID_MAX = 200
-
-
-class _Lenient(BaseModel):
-    """Keeps fields it does not know: OpenAI adds new ones all the time."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPart(_Lenient):
-    type: str = Field(description="`text` for text; other part types are passed through.")
-    text: str | None = None
-
-
-class FunctionCall(_Lenient):
-    name: str
-    arguments: str = ""
-
-
-class ToolCall(_Lenient):
-    id: str
-    type: str = "function"
-    function: FunctionCall
-
-
-class Message(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class StreamOptions(_Lenient):
-    include_usage: bool | None = Field(
-        default=None, description="Send one last chunk with no choices carrying the usage."
-    )
 
 
 class ChatCompletionRequest(BaseModel):

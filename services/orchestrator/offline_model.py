@@ -103,14 +103,16 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from services.openai_wire import Lenient, Message, StreamOptions
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -163,52 +165,19 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 # --------------------------------------------------------------------------- request body
 
 
-class _Lenient(BaseModel):
-    """Accepts (and keeps) fields it does not know: OpenAI adds new ones all the time."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPart(_Lenient):
-    type: str
-    text: str | None = None
-
-
-class FunctionCall(_Lenient):
-    name: str
-    arguments: str = ""
-
-
-class ToolCall(_Lenient):
-    id: str
-    type: str = "function"
-    function: FunctionCall
-
-
-class Message(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(Lenient):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class ToolDefinition(_Lenient):
+class ToolDefinition(Lenient):
     type: str = "function"
     function: FunctionDefinition | None = None
 
 
-class StreamOptions(_Lenient):
-    include_usage: bool | None = None
 
-
-class ChatCompletionRequest(_Lenient):
+class ChatCompletionRequest(Lenient):
     """The part of a Chat Completions request body the offline model looks at."""
 
     model: str
