@@ -12,7 +12,6 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -68,10 +67,6 @@ class LLM:
                 api_key=self._api_key,
                 timeout=self._timeout,
                 max_retries=self._max_retries,
-                http_client=httpx.AsyncClient(
-                    timeout=self._timeout,
-                    limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
-                ),
             )
             self._clients[loop] = client
         return client
@@ -90,9 +85,9 @@ class LLM:
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> AsyncIterator[ChatCompletionChunk]:
         try:
-            response = await self.client().chat.completions.create(
+            response = await self.client().chat.completions.create(  # type: ignore[call-overload]
                 model=model,
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 stream=True,
                 stream_options={"include_usage": True},
                 **_tool_args(tools),

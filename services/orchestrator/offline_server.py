@@ -13,6 +13,7 @@ on one.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -101,14 +102,20 @@ class OfflineModelServer:
                     f"the offline model server did not start on {_HOST}:{self._port}"
                 )
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving and wait for the thread; open streams are cut after about a second."""
+    def stop(self, timeout: float = 5.0, *, force: bool = False) -> None:
+        """Stop serving and wait for the thread; open streams are cut after about a second.
+
+        `force` drops idle keep-alive connections at once (the process is exiting).
+        """
         with self._lock:
             server, thread = self._server, self._thread
             self._server = self._thread = self._base_url = None
         if server is None or thread is None:
             return
+        if force:  # requests still sleeping in the model are cut; that is no error to report
+            logging.getLogger("uvicorn.error").disabled = True
         server.should_exit = True
+        server.force_exit = force
         thread.join(timeout)
         if thread.is_alive():
             server.force_exit = True
@@ -153,4 +160,4 @@ def shared_offline_base_url() -> str:
 def _stop_shared() -> None:
     with _shared_lock:
         if _shared is not None and _shared_pid == os.getpid():
-            _shared.stop(timeout=2.0)
+            _shared.stop(timeout=2.0, force=True)
