@@ -130,7 +130,7 @@ class HookbusClient:
             if remaining <= 0:
                 raise HookError(504, "deadline_exceeded", f"no answer for {request.completion_id} before its deadline")
             try:
-                response = await self._reader.xread(
+                response: Any = await self._reader.xread(
                     {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
                 )
                 backoff = 0.05

@@ -7,8 +7,14 @@ operation touches together land in one slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 ORCHESTRATOR_GROUP = "orchestrators"
+
+
+def text(value: Any) -> str:
+    """A Redis reply value as text (replies are bytes; redis-py types them loosely)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)

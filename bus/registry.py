@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from bus.connection import RECONNECT_ERRORS
 from bus.envelopes import Envelope
-from bus.keys import Keys
+from bus.keys import Keys, text
 
 log = structlog.get_logger("hookbus.registry")
 
@@ -88,7 +88,7 @@ async def leave(client: aredis.Redis, keys: Keys, group: str, replica: str) -> N
 
 async def live_replicas(client: aredis.Redis, keys: Keys, group: str) -> list[str]:
     members = await client.zrangebyscore(keys.replicas(group), time.time() - REPLICA_TTL, "+inf")
-    return [m.decode() for m in members]
+    return [text(m) for m in members]
 
 
 class RegistryView:
@@ -133,7 +133,7 @@ class RegistryView:
         groups: dict[str, GroupAnnouncement] = {}
         for name, body in raw.items():
             try:
-                groups[name.decode()] = GroupAnnouncement.model_validate_json(body)
+                groups[text(name)] = GroupAnnouncement.model_validate_json(body)
             except ValueError as exc:
                 log.warning("bad_announcement_ignored", group=name, error=str(exc))
         self.groups = dict(sorted(groups.items(), key=lambda item: (item[1].first_seen, item[0])))

@@ -11,7 +11,7 @@ import time
 
 import redis.asyncio as aredis
 
-from bus.keys import Keys
+from bus.keys import Keys, text
 from bus.registry import REPLICA_TTL
 
 
@@ -22,18 +22,19 @@ async def check_health(redis_url: str, prefix: str, role: str | None, group: str
     try:
         if role == "worker" and not group:
             return False, "--group is required with --role worker"
-        sets = []
+        sets: list[str] = []
         if role in (None, "orchestrator"):
             sets.append(keys.orchestrators)
         if role == "worker":
             sets.append(keys.replicas(group or ""))
         if role is None:
-            sets.extend(keys.replicas(g.decode()) for g in await client.hkeys(keys.registry))
+            sets.extend(keys.replicas(text(g)) for g in await client.hkeys(keys.registry))
         fresh_after = time.time() - REPLICA_TTL
         found = []
         for key in sets:
             members = await client.zrangebyscore(key, fresh_after, "+inf")
-            found += [m.decode() for m in members if f"-{host}-" in m.decode() or m.decode().endswith(host)]
+            names = [text(m) for m in members]
+            found += [n for n in names if f"-{host}-" in n or n.endswith(host)]
         if found:
             return True, f"healthy: {', '.join(found)}"
         if role is None:

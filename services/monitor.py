@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aredis
 from pydantic import BaseModel
 
 from bus.envelopes import DecodeError, MonitorRecord, decode
-from bus.keys import ORCHESTRATOR_GROUP, Keys
+from bus.keys import ORCHESTRATOR_GROUP, Keys, text
 from bus.registry import REPLICA_TTL, GroupAnnouncement
 
 LAG_SCAN_LIMIT = 10_000
@@ -45,7 +46,7 @@ async def follow_events(
     """Every event record from now on (or from the start of the capped stream), forever."""
     last_id = "0-0" if from_start else "$"
     while True:
-        response = await client.xread({keys.events: last_id}, count=500, block=block_ms)
+        response: Any = await client.xread({keys.events: last_id}, count=500, block=block_ms)
         for _stream, entries in response or ():
             for entry_id, fields in entries:
                 last_id = entry_id
@@ -57,7 +58,7 @@ async def follow_events(
 
 async def recent_events(client: aredis.Redis, keys: Keys, count: int = 10_000) -> list[MonitorRecord]:
     """The newest `count` records, oldest first."""
-    entries = await client.xrevrange(keys.events, count=count)
+    entries: Any = await client.xrevrange(keys.events, count=count)
     records = []
     for _entry_id, fields in reversed(entries):
         try:
@@ -106,7 +107,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
     registry = await client.hgetall(keys.registry)
     groups = []
     for raw_name, body in sorted(registry.items()):
-        name = raw_name.decode()
+        name = text(raw_name)
         try:
             announcement = GroupAnnouncement.model_validate_json(body)
         except ValueError:
@@ -116,7 +117,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         groups.append(
             GroupStatus(
                 name=name,
-                replicas=sorted(r.decode() for r in replicas),
+                replicas=sorted(text(r) for r in replicas),
                 hooks=[f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}" for h in announcement.hooks],
                 tools=[t.name for t in announcement.tools],
                 lag=lag,
@@ -125,7 +126,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         )
     orchestrators = await client.zrangebyscore(keys.orchestrators, now - REPLICA_TTL, "+inf")
     requests_lag, requests_pending = await group_backlog(client, keys.requests, ORCHESTRATOR_GROUP)
-    minute = await client.xrange(keys.events, min=f"{int((now - 60) * 1000)}-0", max="+")
+    minute: Any = await client.xrange(keys.events, min=f"{int((now - 60) * 1000)}-0", max="+")
     finished = []
     for _id, fields in minute:
         try:
@@ -136,7 +137,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
             finished.append(record)
     return Status(
         groups=groups,
-        orchestrators=sorted(o.decode() for o in orchestrators),
+        orchestrators=sorted(text(o) for o in orchestrators),
         requests_lag=requests_lag,
         requests_pending=requests_pending,
         requests_last_minute=len(finished),
@@ -151,14 +152,14 @@ async def group_backlog(client: aredis.Redis, stream: str, group: str) -> tuple[
         infos = await client.xinfo_groups(stream)
     except aredis.ResponseError:
         return 0, 0
-    info = next((i for i in infos if _text(i.get("name")) == group), None)
+    info = next((i for i in infos if text(i.get("name")) == group), None)
     if info is None:
         return await client.xlen(stream), 0
     pending = int(info.get("pending", 0))
     lag = info.get("lag")
     if lag is None:  # Redis < 7 has no lag field: count what lies after last-delivered-id
-        last = _text(info.get("last-delivered-id")) or "0-0"
-        undelivered = await client.xrange(stream, min=f"({last}", max="+", count=LAG_SCAN_LIMIT)
+        last = text(info.get("last-delivered-id") or "0-0")
+        undelivered: Any = await client.xrange(stream, min=f"({last}", max="+", count=LAG_SCAN_LIMIT)
         lag = len(undelivered)
     return int(lag), pending
 
@@ -184,11 +185,7 @@ def format_status(status: Status) -> str:
     return "\n".join(lines)
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")
-
-
-async def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.1) -> bool:
     """Poll an async predicate until it is true or the timeout passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

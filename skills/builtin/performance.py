@@ -115,8 +115,8 @@ class PerformanceMonitor(Skill):
     def summary(self, ctx: Context) -> dict[str, Any]:
         """The request's performance figures from `ctx.state` (empty ones if absent)."""
         perf = read_section(ctx, STATE_KEY)
-        tools = perf.get("tools") if isinstance(perf.get("tools"), dict) else {}
-        llm = perf.get("llm") if isinstance(perf.get("llm"), dict) else {}
+        tools: dict[str, Any] = perf["tools"] if isinstance(perf.get("tools"), dict) else {}
+        llm: dict[str, Any] = perf["llm"] if isinstance(perf.get("llm"), dict) else {}
         timed = {
             tool_id: entry["ms"]
             for tool_id, entry in tools.items()
