@@ -70,6 +70,11 @@ async def announce(client: aredis.Redis, keys: Keys, announcement: GroupAnnounce
             existing = GroupAnnouncement.model_validate_json(existing_raw)
             if existing.fingerprint() == announcement.fingerprint():
                 return
+            log.warning(
+                "group_announcement_changed",
+                group=announcement.group,
+                hint="every replica of a group must host the same skills; the last announcement wins",
+            )
             announcement = announcement.model_copy(update={"first_seen": existing.first_seen})
     async with client.pipeline(transaction=True) as pipe:
         pipe.hset(keys.registry, announcement.group, announcement.model_dump_json())

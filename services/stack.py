@@ -77,7 +77,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
                 f"    .venv/bin/hookbus send 'hello'            # one request through the queue\n"
                 f"    .venv/bin/hookbus status                  # groups, replicas, lag\n"
                 f"    .venv/bin/hookbus monitor                 # follow events live\n"
-                f"    .venv/bin/hookbus worker --group {BUILTIN_GROUP} {' '.join(BUILTIN_SKILLS[:2])}   # one more replica\n"
+                f"    .venv/bin/hookbus worker --group {BUILTIN_GROUP} {' '.join(BUILTIN_SKILLS)}   # one more replica\n"
                 f"    curl -s localhost:{port}/v1/chat/completions -d '{{\"model\":\"offline\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
             )
             wait_for_signal(processes)
