@@ -1,25 +1,39 @@
 """Versioned envelopes: every entry on every hookbus stream is one of these models.
 
-An entry carries a single field `e` holding the envelope's JSON. A consumer that cannot
+An entry carries a field `e` holding the envelope's JSON. A consumer that cannot
 decode an entry (not JSON, wrong shape, unknown version) moves it to the dead-letter
 stream with the reason and goes on (bus.deadletter).
+
+Hook hops use the split format (envelope version 2, `encode_hop` / `encode_reply`): the
+stage data and the context travel as their own entry fields, `d` (HookData JSON) and `c`
+(Context JSON), each dumped once from its model and validated once into it, and `e` keeps
+only the routing fields (its `data` is absent and its `ctx` is `{}`). A reply carries `d`
+only when the hooks changed the data, so a hook that only looks costs no data on the way
+back. Tool and compaction hops, and all other envelopes, are version 1 (everything in
+`e`); HopEvent and HopReply decode both versions.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from skills.context import AuthInfo
 
 VERSION = 1
+SPLIT_VERSION = 2
+"""The split hop format: HookData and Context in entry fields `d` and `c`."""
 FIELD = b"e"
+DATA_FIELD = b"d"
+CTX_FIELD = b"c"
 
 
 class Envelope(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    versions: ClassVar[frozenset[int]] = frozenset({VERSION})
 
     v: int = VERSION
 
@@ -60,7 +74,12 @@ compaction between turns (the skills then get ctx=None)."""
 
 class HopEvent(Envelope):
     """One hop to a worker group: hooks to run in order over `data`, or one tool call,
-    or (lifecycle `on_compaction`) a compaction outcome for the group's skills."""
+    or (lifecycle `on_compaction`) a compaction outcome for the group's skills.
+
+    Version 2 (hooks): `data` and `ctx` travel in the entry fields `d` and `c` (see the
+    module docstring; `hop_parts` returns them), the envelope's `ctx` is `{}`."""
+
+    versions: ClassVar[frozenset[int]] = frozenset({VERSION, SPLIT_VERSION})
 
     kind: Literal["hop"] = "hop"
     hop_id: str
@@ -84,7 +103,13 @@ class HookTiming(BaseModel):
 
 
 class HopReply(Envelope):
-    """A worker's answer to one hop, matched to its waiting caller by `hop_id`."""
+    """A worker's answer to one hop, matched to its waiting caller by `hop_id`.
+
+    Version 2 (the answer to a version 2 hop): the hooks' data, when they changed it, is
+    the entry field `d` (`data_json`), never `data`."""
+
+    versions: ClassVar[frozenset[int]] = frozenset({VERSION, SPLIT_VERSION})
+    _data_json: bytes | None = PrivateAttr(default=None)
 
     kind: Literal["reply"] = "reply"
     hop_id: str
@@ -99,6 +124,15 @@ class HopReply(Envelope):
     outcomes: list[HookTiming] = Field(default_factory=list)
     failure: str | None = Field(default=None, description="Why the hop as a whole failed.")
     duration_ms: float = 0.0
+
+    @property
+    def data_json(self) -> bytes | None:
+        """The changed HookData as JSON (split format), None when unchanged or version 1."""
+        return self._data_json
+
+    @data_json.setter
+    def data_json(self, raw: bytes | None) -> None:
+        self._data_json = raw
 
 
 ResponseKind = Literal["chunk", "final", "error", "done"]
@@ -140,6 +174,32 @@ def encode(envelope: Envelope) -> dict[bytes, bytes]:
     return {FIELD: envelope.model_dump_json(exclude_none=True).encode()}
 
 
+def encode_hop(event: HopEvent, data_json: bytes, ctx_json: bytes) -> dict[bytes, bytes]:
+    """A version 2 hop entry: the small envelope, the data and the context, each dumped once."""
+    event.v = SPLIT_VERSION
+    event.data = None
+    event.ctx = {}
+    return {FIELD: event.model_dump_json(exclude_none=True).encode(), CTX_FIELD: ctx_json, DATA_FIELD: data_json}
+
+
+def hop_parts(event: HopEvent, fields: dict[bytes, bytes]) -> tuple[bytes, bytes | None] | None:
+    """(Context JSON, HookData JSON or None) of a version 2 hop; None for version 1."""
+    if event.v != SPLIT_VERSION:
+        return None
+    ctx_json = fields.get(CTX_FIELD)
+    if ctx_json is None:
+        raise DecodeError(f"version {SPLIT_VERSION} hop without a {CTX_FIELD.decode()!r} field")
+    return ctx_json, fields.get(DATA_FIELD)
+
+
+def encode_reply(reply: HopReply) -> dict[bytes, bytes]:
+    """A reply entry; `d` only when it carries changed data in the split format."""
+    fields = encode(reply)
+    if reply.data_json is not None:
+        fields[DATA_FIELD] = reply.data_json
+    return fields
+
+
 def decode(fields: dict[bytes, bytes], model: type[E]) -> E:
     raw = fields.get(FIELD)
     if raw is None:
@@ -148,8 +208,11 @@ def decode(fields: dict[bytes, bytes], model: type[E]) -> E:
         envelope = model.model_validate_json(raw)
     except ValidationError as exc:
         raise DecodeError(f"not a valid {model.__name__}: {_summary(exc)}") from exc
-    if envelope.v != VERSION:
-        raise DecodeError(f"unknown envelope version {envelope.v} (this build reads {VERSION})")
+    if envelope.v not in model.versions:
+        readable = ", ".join(str(v) for v in sorted(model.versions))
+        raise DecodeError(f"unknown envelope version {envelope.v} (this build reads {readable})")
+    if isinstance(envelope, HopReply) and envelope.v == SPLIT_VERSION:
+        envelope.data_json = fields.get(DATA_FIELD)
     return envelope
 
 

@@ -78,13 +78,16 @@ class ReplyRouter:
         with contextlib.suppress(*RECONNECT_ERRORS):
             await self._client.delete(self.reply_stream)
 
-    async def call(self, stream: str, event: HopEvent, timeout: float) -> HopReply:
-        """Send one hop and wait for its reply; HopTimeout when none comes in time."""
+    async def call(
+        self, stream: str, event: HopEvent, timeout: float, fields: dict[bytes, bytes] | None = None
+    ) -> HopReply:
+        """Send one hop and wait for its reply; HopTimeout when none comes in time.
+        `fields`: the entry already encoded (bus.envelopes.encode_hop), else `encode(event)`."""
         future: asyncio.Future[HopReply] = asyncio.get_running_loop().create_future()
         self._waiting[event.hop_id] = future
         try:
             try:
-                await self._client.xadd(stream, encode(event))  # type: ignore[arg-type]
+                await self._client.xadd(stream, fields or encode(event))  # type: ignore[arg-type]
             except RECONNECT_ERRORS as exc:
                 raise HopUnsent(f"could not send to {stream}: {exc}") from exc
             return await asyncio.wait_for(future, timeout)

@@ -66,6 +66,7 @@ def asyncapi_document(
     keys = Keys(prefix)
     orchestrator = OrchestratorService(Agent("hookbus"), redis_url, prefix=prefix, instance="{instance}")
     worker = WorkerReplica(GroupHost(group, [_ExampleSkill()]), redis_url, prefix=prefix, replica="{replica}")
+    worker.declare_subscriber()  # a serving replica reads `hooks:{group}` with its own loop
 
     orchestrator.broker.publisher(
         stream=keys.responses("{completion_id}"), title="responses", schema=ResponseItem,
@@ -99,7 +100,10 @@ def asyncapi_document(
         version=VERSION,
         description=(
             "An AI agent's request lifecycle as events on Redis Streams. Every entry holds "
-            "one field `e`: a versioned JSON envelope (the payloads below). Clients add "
+            "a field `e`: a versioned JSON envelope (the payloads below). Hook hops "
+            "(HopEvent version 2) carry the stage data and the context as their own fields "
+            "`d` (HookData JSON) and `c` (Context JSON); a reply carries `d` only when the "
+            "hooks changed the data. Clients add "
             "RequestEnvelopes to `requests` (group `orchestrators`); orchestrators send hops "
             "to `hooks:{group}` (one consumer group per worker group, one consumer per "
             "replica) and read the replies on `replies:{instance}`; answers go to "

@@ -24,6 +24,7 @@ that changed something; `ctx` is None between turns.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import inspect
@@ -67,6 +68,20 @@ _REFUSAL_SHRINK = 0.9
 
 
 @dataclass
+class _ChunkHop:
+    """One pipelined on_chunk hop: its inputs, the state it was sent with, its future."""
+
+    chunk: ChatCompletionChunk
+    content: str
+    index: int
+    full: str
+    state: dict[str, Any]
+    session: dict[str, Any]
+    future: asyncio.Future[ChatCompletionChunk | None] | None = None
+    ctx: Context | None = None
+
+
+@dataclass
 class RunState:
     """One request's state as it moves through the lifecycle."""
 
@@ -91,7 +106,12 @@ class Agent:
 
     An agent holds no per-request state, so one instance serves concurrent requests and
     may be used from several event loops one after another.
+
+    `chunk_window`: how many on_chunk hops of one request may be in flight at once when
+    every on_chunk hook is remote (see `_streamed_llm_call`); 1 turns pipelining off.
     """
+
+    chunk_window: int = 64
 
     def __init__(
         self,
@@ -469,9 +489,32 @@ class Agent:
     async def _streamed_llm_call(
         self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> AsyncIterator[ChatCompletionChunk]:
-        """One streamed LLM call; every chunk goes through on_chunk before the client sees it."""
-        assembler = ChunkAssembler(state.completion_id, self.model)
+        """One streamed LLM call; every chunk goes through on_chunk before the client sees it.
+
+        When every on_chunk segment is remote (a worker group), the chunks are pipelined:
+        chunk i+1 is sent to the hooks before chunk i's reply is back (up to
+        `chunk_window` chunks of this request in flight), and the client still gets the
+        results strictly in the model's order. Each chunk's hooks run on a snapshot of
+        `ctx.state` / `ctx.session.data` taken when it was sent, so the pipeline is only
+        kept while on_chunk hooks leave them unchanged: the first reply that changes them
+        is applied, the chunks sent after it (which saw the old state) are sent again,
+        one at a time, and the rest of this call runs sequentially as with in-process
+        hooks. The first chunk always goes alone, so hooks that keep per-request state
+        on every chunk (the built-in ContentFilter, Analytics) are detected on chunk 0 and
+        run strictly sequentially from the start. The catch: a hook that starts writing
+        `ctx.state` only at a later chunk may already have been called for up to
+        `chunk_window - 1` following chunks with the older state; those calls are
+        discarded and made again, so such a hook's side effects outside `ctx` can happen
+        twice for them. A HookError on chunk i ends the stream at chunk i (the results of
+        later chunks already sent are dropped). In-process on_chunk hooks (or a chain
+        mixing both) are always called one chunk at a time.
+        """
         segments = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+        if segments and self.chunk_window > 1 and all(s.group is not None for s in segments):
+            async for chunk in self._pipelined_llm_call(state, messages, tools):
+                yield chunk
+            return
+        assembler = ChunkAssembler(state.completion_id, self.model)
         full_content: list[str] = []
         async for chunk in self.llm.stream(self.model, messages, tools):
             chunk.id = state.completion_id
@@ -493,6 +536,115 @@ class Agent:
             assembler.add(visible)
             yield visible
         state.last_response = assembler.completion()
+
+    async def _pipelined_llm_call(
+        self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """`_streamed_llm_call` with remote on_chunk hops pipelined (see its docstring).
+
+        A producer task reads the model's stream and sends each chunk's hop at once (up to
+        `chunk_window` unsettled); this generator settles them in order and yields each as
+        soon as it and every earlier one is back."""
+        assembler = ChunkAssembler(state.completion_id, self.model)
+        ctx = state.ctx
+        window = self.chunk_window
+        pending: collections.deque[_ChunkHop] = collections.deque()
+        wake, room, first_settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        sequential = False
+        finished = False
+        failure: BaseException | None = None
+
+        def send(chunk: ChatCompletionChunk, content: str, index: int, full: str) -> _ChunkHop:
+            hop = _ChunkHop(chunk, content, index, full, ctx.state, ctx.session.data)
+            if not sequential:
+                # the hop's own Context: its reply rebinds this copy's state/session, not ctx's
+                own = ctx.model_copy(update={"session": ctx.session.model_copy()})
+                hop.ctx = own
+                hop.future = asyncio.ensure_future(self._on_chunk_in(state, own, chunk, content, index, full))
+            return hop
+
+        async def produce() -> None:
+            nonlocal finished, failure
+            full_content: list[str] = []
+            try:
+                async with contextlib.aclosing(self.llm.stream(self.model, messages, tools)) as stream:
+                    async for chunk in stream:
+                        chunk.id = state.completion_id
+                        if chunk.usage is not None:
+                            assembler.usage = chunk.usage
+                        content = _chunk_text(chunk)
+                        if content:
+                            full_content.append(content)
+                        index = state.chunks_seen
+                        state.chunks_seen += 1
+                        pending.append(send(chunk, content, index, "".join(full_content)))
+                        wake.set()
+                        if index == 0:  # the first chunk goes alone: it tells whether hooks keep state
+                            await first_settled.wait()
+                        while len(pending) >= window:
+                            room.clear()
+                            await room.wait()
+            except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+                failure = exc
+            finally:
+                finished = True
+                wake.set()
+
+        async def settle(hop: _ChunkHop) -> ChatCompletionChunk | None:
+            """Chunk `hop`'s result, in order; sent again alone if it ran on an old state."""
+            nonlocal sequential
+            if hop.future is None or hop.ctx is None:
+                return await self._on_chunk(state, hop.chunk, hop.content, hop.index, hop.full)
+            if hop.state is not ctx.state or hop.session is not ctx.session.data:
+                hop.future.cancel()
+                return await self._on_chunk(state, hop.chunk, hop.content, hop.index, hop.full)
+            visible = await hop.future
+            own = hop.ctx
+            if own.state != ctx.state or own.session.data != ctx.session.data:
+                ctx.state = own.state
+                ctx.session.data = own.session.data
+                sequential = True  # hooks keep state: no more speculation in this call
+            return visible
+
+        producer = asyncio.ensure_future(produce())
+        try:
+            while True:
+                if not pending:
+                    if finished:
+                        break
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                hop = pending.popleft()
+                room.set()
+                try:
+                    visible = await settle(hop)
+                finally:
+                    if hop.index == 0:
+                        first_settled.set()
+                if visible is None or not visible.choices:
+                    continue  # dropped by a hook, or the usage-only chunk (summed at the end)
+                visible.id = state.completion_id
+                assembler.add(visible)
+                yield visible
+            if failure is not None:
+                raise failure
+        finally:
+            if not producer.done():
+                producer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await producer
+            for hop in pending:
+                if hop.future is not None:
+                    hop.future.cancel()
+        state.last_response = assembler.completion()
+
+    async def _on_chunk_in(
+        self, state: RunState, ctx: Context, chunk: ChatCompletionChunk, content: str, index: int, full: str
+    ) -> ChatCompletionChunk | None:
+        """`_on_chunk` with its own Context (a pipelined chunk's snapshot)."""
+        own = RunState(ctx, state.plan, state.conversation, state.stream)
+        return await self._on_chunk(own, chunk, content, index, full)
 
     async def _on_chunk(
         self, state: RunState, chunk: ChatCompletionChunk, content: str, index: int, full: str

@@ -23,6 +23,7 @@ from bus.envelopes import (
     HopReply,
     MonitorRecord,
     ToolInvocation,
+    encode_hop,
 )
 from bus.events import EventWriter
 from bus.keys import Keys
@@ -112,15 +113,16 @@ class BusRuntime:
             lifecycle=data.lifecycle,
             stage_key=stage_key,
             hooks=[HookRef(skill=h.remote.skill, method=h.remote.method) for h in segment.hooks if h.remote],
-            data=data.model_dump(mode="json"),
-            ctx=ctx.model_dump(mode="json"),
+            ctx={},
             reply_to=self.router.reply_stream,
             deadline=time.time() + timeout,
             epoch=self.epoch,
         )
+        # the split format: data and context dumped once each, straight to JSON
+        fields = encode_hop(event, data.model_dump_json().encode(), ctx.model_dump_json().encode())
         self.hops += 1
         try:
-            reply = await self.router.call(self.keys.hooks(group), event, timeout + HOP_GRACE)
+            reply = await self.router.call(self.keys.hooks(group), event, timeout + HOP_GRACE, fields)
         except HopTimeout as exc:
             return failed_segment(segment, data, str(exc), "timeout")
         if reply.failure:
@@ -132,7 +134,14 @@ class BusRuntime:
             return failed_segment(segment, data, f"reply in the wrong shape: {exc}", "error")
 
     def _apply(self, reply: HopReply, data: HookData, ctx: Context) -> ChainResult:
-        new_data = HookData.model_validate(reply.data) if reply.data is not None else data
+        """A reply without data (the split format's "the hooks left it unchanged") keeps
+        the caller's own HookData object."""
+        if reply.data_json is not None:
+            new_data = HookData.model_validate_json(reply.data_json)
+        elif reply.data is not None:
+            new_data = HookData.model_validate(reply.data)
+        else:
+            new_data = data
         if new_data.lifecycle != data.lifecycle:
             raise ValueError(f"reply is for {new_data.lifecycle}, not {data.lifecycle}")
         ctx.state = reply.state

@@ -64,20 +64,28 @@ class GroupHost:
             compaction=list(self.compaction),
         )
 
-    async def answer(self, event: HopEvent, attempt: int, replica: str) -> HopReply:
-        """Run the hop's hooks (or tool) and build the reply; hop-level problems become `failure`."""
+    async def answer(
+        self, event: HopEvent, attempt: int, replica: str, split: tuple[bytes, bytes | None] | None = None
+    ) -> HopReply:
+        """Run the hop's hooks (or tool) and build the reply; hop-level problems become `failure`.
+
+        `split`: (Context JSON, HookData JSON) of a version 2 hop (bus.envelopes.hop_parts);
+        the reply is then version 2 too, with the data as JSON only if the hooks changed it."""
         started = time.perf_counter()
-        reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica=replica)
+        reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica=replica, v=event.v)
         try:
             if event.lifecycle == COMPACTION_LIFECYCLE and event.tool is None:
                 await self._on_compaction(event, reply)
                 reply.duration_ms = (time.perf_counter() - started) * 1000
                 return reply
-            ctx = Context.model_validate(event.ctx)
+            if split is not None:
+                ctx = Context.model_validate_json(split[0])
+            else:
+                ctx = Context.model_validate(event.ctx)
             if event.tool is not None:
                 reply.tool_result = await self._call_tool(event, ctx)
             else:
-                await self._run_hooks(event, ctx, attempt, reply)
+                await self._run_hooks(event, ctx, attempt, reply, split[1] if split else None, split is not None)
             reply.state = ctx.state
             reply.session = ctx.session.data
         except (UnknownHook, ValueError) as exc:
@@ -85,16 +93,27 @@ class GroupHost:
         reply.duration_ms = (time.perf_counter() - started) * 1000
         return reply
 
-    async def _run_hooks(self, event: HopEvent, ctx: Context, attempt: int, reply: HopReply) -> None:
+    async def _run_hooks(
+        self, event: HopEvent, ctx: Context, attempt: int, reply: HopReply,
+        data_json: bytes | None = None, split: bool = False,
+    ) -> None:
         bound = []
         for ref in event.hooks:
             hook = self.hooks.get(ref.key)
             if hook is None:
                 raise UnknownHook(f"group {self.group!r} has no hook {ref.key!r}")
             bound.append(hook)
-        data = HookData.model_validate(event.data or {"lifecycle": event.lifecycle})
+        if split:
+            data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=event.lifecycle)
+        else:
+            data = HookData.model_validate(event.data or {"lifecycle": event.lifecycle})
         result = await run_hooks(bound, data, ctx, stage_key=event.stage_key, attempt=attempt)
-        reply.data = result.data.model_dump(mode="json")
+        if split:
+            dumped = result.data.model_dump_json().encode()
+            if dumped != data_json:
+                reply.data_json = dumped
+        else:
+            reply.data = result.data.model_dump(mode="json")
         reply.abort = result.abort.to_dict() if result.abort is not None else None
         reply.blocked = result.blocked
         reply.outcomes = [

@@ -1,10 +1,16 @@
 """One replica of a hook-worker group: a FastStream app on `hooks:{group}`.
 
 - consumer group `{group}`, consumer name unique per replica (host + pid);
-- bounded prefetch (`--concurrency N` entries read and in flight at most), so a second
-  replica really takes work instead of one replica swallowing the backlog;
-- reply first, then ack, in one pipelined round trip (retried through a short Redis
-  outage while the hop's deadline allows);
+- the hop path is a plain XREADGROUP loop (not FastStream's per-message dispatch, which
+  cost ~3x the CPU per hop: tests/bench/RESULTS.md): it reads as many entries as there
+  are free slots, so `--concurrency N` bounds prefetch + in flight exactly (a second
+  replica really takes work instead of one replica swallowing the backlog), one task per
+  entry; a Redis error makes it reconnect with backoff. FastStream still runs the app's
+  lifecycle (signals, startup/shutdown hooks) and documents the stream (AsyncAPI);
+- reply first, then ack: the replies finished in one event-loop turn go out in one
+  pipelined round trip (their XADDs, then one XACK of all their ids); a failed batch
+  falls back to a per-hop reply + ack retried through a short Redis outage while the
+  hop's deadline allows;
 - entries left pending by a dead sibling (no heartbeat for `claim_idle` seconds) are
   claimed once idle `claim_idle` seconds (bus/claims.py); hooks see the real delivery
   number as `ctx.call.attempt`; long hooks renew their claim every `claim_idle / 3`
@@ -13,9 +19,9 @@
   failed;
 - a janitor trims the group's stream up to what was acked and forgets siblings gone for
   long (bus/trim.py);
-- on SIGTERM the replica stops claiming and leaves the registry, in-flight hops finish
-  (FastStream's graceful timeout) with their leases renewed; what it had not started
-  stays pending for its siblings.
+- on SIGTERM the replica stops reading and claiming and leaves the registry, in-flight
+  hops finish (up to `DRAIN_SECONDS`) with their leases renewed; what it had not read
+  stays in the stream for its siblings.
 
 Hooks run in this process's event loop: a long hook must be `async` (or have a
 `timeout`, which runs a sync hook in a thread); a sync hook that blocks the loop stops the
@@ -35,17 +41,28 @@ import structlog
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
+from redis.exceptions import ResponseError
 
 from bus.claims import Claimed, Steadiness, claim, find_orphans, heartbeat_every
 from bus.connection import (
     RECONNECT_ERRORS,
     broker_retry,
+    connect,
     ensure_group,
     instance_name,
     raw_entry_parser,
 )
 from bus.deadletter import add_dead_letter, entry_id_text
-from bus.envelopes import DecodeError, HopEvent, HopReply, MonitorRecord, decode, encode
+from bus.envelopes import (
+    DecodeError,
+    HopEvent,
+    HopReply,
+    MonitorRecord,
+    decode,
+    encode,
+    encode_reply,
+    hop_parts,
+)
 from bus.events import EventWriter
 from bus.keys import Keys
 from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
@@ -56,6 +73,54 @@ log = structlog.get_logger("hookbus.worker")
 
 DRAIN_SECONDS = 30.0
 REPLY_RETRY_GRACE = 5.0
+READ_BLOCK_MS = 1000
+
+
+class ReplyBatcher:
+    """Replies ready in one event-loop turn go out in one pipeline: their XADDs, then one
+    XACK of all their entry ids (reply before ack). `send` raises what the pipeline
+    raised; the caller then retries that hop alone."""
+
+    def __init__(self, client: aredis.Redis, stream: str, group: str) -> None:
+        self.client, self.stream, self.group = client, stream, group
+        self._pending: list[tuple[str, Any, str, asyncio.Future[None]]] = []
+        self._flushing: set[asyncio.Task[None]] = set()
+        self.batches = 0
+
+    async def send(self, reply_to: str, fields: Any, entry_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._start_flush)
+        self._pending.append((reply_to, fields, entry_id, future))
+        await future
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for reply_to, fields, _, _ in batch:
+                    pipe.xadd(reply_to, fields)
+                pipe.xack(self.stream, self.group, *(entry_id for _, _, entry_id, _ in batch))
+                await pipe.execute()
+        except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self.batches += 1
+        for *_, future in batch:
+            if not future.done():
+                future.set_result(None)
 
 
 class WorkerReplica:
@@ -98,6 +163,13 @@ class WorkerReplica:
         self._tasks: list[asyncio.Task[Any]] = []
         self._late_tasks: list[asyncio.Task[Any]] = []
         self._claimed_tasks: set[asyncio.Task[Any]] = set()
+        self._hop_tasks: set[asyncio.Task[Any]] = set()
+        self._read_task: asyncio.Task[None] | None = None
+        self._reader: aredis.Redis | None = None
+        self._batcher: ReplyBatcher | None = None
+        self._slot = asyncio.Event()
+        self._stopping = False
+        self._redis_url = redis_url
         self._client: aredis.Redis | None = None
         self._events: EventWriter | None = None
         self._started_at = time.monotonic()
@@ -106,9 +178,12 @@ class WorkerReplica:
         self.claimed = 0
         self.dead_lettered = 0
         self.trimmed = 0
-        self._subscribe()
 
-    def _subscribe(self) -> None:
+    def declare_subscriber(self) -> None:
+        """Declare `hooks:{group}` as this app's subscriber for the AsyncAPI document
+        (services/docs.py). A serving replica does not call this: its own read loop
+        consumes the stream (`_read_loop`), FastStream only runs the app's lifecycle."""
+
         @self.broker.subscriber(
             stream=StreamSub(
                 self.stream,
@@ -122,7 +197,10 @@ class WorkerReplica:
             parser=raw_entry_parser,
             max_workers=self.concurrency,
             title=f"hooks:{self.group}",
-            description="Lifecycle hops (HopEvent) for this worker group; replies go to reply_to.",
+            description=(
+                "Lifecycle hops (HopEvent) for this worker group; hook hops carry the context "
+                "and the stage data as entry fields `c` and `d`; replies go to reply_to."
+            ),
         )
         async def on_hop(msg: RedisStreamMessage) -> None:
             entry_id = entry_id_text(msg.raw_message["message_ids"][0])
@@ -159,18 +237,40 @@ class WorkerReplica:
             asyncio.create_task(self._janitor_loop(), name="hookbus-janitor"),
         ]
         self._late_tasks = [asyncio.create_task(self._lease_loop(), name="hookbus-lease")]
+        self._batcher = ReplyBatcher(self._client, self.stream, self.group)
+        self._reader = connect(self._redis_url, retries=0)
+        self._stopping = False
+        self._read_task = asyncio.create_task(self._read_loop(), name="hookbus-read")
         log.info(
             "worker_started", group=self.group, replica=self.replica, concurrency=self.concurrency,
             claim_idle=self.claim_idle,
         )
 
     async def _on_shutdown(self) -> None:
-        """Before the broker drains: claim nothing more, leave the registry."""
+        """Read and claim nothing more, leave the registry, let in-flight hops finish
+        (leases still renewed) for up to DRAIN_SECONDS."""
+        await self._stop_reading()
         await _cancel_all(self._tasks)
         self._tasks = []
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await leave(self._client, self.keys, self.group, self.replica)
+        busy = self._hop_tasks | self._claimed_tasks
+        if busy:
+            await asyncio.wait(busy, timeout=DRAIN_SECONDS)
+
+    async def _stop_reading(self) -> None:
+        self._stopping = True
+        self._slot.set()
+        task, self._read_task = self._read_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError, *RECONNECT_ERRORS):
+                await asyncio.wait_for(task, 3)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.aclose()
 
     async def _after_shutdown(self) -> None:
         """After in-flight hops finished: stop renewing leases and flush events."""
@@ -192,13 +292,18 @@ class WorkerReplica:
         except DecodeError as exc:
             await self._dead_letter(entry_id, fields, str(exc), event=None)
             return
+        try:
+            split = hop_parts(event, fields)
+        except DecodeError as exc:
+            await self._dead_letter(entry_id, fields, str(exc), event=event)
+            return
         if event.deadline < time.time():
             await client.xack(self.stream, self.group, entry_id)
             self._record(event, None, "expired", f"deadline passed before attempt {attempt}")
             return
         self._in_flight[entry_id] = time.monotonic()
         try:
-            reply = await self.host.answer(event, attempt, self.replica)
+            reply = await self.host.answer(event, attempt, self.replica, split)
             await self._reply(entry_id, event, reply)
         finally:
             self._in_flight.pop(entry_id, None)
@@ -206,15 +311,23 @@ class WorkerReplica:
         self._record(event, reply, "failed" if reply.failure else "ok", reply.failure)
 
     async def _reply(self, entry_id: str, event: HopEvent, reply: HopReply) -> None:
-        """Reply and ack in one round trip; through an outage, retry while the caller may
-        still wait. Given up, the entry stays pending (and expires when claimed again)."""
+        """Reply and ack (batched with the other replies of this loop turn); through an
+        outage, retry alone while the caller may still wait. Given up, the entry stays
+        pending (and expires when claimed again)."""
         client = self._client
         assert client is not None
+        fields = encode_reply(reply)
+        if self._batcher is not None:
+            try:
+                await self._batcher.send(event.reply_to, fields, entry_id)
+                return
+            except RECONNECT_ERRORS:
+                pass
         backoff = 0.05
         while True:
             try:
                 async with client.pipeline(transaction=False) as pipe:
-                    pipe.xadd(event.reply_to, encode(reply))  # type: ignore[arg-type]
+                    pipe.xadd(event.reply_to, fields)  # type: ignore[arg-type]
                     pipe.xack(self.stream, self.group, entry_id)
                     await pipe.execute()
                 return
@@ -270,6 +383,63 @@ class WorkerReplica:
         log.warning("dead_lettered", stream=self.stream, entry_id=entry_id, reason=reason)
         if event is not None:
             self._record(event, None, "dead_letter", reason)
+
+    # --------------------------------------------------------------- read loop
+
+    def _free(self) -> int:
+        return self.concurrency - len(self._in_flight)
+
+    async def _read_loop(self) -> None:
+        """XREADGROUP as many new entries as there are free slots; one task per entry."""
+        backoff = 0.05
+        while not self._stopping:
+            free = self._free()
+            if free <= 0:
+                self._slot.clear()
+                await self._slot.wait()
+                continue
+            reader = self._reader
+            assert reader is not None
+            try:
+                response = await reader.xreadgroup(
+                    self.group, self.replica, {self.stream: ">"}, count=free, block=READ_BLOCK_MS
+                )
+                backoff = 0.05
+            except RECONNECT_ERRORS as exc:
+                if self._stopping:
+                    return
+                log.warning("read_reconnecting", stream=self.stream, error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # the stream or group is gone (a Redis restart without persistence, a DEL)
+                log.warning("read_group_missing", stream=self.stream, group=self.group)
+                with contextlib.suppress(*RECONNECT_ERRORS):
+                    await ensure_group(reader, self.stream, self.group)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            for _stream, entries in response or ():
+                for raw_id, fields in entries:
+                    entry_id = entry_id_text(raw_id)
+                    self._in_flight[entry_id] = time.monotonic()
+                    task = asyncio.create_task(self._run_read(entry_id, fields))
+                    self._hop_tasks.add(task)
+                    task.add_done_callback(self._hop_tasks.discard)
+
+    async def _run_read(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            await self.process(entry_id, fields, attempt=1)
+        except RECONNECT_ERRORS as exc:
+            log.warning("hop_failed", entry_id=entry_id, error=str(exc))
+        except Exception:  # noqa: BLE001 - the entry stays pending; a sibling claims it
+            log.exception("hop_failed", entry_id=entry_id)
+        finally:
+            self._in_flight.pop(entry_id, None)
+            self._slot.set()
 
     # -------------------------------------------------------- background tasks
 
@@ -356,6 +526,7 @@ class WorkerReplica:
             log.warning("claimed_hop_failed", entry_id=entry.entry_id, error=str(exc))
         finally:
             self._in_flight.pop(entry.entry_id, None)
+            self._slot.set()
 
     async def _janitor_loop(self) -> None:
         while True:

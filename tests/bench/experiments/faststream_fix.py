@@ -30,6 +30,16 @@ async def _the_message(msg: Any) -> Any:
 
 
 class NoThreadReplica(WorkerReplica):
+    """FastStream's subscriber dispatch instead of WorkerReplica's own read loop (which
+    replaced it after this experiment), with the handler free of Context injection."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._subscribe()
+
+    async def _read_loop(self) -> None:
+        return None  # FastStream's subscriber consumes the stream instead
+
     def _subscribe(self) -> None:
         @self.broker.subscriber(
             stream=StreamSub(

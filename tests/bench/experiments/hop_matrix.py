@@ -15,6 +15,12 @@ them and pool the latencies, which evens out background noise:
   F  E without monitor records on either side (prices the EventWriter)
 
     python -m tests.bench.experiments.hop_matrix
+
+Written before fixes 1-3 went into the real modules (RESULTS.md). Since then `hookbus
+worker` is the XREADGROUP loop with batched replies and BusRuntime sends the split
+format, so A is today's code (about E), "classic" hops are split too (C and D measure
+the lean worker answering split hops), and B is FastStream's dispatch with the
+current reply path; the matrix is kept to re-measure those variants side by side.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ WORKERS = {
 }
 VARIANTS = [
     # label, group, runtime, record_stage
-    ("A today (FastStream worker)", "fs", "classic", True),
+    ("A hookbus worker (read loop, batched, split)", "fs", "classic", True),
     ("B FastStream, no Context injection", "fsfix", "classic", True),
     ("C lean XREADGROUP loop", "leannb", "classic", True),
     ("D C + batched replies", "lean", "classic", True),

@@ -5,7 +5,9 @@
   pipe+lean  PipelinedAgent + experiments/lean_worker (XREADGROUP loop, batched replies)
   +split     the same with the split wire format on both sides (fast_runtime.patch_runtime)
 
-each against its own no-hook run on the same stack.
+each against its own no-hook run on the same stack. Written before the fixes went in:
+"today" is now the real Agent (pipelined remote on_chunk) + the real worker (read loop,
+batched replies, split format).
 
     python -m tests.bench.experiments.streaming_matrix
 """

@@ -1,0 +1,206 @@
+"""The worker's read loop and the orchestrator's pipelined on_chunk hops, over real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from bus.connection import connect
+from bus.envelopes import (
+    HookRef,
+    HopEvent,
+    HopReply,
+    decode,
+    encode,
+    encode_hop,
+    encode_reply,
+    hop_parts,
+)
+from bus.keys import Keys
+from services.orchestrator import Agent
+from services.worker.host import GroupHost
+from services.worker.replica import WorkerReplica
+from skills import Context, HookData, PaymentRequired, Skill, hook
+from skills.builtin import ContentFilter
+from tests.integration.stack import running_stack
+
+
+class Gate(Skill):
+    """An on_chunk hook that waits until the test opens the gate."""
+
+    name = "gate"
+    entered = 0
+    gate: asyncio.Event | None = None
+
+    @hook("on_chunk")
+    async def wait(self, data: HookData, ctx: Context) -> None:
+        Gate.entered += 1
+        assert Gate.gate is not None
+        await Gate.gate.wait()
+
+
+async def test_concurrency_bounds_prefetch_exactly_and_replies_are_batched(redis_url, prefix):
+    Gate.entered, Gate.gate = 0, asyncio.Event()
+    keys = Keys(prefix)
+    worker = WorkerReplica(GroupHost("gated", [Gate()]), redis_url, prefix=prefix, concurrency=2, replica="g-0")
+    client = connect(redis_url)
+    reply_to = f"{prefix}test-replies"
+    await worker.start()
+    try:
+        for n in range(6):
+            event = HopEvent(
+                hop_id=f"hop-{n}", completion_id="c", lifecycle="on_chunk", stage_key=f"on_chunk#{n}",
+                hooks=[HookRef(skill="gate", method="wait")],
+                data={"lifecycle": "on_chunk", "content": f"w{n}", "chunk_index": n},
+                ctx={}, reply_to=reply_to, deadline=time.time() + 30,
+            )
+            await client.xadd(keys.hooks("gated"), encode(event))  # type: ignore[arg-type]
+        await asyncio.sleep(1.5)
+        pending = await client.xpending(keys.hooks("gated"), "gated")
+        assert pending["pending"] == 2  # read = in flight = --concurrency, nothing more
+        assert Gate.entered == 2
+        Gate.gate.set()
+        replies: list[HopReply] = []
+        for _ in range(50):
+            entries = await client.xrange(reply_to)
+            replies = [decode(fields, HopReply) for _, fields in entries]
+            if len(replies) == 6:
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(r.hop_id for r in replies) == [f"hop-{n}" for n in range(6)]
+        assert not any(r.failure for r in replies)
+        assert (await client.xpending(keys.hooks("gated"), "gated"))["pending"] == 0
+        assert worker._batcher is not None and worker._batcher.batches < 6  # two finished together
+    finally:
+        Gate.gate.set()
+        await worker.stop()
+        await client.aclose()
+
+
+class Jitter(Skill):
+    """A stateless on_chunk hook whose replies come back out of order; counts overlap."""
+
+    name = "jitter"
+    running = 0
+    most = 0
+
+    @hook("on_chunk")
+    async def tag(self, data: HookData, ctx: Context) -> HookData:
+        Jitter.running += 1
+        Jitter.most = max(Jitter.most, Jitter.running)
+        try:
+            await asyncio.sleep(random.uniform(0, 0.01))
+        finally:
+            Jitter.running -= 1
+        if data.content:
+            data.content = data.content.upper()
+        return data
+
+
+async def test_pipelined_on_chunk_hops_overlap_and_keep_the_order(redis_url, prefix):
+    Jitter.running = Jitter.most = 0
+    groups = {"jitter": [Jitter()]}
+    async with running_stack(redis_url, prefix, Agent("pipe"), groups, replicas=2) as (client, _, _):
+        chunks = [c async for c in client.stream("[[words:60]]")]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == " ".join(f"W{n}" for n in range(60))
+    assert Jitter.most > 1  # several chunks of the one request were at the hooks at once
+
+
+class LateCounter(Skill):
+    """Writes ctx.state only from chunk 3 on, and shows in the text what it saw: a pipelined
+    chunk sent with the older state must be sent again, so the result equals sequential."""
+
+    name = "late-counter"
+
+    @hook("on_chunk")
+    async def count(self, data: HookData, ctx: Context) -> HookData:
+        if (data.chunk_index or 0) >= 3 and data.content:
+            seen = int(ctx.state.get("n", 0)) + 1
+            ctx.state["n"] = seen
+            data.content = f"{data.content}<{seen}>"
+        return data
+
+
+async def test_state_written_by_a_remote_on_chunk_hook_reaches_the_next_chunk(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("late"), {"late": [LateCounter()]}) as (client, _, _):
+        chunks = [c async for c in client.stream("[[words:12]]")]
+    texts = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    words = [t for t in texts if t.strip()]
+    numbered = [w for w in words if "<" in w]
+    assert [int(w.split("<")[1].rstrip(">")) for w in numbered] == list(range(1, len(numbered) + 1))
+    assert "".join(texts).startswith("w0 w1")
+
+
+async def test_content_filter_holds_back_a_split_phrase_through_a_worker_group(redis_url, prefix):
+    skills = [ContentFilter(flagged_words="top secret")]
+    async with running_stack(redis_url, prefix, Agent("filtered"), {"filter": skills}, replicas=2) as (client, _, _):
+        chunks = [c async for c in client.stream("[[echo]] a top secret plan, top dog and top secret")]
+    texts = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(texts) == "a [filtered] plan, top dog and [filtered]"
+
+
+
+
+class Looker(Skill):
+    name = "looker"
+
+    @hook("on_chunk")
+    async def look(self, data: HookData, ctx: Context) -> None:
+        ctx.state["looked"] = True
+
+
+class Changer(Skill):
+    name = "changer"
+
+    @hook("on_chunk")
+    async def change(self, data: HookData, ctx: Context) -> HookData:
+        data.content = "changed"
+        return data
+
+
+async def test_split_hops_reply_without_data_unless_the_hooks_changed_it():
+    data = HookData(lifecycle="on_chunk", content="as is", chunk_index=0)
+    ctx = Context()
+    for skill, changed in ((Looker(), False), (Changer(), True)):
+        event = HopEvent(
+            hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0",
+            hooks=[HookRef(skill=skill.name, method=next(iter(skill.bound_hooks())).method)],
+            ctx={}, reply_to="r", deadline=time.time() + 5,
+        )
+        fields = encode_hop(event, data.model_dump_json().encode(), ctx.model_dump_json().encode())
+        assert set(fields) == {b"e", b"c", b"d"} and b'"content"' not in fields[b"e"]
+        decoded = decode(fields, HopEvent)
+        reply = await GroupHost("g", [skill]).answer(decoded, 1, "r-1", hop_parts(decoded, fields))
+        back = decode(encode_reply(reply), HopReply)
+        assert back.v == 2 and back.data is None and not back.failure
+        if changed:
+            assert back.data_json is not None
+            assert HookData.model_validate_json(back.data_json).content == "changed"
+        else:
+            assert back.data_json is None and back.state == {"looked": True}
+
+
+class StopAtFive(Skill):
+    name = "stop-at-five"
+
+    @hook("on_chunk")
+    async def stop(self, data: HookData, ctx: Context) -> None:
+        await asyncio.sleep(random.uniform(0, 0.005))
+        if data.chunk_index == 5:
+            raise PaymentRequired("out of credit mid-answer")
+
+
+async def test_an_error_on_a_pipelined_chunk_ends_the_stream_there(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("stop"), {"stop": [StopAtFive()]}, replicas=2) as (client, _, _):
+        texts: list[str] = []
+        try:
+            async for chunk in client.stream("[[words:40]]"):
+                texts.extend(c.delta.content or "" for c in chunk.choices)
+        except PaymentRequired:
+            pass
+        else:
+            raise AssertionError("expected a 402")
+    assert "".join(texts) == "".join(f"w{n} " for n in range(5))[: len("".join(texts))]
+    assert "w5" not in "".join(texts) and "w6" not in "".join(texts)
