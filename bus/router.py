@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 import redis.asyncio as aredis
 import structlog
@@ -104,7 +105,7 @@ class ReplyRouter:
         backoff = 0.05
         while not self._stopping:
             try:
-                response = await self._reader_client.xread(
+                response: Any = await self._reader_client.xread(
                     {self.reply_stream: last_id}, count=1000, block=2000
                 )
                 backoff = 0.05

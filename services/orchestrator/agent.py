@@ -387,7 +387,7 @@ class Agent:
         )
         return RunState(ctx, self.plan(), self._conversation(messages), stream)
 
-    async def _lifecycle(self, state: RunState) -> AsyncIterator[ChatCompletionChunk]:
+    async def _lifecycle(self, state: RunState) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
             if state.ctx.session.id:
@@ -488,7 +488,7 @@ class Agent:
 
     async def _streamed_llm_call(
         self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One streamed LLM call; every chunk goes through on_chunk before the client sees it.
 
         When every on_chunk segment is remote (a worker group), the chunks are pipelined:
@@ -539,7 +539,7 @@ class Agent:
 
     async def _pipelined_llm_call(
         self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """`_streamed_llm_call` with remote on_chunk hops pipelined (see its docstring).
 
         A producer task reads the model's stream and sends each chunk's hop at once (up to

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import openai
@@ -83,7 +83,7 @@ class LLM:
 
     async def stream(
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         try:
             response = await self.client().chat.completions.create(  # type: ignore[call-overload]
                 model=model,

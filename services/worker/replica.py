@@ -401,7 +401,7 @@ class WorkerReplica:
             reader = self._reader
             assert reader is not None
             try:
-                response = await reader.xreadgroup(
+                response: Any = await reader.xreadgroup(
                     self.group, self.replica, {self.stream: ">"}, count=free, block=READ_BLOCK_MS
                 )
                 backoff = 0.05
