@@ -28,14 +28,19 @@ dropped for the same reason.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Container
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
+import structlog
 
+from bus.connection import RECONNECT_ERRORS
 from bus.deadletter import entry_id_text
+
+log = structlog.get_logger("hookbus.claims")
 
 MIN_LONG_IDLE = 60.0
 RETRY_CAP = 1.0
@@ -89,6 +94,27 @@ class Steadiness:
         if now - self._last_ok > 2 * self.every + self.slow_after:
             return False
         return now - self._since >= self.grace
+
+
+async def claim_forever(
+    claim_once: Callable[[], Awaitable[int]], claim_idle: float, steadiness: Steadiness
+) -> None:
+    """Call `claim_once` every `claim_idle / 2` seconds, while the connection is steady.
+
+    Just after trouble reaching Redis, live peers may not have refreshed their heartbeats
+    yet, so nothing is claimed until the grace has passed. The loop survives anything.
+    """
+    while True:
+        await asyncio.sleep(claim_idle / 2)
+        if not steadiness.steady():
+            continue
+        try:
+            await claim_once()
+        except RECONNECT_ERRORS as exc:
+            steadiness.trouble()
+            log.warning("claim_failed", error=str(exc))
+        except Exception:  # noqa: BLE001 - the loop must survive anything
+            log.exception("claim_failed")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ not turn a valid request into a 400.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,3 +47,28 @@ class StreamOptions(Lenient):
     include_usage: bool | None = Field(
         default=None, description="Send one last chunk with no choices carrying the usage."
     )
+
+
+def tool_pairing_problem(messages: Sequence[Message]) -> str | None:
+    """Why the tool messages do not pair up with the assistant tool calls, as the OpenAI API says."""
+    pending: list[str] = []
+    for message in messages:
+        if message.role == "tool":
+            if message.tool_call_id not in pending:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceding message with 'tool_calls'."
+                )
+            pending.remove(message.tool_call_id)
+            continue
+        if pending:
+            break
+        if message.role == "assistant" and message.tool_calls:
+            pending = [call.id for call in message.tool_calls]
+    if pending:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages "
+            "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+            f"response messages: {', '.join(pending)}"
+        )
+    return None

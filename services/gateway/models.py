@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.openai_wire import Message, StreamOptions
+from services.openai_wire import Message, StreamOptions, tool_pairing_problem
 
 SESSION_ID_MAX = 200
 
@@ -41,7 +41,7 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("messages")
     @classmethod
     def _tool_messages_answer_tool_calls(cls, messages: list[Message]) -> list[Message]:
-        problem = conversation_problem(messages)
+        problem = tool_pairing_problem(messages)
         if problem is not None:
             raise ValueError(problem)
         return messages
@@ -53,29 +53,6 @@ class ChatCompletionRequest(BaseModel):
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
-
-def conversation_problem(messages: list[Message]) -> str | None:
-    """Why tool messages do not pair up with the assistant tool calls (as the OpenAI API says)."""
-    pending: list[str] = []
-    for message in messages:
-        if message.role == "tool":
-            if message.tool_call_id not in pending:
-                return (
-                    "messages with role 'tool' must be a response to a preceding message "
-                    "with 'tool_calls'"
-                )
-            pending.remove(message.tool_call_id)
-            continue
-        if pending:
-            break
-        if message.role == "assistant" and message.tool_calls:
-            pending = [call.id for call in message.tool_calls]
-    if pending:
-        return (
-            "an assistant message with 'tool_calls' must be followed by tool messages "
-            f"responding to each 'tool_call_id'; missing: {', '.join(pending)}"
-        )
-    return None
 
 
 class ErrorDetail(BaseModel):

@@ -112,7 +112,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from services.openai_wire import Lenient, Message, StreamOptions
+from services.openai_wire import Lenient, Message, StreamOptions, tool_pairing_problem
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -449,30 +449,6 @@ def turn_directives(messages: Sequence[Message]) -> Directives:
 # --------------------------------------------------------------------------- checks
 
 
-def _conversation_problem(messages: Sequence[Message]) -> str | None:
-    """Why the tool messages do not pair up with the assistant tool calls, as the real API says."""
-    pending: list[str] = []
-    for message in messages:
-        if message.role == "tool":
-            if message.tool_call_id not in pending:
-                return (
-                    "Invalid parameter: messages with role 'tool' must be a response to a "
-                    "preceeding message with 'tool_calls'."
-                )
-            pending.remove(message.tool_call_id)
-            continue
-        if pending:
-            break
-        if message.role == "assistant" and message.tool_calls:
-            pending = [call.id for call in message.tool_calls]
-    if pending:
-        return (
-            "An assistant message with 'tool_calls' must be followed by tool messages "
-            "responding to each 'tool_call_id'. The following tool_call_ids did not have "
-            f"response messages: {', '.join(pending)}"
-        )
-    return None
-
 
 def check_request(request: ChatCompletionRequest) -> None:
     """Refuse what a real endpoint would refuse, then any simulated error; raises OfflineModelError."""
@@ -483,7 +459,7 @@ def check_request(request: ChatCompletionRequest) -> None:
             f"The model `{request.model}` does not exist or you do not have access to it.",
             code="model_not_found",
         )
-    problem = _conversation_problem(request.messages)
+    problem = tool_pairing_problem(request.messages)
     if problem is not None:
         raise OfflineModelError(400, problem, param="messages")
     used = prompt_tokens(request.messages)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from bus.claims import Claimed, claim, find_orphans
+from bus.claims import Claimed, claim, claim_forever, find_orphans
 from bus.connection import RECONNECT_ERRORS
 from bus.deadletter import add_dead_letter, entry_id_text
 from bus.journal import Lease
@@ -79,18 +79,7 @@ class Recovery:
     # ------------------------------------------------------------------ claims
 
     async def _claim_loop(self) -> None:
-        service = self.service
-        while True:
-            await asyncio.sleep(service.claim_idle / 2)
-            if not service.steadiness.steady():
-                continue  # just (re)connected: live peers may not have refreshed their heartbeats
-            try:
-                await self.claim_once()
-            except RECONNECT_ERRORS as exc:
-                service.steadiness.trouble()
-                log.warning("claim_failed", error=str(exc))
-            except Exception:  # noqa: BLE001 - the loop must survive anything
-                log.exception("claim_failed")
+        await claim_forever(self.claim_once, self.service.claim_idle, self.service.steadiness)
 
     async def claim_once(self) -> int:
         service = self.service

@@ -43,7 +43,7 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
-from bus.claims import Claimed, Steadiness, claim, find_orphans, heartbeat_every
+from bus.claims import Claimed, Steadiness, claim, claim_forever, find_orphans, heartbeat_every
 from bus.connection import (
     RECONNECT_ERRORS,
     broker_retry,
@@ -470,17 +470,7 @@ class WorkerReplica:
 
     async def _claim_loop(self) -> None:
         """Take over entries a dead sibling left pending longer than `claim_idle`."""
-        while True:
-            await asyncio.sleep(self.claim_idle / 2)
-            if not self.steadiness.steady():
-                continue  # just (re)connected: siblings may not have refreshed their heartbeats
-            try:
-                await self.claim_once()
-            except RECONNECT_ERRORS as exc:
-                self.steadiness.trouble()
-                log.warning("claim_failed", error=str(exc))
-            except Exception:  # noqa: BLE001 - the loop must survive anything
-                log.exception("claim_failed")
+        await claim_forever(self.claim_once, self.claim_idle, self.steadiness)
 
     async def claim_once(self) -> int:
         client = self._client
