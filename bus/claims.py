@@ -28,19 +28,15 @@ dropped for the same reason.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
-import structlog
 
-from bus.connection import RECONNECT_ERRORS
 from bus.deadletter import entry_id_text
-
-log = structlog.get_logger("hookbus.claims")
+from bus.periodic import repeat
 
 MIN_LONG_IDLE = 60.0
 RETRY_CAP = 1.0
@@ -102,19 +98,12 @@ async def claim_forever(
     """Call `claim_once` every `claim_idle / 2` seconds, while the connection is steady.
 
     Just after trouble reaching Redis, live peers may not have refreshed their heartbeats
-    yet, so nothing is claimed until the grace has passed. The loop survives anything.
+    yet, so nothing is claimed until the grace has passed.
     """
-    while True:
-        await asyncio.sleep(claim_idle / 2)
-        if not steadiness.steady():
-            continue
-        try:
-            await claim_once()
-        except RECONNECT_ERRORS as exc:
-            steadiness.trouble()
-            log.warning("claim_failed", error=str(exc))
-        except Exception:  # noqa: BLE001 - the loop must survive anything
-            log.exception("claim_failed")
+    await repeat(
+        claim_idle / 2, claim_once, what="claim",
+        when=steadiness.steady, on_trouble=steadiness.trouble,
+    )
 
 
 @dataclass(frozen=True)

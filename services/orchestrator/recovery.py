@@ -37,6 +37,7 @@ from bus.connection import RECONNECT_ERRORS
 from bus.deadletter import add_dead_letter, entry_id_text
 from bus.journal import Lease
 from bus.keys import ORCHESTRATOR_GROUP
+from bus.periodic import repeat
 from bus.trim import FORGET_AFTER, prune_consumers, trim_acked
 from skills import HookError
 
@@ -168,15 +169,7 @@ class Recovery:
     # ------------------------------------------------------------------ leases
 
     async def _lease_loop(self) -> None:
-        service = self.service
-        while True:
-            await asyncio.sleep(service.claim_idle / 3)
-            try:
-                await self.renew_once()
-            except RECONNECT_ERRORS as exc:
-                log.warning("lease_renewal_failed", error=str(exc))
-            except Exception:  # noqa: BLE001
-                log.exception("lease_renewal_failed")
+        await repeat(self.service.claim_idle / 3, self.renew_once, what="lease_renewal")
 
     async def renew_once(self) -> None:
         service = self.service
@@ -202,15 +195,7 @@ class Recovery:
     # ----------------------------------------------------------------- janitor
 
     async def _janitor_loop(self) -> None:
-        service = self.service
-        while True:
-            await asyncio.sleep(service.trim_every)
-            try:
-                await self.janitor_once()
-            except RECONNECT_ERRORS as exc:
-                log.warning("janitor_failed", error=str(exc))
-            except Exception:  # noqa: BLE001
-                log.exception("janitor_failed")
+        await repeat(self.service.trim_every, self.janitor_once, what="janitor")
 
     async def janitor_once(self, forget_after: float = FORGET_AFTER) -> int:
         service = self.service

@@ -64,6 +64,7 @@ from bus.envelopes import (
 from bus.events import EventWriter
 from bus.journal import Begun, Journal
 from bus.keys import ORCHESTRATOR_GROUP, Keys
+from bus.periodic import repeat
 from bus.registry import HEARTBEAT_EVERY, RegistryView
 from bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from bus.router import ReplyRouter
@@ -265,16 +266,15 @@ class OrchestratorService:
         log.info("orchestrator_stopped", instance=self.instance, served=self.served)
 
     async def _heartbeat_loop(self) -> None:
-        every = heartbeat_every(self.claim_idle, HEARTBEAT_EVERY)
-        while True:
-            await asyncio.sleep(every)
-            began = time.monotonic()
-            try:
-                await self.client.zadd(self.keys.orchestrators, {self.instance: time.time()})
-                self.steadiness.heartbeat_ok(began)
-            except RECONNECT_ERRORS as exc:
-                self.steadiness.trouble()
-                log.warning("heartbeat_failed", error=str(exc))
+        await repeat(
+            heartbeat_every(self.claim_idle, HEARTBEAT_EVERY), self._heartbeat,
+            what="heartbeat", on_trouble=self.steadiness.trouble,
+        )
+
+    async def _heartbeat(self) -> None:
+        began = time.monotonic()
+        await self.client.zadd(self.keys.orchestrators, {self.instance: time.time()})
+        self.steadiness.heartbeat_ok(began)
 
     def uptime(self) -> float:
         return time.monotonic() - self._started_at

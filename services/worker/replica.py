@@ -65,6 +65,7 @@ from bus.envelopes import (
 )
 from bus.events import EventWriter
 from bus.keys import Keys
+from bus.periodic import repeat
 from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from services.worker.host import GroupHost
@@ -444,17 +445,16 @@ class WorkerReplica:
     # -------------------------------------------------------- background tasks
 
     async def _heartbeat_loop(self) -> None:
-        every = heartbeat_every(self.claim_idle, HEARTBEAT_EVERY)
-        while True:
-            await asyncio.sleep(every)
-            began = time.monotonic()
-            try:
-                assert self._client is not None
-                await heartbeat(self._client, self.keys, self.group, self.replica)
-                self.steadiness.heartbeat_ok(began)
-            except RECONNECT_ERRORS as exc:
-                self.steadiness.trouble()
-                log.warning("heartbeat_failed", error=str(exc))
+        await repeat(
+            heartbeat_every(self.claim_idle, HEARTBEAT_EVERY), self._heartbeat,
+            what="heartbeat", on_trouble=self.steadiness.trouble,
+        )
+
+    async def _heartbeat(self) -> None:
+        began = time.monotonic()
+        assert self._client is not None
+        await heartbeat(self._client, self.keys, self.group, self.replica)
+        self.steadiness.heartbeat_ok(began)
 
     async def _lease_loop(self) -> None:
         """Keep claims on long-running hops fresh so siblings do not take them."""
@@ -519,14 +519,7 @@ class WorkerReplica:
             self._slot.set()
 
     async def _janitor_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.trim_every)
-            try:
-                await self.janitor_once()
-            except RECONNECT_ERRORS as exc:
-                log.warning("janitor_failed", error=str(exc))
-            except Exception:  # noqa: BLE001
-                log.exception("janitor_failed")
+        await repeat(self.trim_every, self.janitor_once, what="janitor")
 
     async def janitor_once(self) -> int:
         client = self._client
