@@ -108,10 +108,13 @@ class Agent:
     may be used from several event loops one after another.
 
     `chunk_window`: how many on_chunk hops of one request may be in flight at once when
-    every on_chunk hook is remote (see `_streamed_llm_call`); 1 turns pipelining off.
+    every on_chunk hook is remote (see `_streamed_llm_call`). 1 (the default) sends them one
+    at a time: pipelining is opt-in (`agent.chunk_window = 64`) until a rare stall of its
+    fallback path (a remote on_chunk hook that starts writing ctx.state mid-stream) is
+    understood.
     """
 
-    chunk_window: int = 64
+    chunk_window: int = 1
 
     def __init__(
         self,

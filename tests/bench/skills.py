@@ -129,7 +129,10 @@ STREAM_PROMPT = "[[words:500]]"
 
 
 def stream_agent() -> Agent:
-    return Agent("bench-stream")
+    """The streaming bench measures the opt-in pipelining of remote on_chunk hops."""
+    agent = Agent("bench-stream")
+    agent.chunk_window = 64
+    return agent
 
 
 # --------------------------------------------------------------------------- scale-out

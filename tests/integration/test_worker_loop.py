@@ -101,7 +101,9 @@ class Jitter(Skill):
 async def test_pipelined_on_chunk_hops_overlap_and_keep_the_order(redis_url, prefix):
     Jitter.running = Jitter.most = 0
     groups = {"jitter": [Jitter()]}
-    async with running_stack(redis_url, prefix, Agent("pipe"), groups, replicas=2) as (client, _, _):
+    agent = Agent("pipe")
+    agent.chunk_window = 64  # pipelining is opt-in
+    async with running_stack(redis_url, prefix, agent, groups, replicas=2) as (client, _, _):
         chunks = [c async for c in client.stream("[[words:60]]")]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == " ".join(f"W{n}" for n in range(60))
