@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -38,14 +37,12 @@ from typing import Any
 
 import redis.asyncio as aredis
 import structlog
-from faststream import FastStream
 from faststream.middlewares import AckPolicy
-from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
+from faststream.redis import RedisStreamMessage, StreamSub
 
 from bus.claims import Steadiness, heartbeat_every
 from bus.connection import (
     RECONNECT_ERRORS,
-    broker_retry,
     connect,
     ensure_group,
     instance_name,
@@ -70,6 +67,7 @@ from bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from bus.router import ReplyRouter
 from bus.sessions import SessionStore
 from bus.trim import TRIM_EVERY
+from services.bus_app import BusApp
 from services.orchestrator.agent import Agent
 from services.orchestrator.bus_runtime import BusRuntime
 from skills import HookError
@@ -119,7 +117,7 @@ class _StageNotingRuntime(BusRuntime):
             self.on_stage(ctx.completion_id, lifecycle)
 
 
-class OrchestratorService:
+class OrchestratorService(BusApp):
     def __init__(
         self,
         agent: Agent,
@@ -137,6 +135,7 @@ class OrchestratorService:
 
         self.agent = agent
         self.redis_url = redis_url
+        super().__init__(redis_url, graceful_timeout=60.0)
         self.keys = Keys(prefix)
         self.instance = instance or instance_name("orchestrator")
         self.concurrency = concurrency
@@ -144,20 +143,6 @@ class OrchestratorService:
         self.max_deliveries = max_deliveries
         self.max_request_bytes = max_request_bytes
         self.trim_every = trim_every
-        self.broker = RedisBroker(
-            redis_url,
-            graceful_timeout=60.0,
-            logger=logging.getLogger("faststream.hookbus"),
-            log_level=logging.DEBUG,
-            **broker_retry(),
-        )
-        self.app = FastStream(
-            self.broker,
-            on_startup=[self._before_startup],
-            after_startup=[self._after_startup],
-            on_shutdown=[self._on_shutdown],
-            after_shutdown=[self._after_shutdown],
-        )
         self._client: aredis.Redis | None = None
         self.runtime: BusRuntime | None = None
         self.journal: Journal | None = None
@@ -197,16 +182,6 @@ class OrchestratorService:
     def client(self) -> aredis.Redis:
         assert self._client is not None, "the service is not started"
         return self._client
-
-    async def start(self) -> None:
-        await self._before_startup()
-        await self.broker.start()
-        await self._after_startup()
-
-    async def stop(self) -> None:
-        await self._on_shutdown()
-        await self.broker.stop()
-        await self._after_shutdown()
 
     async def _before_startup(self) -> None:
         await ensure_group(await self.broker.connect(), self.keys.requests, ORCHESTRATOR_GROUP)

@@ -32,21 +32,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from typing import Any
 
 import redis.asyncio as aredis
 import structlog
-from faststream import FastStream
 from faststream.middlewares import AckPolicy
-from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
+from faststream.redis import RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
 from bus.claims import Claimed, Steadiness, claim, claim_forever, find_orphans, heartbeat_every
 from bus.connection import (
     RECONNECT_ERRORS,
-    broker_retry,
     connect,
     ensure_group,
     instance_name,
@@ -68,6 +65,7 @@ from bus.keys import Keys
 from bus.periodic import repeat
 from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from bus.trim import TRIM_EVERY, prune_consumers, trim_acked
+from services.bus_app import BusApp
 from services.worker.host import GroupHost
 
 log = structlog.get_logger("hookbus.worker")
@@ -124,7 +122,7 @@ class ReplyBatcher:
                 future.set_result(None)
 
 
-class WorkerReplica:
+class WorkerReplica(BusApp):
     def __init__(
         self,
         host: GroupHost,
@@ -139,6 +137,7 @@ class WorkerReplica:
     ) -> None:
         self.host = host
         self.group = host.group
+        super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
         self.keys = Keys(prefix)
         self.stream = self.keys.hooks(self.group)
         self.replica = replica or instance_name(f"worker-{self.group}")
@@ -146,20 +145,6 @@ class WorkerReplica:
         self.claim_idle = claim_idle
         self.max_deliveries = max_deliveries
         self.trim_every = trim_every
-        self.broker = RedisBroker(
-            redis_url,
-            graceful_timeout=DRAIN_SECONDS,
-            logger=logging.getLogger("faststream.hookbus"),
-            log_level=logging.DEBUG,
-            **broker_retry(),
-        )
-        self.app = FastStream(
-            self.broker,
-            after_startup=[self._after_startup],
-            on_startup=[self._before_startup],
-            on_shutdown=[self._on_shutdown],
-            after_shutdown=[self._after_shutdown],
-        )
         self._in_flight: dict[str, float] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._late_tasks: list[asyncio.Task[Any]] = []
@@ -208,17 +193,6 @@ class WorkerReplica:
             await self.process(entry_id, msg.raw_message["data"], attempt=1)
 
     # ---------------------------------------------------------------- lifecycle
-
-    async def start(self) -> None:
-        """Start without FastStream's signal handling (tests, `hookbus run`)."""
-        await self._before_startup()
-        await self.broker.start()
-        await self._after_startup()
-
-    async def stop(self) -> None:
-        await self._on_shutdown()
-        await self.broker.stop()
-        await self._after_shutdown()
 
     async def _before_startup(self) -> None:
         """Create the consumer group at the stream's start, so no entry written before it is missed."""
