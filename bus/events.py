@@ -14,6 +14,7 @@ import structlog
 
 from bus.connection import RECONNECT_ERRORS
 from bus.envelopes import MonitorRecord, encode
+from bus.periodic import cancel_and_wait
 
 log = structlog.get_logger("hookbus.events")
 
@@ -42,10 +43,7 @@ class EventWriter:
         self._task = asyncio.create_task(self._flush_loop(), name="hookbus-events")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         with contextlib.suppress(*RECONNECT_ERRORS):
             await self.flush()
 

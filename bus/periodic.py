@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -37,3 +38,20 @@ async def repeat(
             log.warning(f"{what}_failed", error=str(exc))
         except Exception:  # noqa: BLE001 - background work must survive anything
             log.exception(f"{what}_failed")
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None, timeout: float = 5.0) -> None:
+    """Cancel background tasks and wait until they are done, at most `timeout` seconds.
+
+    The cancel is repeated: redis-py can swallow a cancellation that lands inside a read
+    (and go on blocking), so one cancel is not enough to stop a loop reading Redis.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {t for t in tasks if t is not None and not t.done()}
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=0.1)
+    if pending:
+        log.warning("tasks_not_stopped", tasks=[t.get_name() for t in pending])

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from bus.connection import RECONNECT_ERRORS
 from bus.envelopes import Envelope
 from bus.keys import Keys, text
+from bus.periodic import cancel_and_wait
 
 log = structlog.get_logger("hookbus.registry")
 
@@ -113,10 +114,7 @@ class RegistryView:
         self._task = asyncio.create_task(self._poll(), name="hookbus-registry")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def is_live(self, group: str) -> bool:
         return self.live.get(group, 0) > 0

@@ -26,7 +26,6 @@ Three background loops per orchestrator:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +36,7 @@ from bus.connection import RECONNECT_ERRORS
 from bus.deadletter import add_dead_letter, entry_id_text
 from bus.journal import Lease
 from bus.keys import ORCHESTRATOR_GROUP
-from bus.periodic import repeat
+from bus.periodic import cancel_and_wait, repeat
 from bus.trim import FORGET_AFTER, prune_consumers, trim_acked
 from skills import HookError
 
@@ -66,11 +65,8 @@ class Recovery:
         ]
 
     async def stop_claiming(self) -> None:
-        if self._claim_task is not None:
-            self._claim_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._claim_task
-            self._claim_task = None
+        await cancel_and_wait(self._claim_task)
+        self._claim_task = None
 
     async def wait_recoveries(self, timeout: float) -> None:
         await self.stop_claiming()

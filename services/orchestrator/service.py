@@ -61,7 +61,7 @@ from bus.envelopes import (
 from bus.events import EventWriter
 from bus.journal import Begun, Journal
 from bus.keys import ORCHESTRATOR_GROUP, Keys
-from bus.periodic import repeat
+from bus.periodic import cancel_and_wait, repeat
 from bus.registry import HEARTBEAT_EVERY, RegistryView
 from bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from bus.router import ReplyRouter
@@ -225,11 +225,7 @@ class OrchestratorService(BusApp):
     async def _after_shutdown(self) -> None:
         """After the broker drained its in-flight requests: stop everything else."""
         await self.recovery.wait_recoveries(SHUTDOWN_WAIT)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
         if self.runtime is not None:
             await self.runtime.router.stop()

@@ -62,7 +62,7 @@ from bus.envelopes import (
 )
 from bus.events import EventWriter
 from bus.keys import Keys
-from bus.periodic import repeat
+from bus.periodic import cancel_and_wait, repeat
 from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from services.bus_app import BusApp
@@ -505,8 +505,4 @@ class WorkerReplica(BusApp):
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(*tasks)
