@@ -109,9 +109,8 @@ class Agent:
 
     `chunk_window`: how many on_chunk hops of one request may be in flight at once when
     every on_chunk hook is remote (see `_streamed_llm_call`). 1 (the default) sends them one
-    at a time: pipelining is opt-in (`agent.chunk_window = 64`) until a rare stall of its
-    fallback path (a remote on_chunk hook that starts writing ctx.state mid-stream) is
-    understood.
+    at a time: pipelining is opt-in (`agent.chunk_window = 64`) until it has a longer record
+    (a shutdown stall seen with it came from redis-py swallowing a cancel, now handled).
     """
 
     chunk_window: int = 1
