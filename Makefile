@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test bench lint clean
+.PHONY: venv run test test-fast bench lint clean
 
 venv: $(STAMP)
 
@@ -20,11 +20,15 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The inner loop: everything but the slow fault and chaos tests.
+test-fast: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
 bench: venv
 	$(BIN)/python -m tests.bench
 
 lint: venv
-	$(BIN)/ruff check bus skills services tests
+	$(BIN)/ruff check hookbus/__init__.py bus skills services tests
 	$(BIN)/mypy
 
 clean:

@@ -35,8 +35,8 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from bus.deadletter import entry_id_text
-from bus.periodic import repeat
+from hookbus.bus.deadletter import entry_id_text
+from hookbus.bus.periodic import repeat
 
 MIN_LONG_IDLE = 60.0
 RETRY_CAP = 1.0

@@ -29,13 +29,13 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from bus.connection import RECONNECT_ERRORS, connect
-from bus.deadletter import entry_id_text, send_dead_letter
-from bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
-from bus.keys import Keys
-from bus.responses import TERMINAL_KINDS
-from bus.settings import get_settings
-from skills import AuthInfo, HookError
+from hookbus.bus.connection import RECONNECT_ERRORS, connect
+from hookbus.bus.deadletter import entry_id_text, send_dead_letter
+from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from hookbus.bus.keys import Keys
+from hookbus.bus.responses import TERMINAL_KINDS
+from hookbus.bus.settings import get_settings
+from hookbus.skills import AuthInfo, HookError
 
 log = structlog.get_logger("hookbus.client")
 

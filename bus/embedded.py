@@ -18,7 +18,7 @@ from types import TracebackType
 
 import redis
 
-from bus.settings import get_settings
+from hookbus.bus.settings import get_settings
 
 
 def redis_server_binary() -> str:

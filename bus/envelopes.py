@@ -2,7 +2,7 @@
 
 An entry carries a field `e` holding the envelope's JSON. A consumer that cannot
 decode an entry (not JSON, wrong shape, unknown version) moves it to the dead-letter
-stream with the reason and goes on (bus.deadletter).
+stream with the reason and goes on (hookbus.bus.deadletter).
 
 Hook hops use the split format (envelope version 2, `encode_hop` / `encode_reply`): the
 stage data and the context travel as their own entry fields, `d` (HookData JSON) and `c`
@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from skills.context import AuthInfo
+from hookbus.skills.context import AuthInfo
 
 VERSION = 1
 SPLIT_VERSION = 2

@@ -12,9 +12,9 @@ import contextlib
 import redis.asyncio as aredis
 import structlog
 
-from bus.connection import RECONNECT_ERRORS
-from bus.envelopes import MonitorRecord, encode
-from bus.periodic import cancel_and_wait
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.envelopes import MonitorRecord, encode
+from hookbus.bus.periodic import cancel_and_wait
 
 log = structlog.get_logger("hookbus.events")
 

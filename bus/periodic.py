@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from bus.connection import RECONNECT_ERRORS
+from hookbus.bus.connection import RECONNECT_ERRORS
 
 log = structlog.get_logger("hookbus.periodic")
 

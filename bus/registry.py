@@ -18,10 +18,10 @@ import redis.asyncio as aredis
 import structlog
 from pydantic import BaseModel, Field
 
-from bus.connection import RECONNECT_ERRORS
-from bus.envelopes import Envelope
-from bus.keys import Keys, text
-from bus.periodic import cancel_and_wait
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.envelopes import Envelope
+from hookbus.bus.keys import Keys, text
+from hookbus.bus.periodic import cancel_and_wait
 
 log = structlog.get_logger("hookbus.registry")
 

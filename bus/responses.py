@@ -4,7 +4,7 @@ Chunks that arrive while an earlier write is in flight are sent together in the 
 batch, so a fast stream costs far fewer round trips than chunks.
 
 With a `Fence` (the orchestrator always gives one), each batch is one journal script
-(bus.journal) that writes only while the request's epoch is still the writer's, and
+(hookbus.bus.journal) that writes only while the request's epoch is still the writer's, and
 the terminal item goes with the request's ack in one script (`finish`). A fenced-out
 writer drops what it holds, calls `on_fenced` and writes nothing more. A batch that
 failed because Redis was unreachable is retried with backoff, in order; the journal's
@@ -22,9 +22,9 @@ import redis.asyncio as aredis
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from bus.connection import RECONNECT_ERRORS
-from bus.envelopes import ResponseItem, encode
-from bus.journal import FENCED, Journal
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.envelopes import ResponseItem, encode
+from hookbus.bus.journal import FENCED, Journal
 
 log = structlog.get_logger("hookbus.responses")
 

@@ -17,9 +17,9 @@ from typing import Any
 import redis.asyncio as aredis
 import structlog
 
-from bus.connection import RECONNECT_ERRORS
-from bus.deadletter import entry_id_text, send_dead_letter
-from bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.deadletter import entry_id_text, send_dead_letter
+from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
 
 log = structlog.get_logger("hookbus.router")
 
@@ -44,7 +44,7 @@ class ReplyRouter:
         *,
         dead_letter: str | None = None,
     ) -> None:
-        """`reader` is a client without retries (bus.connection.connect(url, retries=0));
+        """`reader` is a client without retries (hookbus.bus.connection.connect(url, retries=0));
         `dead_letter` the stream bad replies are copied to (None: only logged)."""
         self._client = client
         self._reader_client = reader
@@ -83,7 +83,7 @@ class ReplyRouter:
         self, stream: str, event: HopEvent, timeout: float, fields: dict[bytes, bytes] | None = None
     ) -> HopReply:
         """Send one hop and wait for its reply; HopTimeout when none comes in time.
-        `fields`: the entry already encoded (bus.envelopes.encode_hop), else `encode(event)`."""
+        `fields`: the entry already encoded (hookbus.bus.envelopes.encode_hop), else `encode(event)`."""
         future: asyncio.Future[HopReply] = asyncio.get_running_loop().create_future()
         self._waiting[event.hop_id] = future
         try:

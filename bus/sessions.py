@@ -7,7 +7,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from bus.keys import Keys
+from hookbus.bus.keys import Keys
 
 SESSION_TTL = 30 * 24 * 3600
 

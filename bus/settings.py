@@ -6,8 +6,6 @@ Kubernetes manifests agree on the names; `hookbus settings` prints them.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -38,7 +36,10 @@ class Settings(BaseSettings):
     log_level: str = Field(default="info", alias="HOOKBUS_LOG_LEVEL")
 
 
-@lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
+    """The settings as the environment holds them now.
+
+    Read afresh on every call, so an agent, LLM or client built after the environment
+    changed (a notebook, a test, a second agent) uses the new values; callers read them
+    once when they are built, never on a per-hop path."""
     return Settings()

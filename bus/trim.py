@@ -7,11 +7,11 @@
   last-delivered id. One Lua script reads the groups and trims, atomically, so an entry
   delivered or acked meanwhile cannot be lost. A stream with no consumer group is
   never trimmed (nobody has read anything yet).
-- `responses:{completion_id}` expire (bus.responses.RESPONSE_TTL) and are deleted by the
+- `responses:{completion_id}` expire (hookbus.bus.responses.RESPONSE_TTL) and are deleted by the
   client once it read the terminal item; `journal:{completion_id}` expire
-  (bus.journal).
+  (hookbus.bus.journal).
 - `events` and `dead-letter` are capped by MAXLEN on every write.
-- `replies:{instance}` are trimmed by their reader (bus.router); the janitor deletes
+- `replies:{instance}` are trimmed by their reader (hookbus.bus.router); the janitor deletes
   those of orchestrators gone for `FORGET_AFTER`, and forgets their heartbeats and their
   consumer names once they hold no pending entry (`prune_consumers`).
 """

@@ -12,7 +12,7 @@ import logging
 from faststream import FastStream
 from faststream.redis import RedisBroker
 
-from bus.connection import broker_retry
+from hookbus.bus.connection import broker_retry
 
 
 class BusApp:

@@ -1,6 +1,6 @@
 """The `hookbus` command line: run the services, send requests, watch the bus.
 
-Every command reads its settings from the environment (bus.settings.Settings). Without
+Every command reads its settings from the environment (hookbus.bus.settings.Settings). Without
 REDIS_URL, commands use the Redis of a running `hookbus run` (its URL is kept in
 `.hookbus/redis-url` in the current directory); `hookbus run` itself starts an embedded
 Redis server when there is none.
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bus.settings import get_settings
+from hookbus.bus.settings import get_settings
 
 RUN_STATE = Path(".hookbus")
 
@@ -40,10 +40,10 @@ def redis_url_or_exit() -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from services.imports import SpecError, load_skill
-    from services.logs import configure_logging
-    from services.worker.host import GroupHost
-    from services.worker.replica import WorkerReplica
+    from hookbus.services.logs import configure_logging
+    from hookbus.services.specs import SpecError, load_skill
+    from hookbus.services.worker.host import GroupHost
+    from hookbus.services.worker.replica import WorkerReplica
 
     configure_logging()
     try:
@@ -64,9 +64,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_orchestrator(args: argparse.Namespace) -> int:
-    from services.imports import SpecError, load_agent
-    from services.logs import configure_logging
-    from services.orchestrator.service import OrchestratorService
+    from hookbus.services.logs import configure_logging
+    from hookbus.services.orchestrator.service import OrchestratorService
+    from hookbus.services.specs import SpecError, load_agent
 
     configure_logging()
     try:
@@ -88,8 +88,8 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from services.gateway.server import serve
-    from services.logs import configure_logging
+    from hookbus.services.gateway.server import serve
+    from hookbus.services.logs import configure_logging
 
     configure_logging()
     try:
@@ -104,8 +104,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from bus.client import HookbusClient
-    from skills import HookError
+    from hookbus.bus.client import HookbusClient
+    from hookbus.skills import HookError
 
     async def send() -> int:
         async with HookbusClient(redis_url_or_exit(), timeout=args.timeout) as client:
@@ -127,9 +127,9 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from bus.connection import connect
-    from bus.keys import Keys
-    from services.monitor import EventFilter, follow_events, format_event
+    from hookbus.bus.connection import connect
+    from hookbus.bus.keys import Keys
+    from hookbus.services.monitor import EventFilter, follow_events, format_event
 
     selection = EventFilter(args.completion_id, args.lifecycle, args.group, args.errors)
 
@@ -149,9 +149,9 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from bus.connection import connect
-    from bus.keys import Keys
-    from services.monitor import format_status, read_status
+    from hookbus.bus.connection import connect
+    from hookbus.bus.keys import Keys
+    from hookbus.services.monitor import format_status, read_status
 
     async def status() -> None:
         client = connect(redis_url_or_exit())
@@ -166,7 +166,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from services.health import check_health
+    from hookbus.services.health import check_health
 
     ok, message = asyncio.run(check_health(redis_url_or_exit(), get_settings().prefix, args.role, args.group))
     print(message)
@@ -174,20 +174,20 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from services.chat import run_chat
+    from hookbus.services.repl import run_chat
 
     return run_chat(local=args.local)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from services.stack import run_stack
+    from hookbus.services.stack import run_stack
 
     keep = args.keep if args.keep is not None else sys.stdin.isatty()
     return run_stack(keep_running=keep, port=args.port, replicas=args.replicas)
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    import services.docs as docs
+    import hookbus.services.asyncapi as docs
 
     if args.kind == "asyncapi":
         document = docs.asyncapi_document(get_settings().prefix)
@@ -198,7 +198,7 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    from bus.settings import Settings
+    from hookbus.bus.settings import Settings
 
     for name, field in Settings.model_fields.items():
         print(f"{field.alias:<20} {getattr(get_settings(), name)!r:<30} {field.description or ''}")

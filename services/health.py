@@ -11,8 +11,8 @@ import time
 
 import redis.asyncio as aredis
 
-from bus.keys import Keys, text
-from bus.registry import REPLICA_TTL
+from hookbus.bus.keys import Keys, text
+from hookbus.bus.registry import REPLICA_TTL
 
 
 async def check_health(redis_url: str, prefix: str, role: str | None, group: str | None) -> tuple[bool, str]:

@@ -12,7 +12,7 @@ import sys
 
 import structlog
 
-from bus.settings import get_settings
+from hookbus.bus.settings import get_settings
 
 
 def configure_logging(fmt: str | None = None, level: str | None = None) -> None:

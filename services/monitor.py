@@ -16,9 +16,9 @@ from typing import Any
 import redis.asyncio as aredis
 from pydantic import BaseModel
 
-from bus.envelopes import DecodeError, MonitorRecord, decode
-from bus.keys import ORCHESTRATOR_GROUP, Keys, text
-from bus.registry import REPLICA_TTL, GroupAnnouncement
+from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys, text
+from hookbus.bus.registry import REPLICA_TTL, GroupAnnouncement
 
 LAG_SCAN_LIMIT = 10_000
 

@@ -17,22 +17,22 @@ import sys
 import time
 from pathlib import Path
 
-from bus.client import HookbusClient
-from bus.connection import connect
-from bus.embedded import EmbeddedRedis, free_port
-from bus.keys import Keys
-from bus.settings import get_settings
-from services.monitor import format_event, read_status, recent_events, wait_for
+from hookbus.bus.client import HookbusClient
+from hookbus.bus.connection import connect
+from hookbus.bus.embedded import EmbeddedRedis, free_port
+from hookbus.bus.keys import Keys
+from hookbus.bus.settings import get_settings
+from hookbus.services.monitor import format_event, read_status, recent_events, wait_for
 
 BUILTIN_GROUP = "builtin"
 BUILTIN_SKILLS = [
-    "skills.builtin:RequestLogger",
-    "skills.builtin:SecuritySkill",
-    "skills.builtin:ContentFilter",
-    "skills.builtin:PerformanceMonitor",
-    "skills.builtin:AnalyticsSkill",
+    "hookbus.skills.builtin:RequestLogger",
+    "hookbus.skills.builtin:SecuritySkill",
+    "hookbus.skills.builtin:ContentFilter",
+    "hookbus.skills.builtin:PerformanceMonitor",
+    "hookbus.skills.builtin:AnalyticsSkill",
 ]
-DEMO_AGENT = "services.orchestrator.demo:agent"
+DEMO_AGENT = "hookbus.services.orchestrator.demo:agent"
 DEMO_PROMPT = 'What is 2 + 3? [[tool:add {"a": 2, "b": 3}]]'
 STATE_DIR = Path(".hookbus")
 
@@ -61,7 +61,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
     }
     processes = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *argv],
+            [sys.executable, "-m", "hookbus.services.cli", *argv],
             env=env,
             stdout=(logs / f"{name}.log").open("ab"),
             stderr=subprocess.STDOUT,

@@ -14,8 +14,8 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
-from skills.errors import HookError
-from skills.lifecycle import WRITABLE
+from hookbus.skills.errors import HookError
+from hookbus.skills.lifecycle import WRITABLE
 
 
 def _load_error(value: Any) -> HookError | None:
@@ -36,7 +36,7 @@ ErrorField = Annotated[
 
 
 class HookData(BaseModel):
-    """The stage's data; see skills.lifecycle.WRITABLE for what each point may change."""
+    """The stage's data; see hookbus.skills.lifecycle.WRITABLE for what each point may change."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 

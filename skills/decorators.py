@@ -14,7 +14,7 @@ from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from skills.lifecycle import check_lifecycle
+from hookbus.skills.lifecycle import check_lifecycle
 
 F = TypeVar("F", bound=Callable[..., Any])
 

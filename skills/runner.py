@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 import structlog
 
-from skills.context import Context
-from skills.data import HookData
-from skills.errors import HookError
-from skills.skill import BoundHook
+from hookbus.skills.context import Context
+from hookbus.skills.data import HookData
+from hookbus.skills.errors import HookError
+from hookbus.skills.skill import BoundHook
 
 log = structlog.get_logger("hookbus.hooks")
 

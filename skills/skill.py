@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from skills.decorators import HOOK_ATTR, TOOL_ATTR, HookSpec, ToolSpec
+from hookbus.skills.decorators import HOOK_ATTR, TOOL_ATTR, HookSpec, ToolSpec
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from skills.context import Context
-from skills.skill import BoundTool
+from hookbus.skills.context import Context
+from hookbus.skills.skill import BoundTool
 
 
 class ToolProblem(Exception):

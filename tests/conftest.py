@@ -1,6 +1,9 @@
-"""Shared fixtures: one real embedded Redis server per test session, a fresh key prefix per test.
+"""Shared fixtures: one real Redis server per test session, a fresh key prefix per test.
 
-Nothing here depends on a Redis already running on the machine.
+By default the session starts its own embedded Redis, so nothing depends on a Redis
+already running on the machine. `HOOKBUS_TEST_REDIS_URL=redis://host:port/0` runs the
+suite against an outside Redis or Valkey instead (the fault tests that restart the
+server keep their own embedded one).
 """
 
 from __future__ import annotations
@@ -11,21 +14,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from bus.embedded import EmbeddedRedis
-from services.orchestrator.offline_server import shared_offline_base_url
+from hookbus.bus.embedded import EmbeddedRedis
+from hookbus.services.testing.offline_server import shared_offline_base_url
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[EmbeddedRedis]:
+def redis_url() -> Iterator[str]:
+    outside = os.environ.get("HOOKBUS_TEST_REDIS_URL")
+    if outside:
+        yield outside
+        return
     server = EmbeddedRedis(appendonly=False)
     server.start()
-    yield server
+    yield server.url
     server.cleanup()
-
-
-@pytest.fixture(scope="session")
-def redis_url(redis_server: EmbeddedRedis) -> str:
-    return redis_server.url
 
 
 @pytest.fixture

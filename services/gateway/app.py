@@ -4,7 +4,7 @@
 
 Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{model}`,
 `GET /healthz`, `GET /metrics`, `GET /openapi.json`. The app does not own `client`:
-whoever made it closes it (services.gateway.server does).
+whoever made it closes it (hookbus.services.gateway.server does).
 """
 
 from __future__ import annotations
@@ -28,22 +28,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bus.client import HookbusClient
-from bus.keys import Keys
-from bus.registry import REPLICA_TTL
-from bus.settings import get_settings
-from services.gateway.auth import ApiKey, Authenticator, normalize_keys
-from services.gateway.chat import chat_completions, gateway_of
-from services.gateway.errors import GatewayError, on_hook_error, on_http_exception, on_unexpected
-from services.gateway.metrics import (
+from hookbus.bus.client import HookbusClient
+from hookbus.bus.keys import Keys
+from hookbus.bus.registry import REPLICA_TTL
+from hookbus.bus.settings import get_settings
+from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
+from hookbus.services.gateway.chat_completions import chat_completions, gateway_of
+from hookbus.services.gateway.errors import (
+    GatewayError,
+    on_hook_error,
+    on_http_exception,
+    on_unexpected,
+)
+from hookbus.services.gateway.metrics import (
     ORCHESTRATOR_TTL,
     EventsFollower,
     GatewayMetrics,
     MetricsMiddleware,
 )
-from services.gateway.models import Health, ModelCard, ModelList
-from services.gateway.openapi import openapi_document
-from skills import HookError
+from hookbus.services.gateway.models import Health, ModelCard, ModelList
+from hookbus.services.gateway.openapi import openapi_document
+from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")
 

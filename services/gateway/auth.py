@@ -20,8 +20,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from starlette.requests import Request
 
-from services.gateway.errors import GatewayError
-from skills import AuthInfo
+from hookbus.services.gateway.errors import GatewayError
+from hookbus.skills import AuthInfo
 
 API_KEYS_ENV = "HOOKBUS_API_KEYS"
 

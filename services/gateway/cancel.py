@@ -19,8 +19,8 @@ from __future__ import annotations
 import redis.asyncio as aredis
 import structlog
 
-from bus.connection import RECONNECT_ERRORS
-from bus.keys import Keys
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.keys import Keys
 
 log = structlog.get_logger("hookbus.gateway")
 

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from skills import HookError
+from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")
 

@@ -29,11 +29,11 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bus.connection import RECONNECT_ERRORS
-from bus.envelopes import DecodeError, MonitorRecord, decode
-from bus.keys import ORCHESTRATOR_GROUP, Keys
-from bus.registry import REPLICA_TTL
-from skills import HookError
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.registry import REPLICA_TTL
+from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")
 

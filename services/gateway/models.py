@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.openai_wire import Message, StreamOptions, tool_pairing_problem
+from hookbus.services.openai_wire import Message, StreamOptions, tool_pairing_problem
 
 SESSION_ID_MAX = 200
 

@@ -12,7 +12,7 @@ from typing import Any
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic.json_schema import models_json_schema
 
-from services.gateway.models import (
+from hookbus.services.gateway.models import (
     SESSION_ID_MAX,
     ChatCompletionRequest,
     ErrorBody,

@@ -18,9 +18,9 @@ import structlog
 import uvicorn
 from prometheus_client import disable_created_metrics
 
-from bus.client import HookbusClient
-from services.gateway.app import MAX_BODY_BYTES, create_app
-from services.gateway.auth import load_api_keys
+from hookbus.bus.client import HookbusClient
+from hookbus.services.gateway.app import MAX_BODY_BYTES, create_app
+from hookbus.services.gateway.auth import load_api_keys
 
 log = structlog.get_logger("hookbus.gateway")
 

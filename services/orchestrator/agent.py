@@ -9,7 +9,7 @@
 Each lifecycle point is fired in one place below. Where a hook runs (this process or a
 worker group) is the runtime's business, never the loop's.
 
-Compaction (services.orchestrator.compaction) keeps a conversation inside the model's
+Compaction (hookbus.services.orchestrator.compaction) keeps a conversation inside the model's
 context window. Between turns the host calls `compact_if_needed` / `compact`; inside a
 run, after `before_llm_call`, messages past the policy's `hard` threshold are compacted
 by `compact_in_run` (the turn in progress stays whole) and the compacted conversation
@@ -39,19 +39,19 @@ import structlog
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from bus.settings import get_settings
-from services.orchestrator import compaction
-from services.orchestrator.assemble import ChunkAssembler, add_usage
-from services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
-from services.orchestrator.llm import LLM, ContextTooLong
-from services.orchestrator.plan import HookPlan
-from services.orchestrator.runtime import LocalRuntime, Runtime
-from services.orchestrator.tokens import context_window, count_messages
-from skills import AuthInfo, Context, HookData, HookError, Skill
-from skills.context import Metadata, Session
-from skills.errors import as_hook_error
-from skills.runner import run_hooks
-from skills.toolcall import ToolProblem, invoke_tool, parse_arguments
+from hookbus.bus.settings import get_settings
+from hookbus.services.orchestrator import compaction
+from hookbus.services.orchestrator.assemble import ChunkAssembler, add_usage
+from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
+from hookbus.services.orchestrator.llm import LLM, ContextTooLong
+from hookbus.services.orchestrator.plan import HookPlan
+from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
+from hookbus.services.orchestrator.tokens import context_window, count_messages
+from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
+from hookbus.skills.context import Metadata, Session
+from hookbus.skills.errors import as_hook_error
+from hookbus.skills.runner import run_hooks
+from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
 
 log = structlog.get_logger("hookbus.agent")
 

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from bus.envelopes import (
+from hookbus.bus.envelopes import (
     COMPACTION_LIFECYCLE,
     HookRef,
     HopEvent,
@@ -25,14 +25,14 @@ from bus.envelopes import (
     ToolInvocation,
     encode_hop,
 )
-from bus.events import EventWriter
-from bus.keys import Keys
-from bus.registry import RegistryView
-from bus.router import HopTimeout, ReplyRouter
-from bus.sessions import SessionStore
-from services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
-from skills import Context, HookData, HookError
-from skills.runner import ChainResult, HookOutcome, block_tool_call
+from hookbus.bus.events import EventWriter
+from hookbus.bus.keys import Keys
+from hookbus.bus.registry import RegistryView
+from hookbus.bus.router import HopTimeout, ReplyRouter
+from hookbus.bus.sessions import SessionStore
+from hookbus.services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
+from hookbus.skills import Context, HookData, HookError
+from hookbus.skills.runner import ChainResult, HookOutcome, block_tool_call
 
 log = structlog.get_logger("hookbus.bus_runtime")
 

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from services.orchestrator.tokens import (
+from hookbus.services.orchestrator.tokens import (
     count_content,
     count_message,
     count_messages,

@@ -1,4 +1,4 @@
-"""The demo agent `make run` and the deploy manifests start: `services.orchestrator.demo:agent`.
+"""The demo agent `make run` and the deploy manifests start: `hookbus.services.orchestrator.demo:agent`.
 
 It carries one in-process skill with two small tools; the built-in skills run in worker
 groups. With no OPENAI_BASE_URL it talks to the built-in offline model, which calls a
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from services.orchestrator.agent import Agent
-from skills import Skill, tool
+from hookbus.services.orchestrator.agent import Agent
+from hookbus.skills import Skill, tool
 
 
 class DemoTools(Skill):

@@ -1,6 +1,6 @@
 """The LLM adapter: the official `openai` async client against any compatible endpoint.
 
-With no endpoint configured, the built-in offline model (services.orchestrator.
+With no endpoint configured, the built-in offline model (hookbus.services.orchestrator.
 offline_model) is started on loopback and reached through the very same client and
 HTTP path, so tests and demos exercise the production code path.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from bus.settings import get_settings
-from skills.errors import HookError
+from hookbus.bus.settings import get_settings
+from hookbus.skills.errors import HookError
 
 
 class ContextTooLong(HookError):
@@ -53,7 +53,7 @@ class LLM:
     @property
     def base_url(self) -> str:
         if self._base_url is None:
-            from services.orchestrator.offline_server import shared_offline_base_url
+            from hookbus.services.testing.offline_server import shared_offline_base_url
 
             return shared_offline_base_url()
         return self._base_url

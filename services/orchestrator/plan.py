@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from skills import LIFECYCLES
-from skills.skill import BoundHook, BoundTool
+from hookbus.skills import LIFECYCLES
+from hookbus.skills.skill import BoundHook, BoundTool
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from bus.claims import Claimed, claim, claim_forever, find_orphans
-from bus.connection import RECONNECT_ERRORS
-from bus.deadletter import add_dead_letter, entry_id_text
-from bus.journal import Lease
-from bus.keys import ORCHESTRATOR_GROUP
-from bus.periodic import cancel_and_wait, repeat
-from bus.trim import FORGET_AFTER, prune_consumers, trim_acked
-from skills import HookError
+from hookbus.bus.claims import Claimed, claim, claim_forever, find_orphans
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.deadletter import add_dead_letter, entry_id_text
+from hookbus.bus.journal import Lease
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.trim import FORGET_AFTER, prune_consumers, trim_acked
+from hookbus.skills import HookError
 
 if TYPE_CHECKING:
-    from services.orchestrator.service import OrchestratorService
+    from hookbus.services.orchestrator.service import OrchestratorService
 
 log = structlog.get_logger("hookbus.recovery")
 
@@ -209,6 +209,6 @@ class Recovery:
 
 
 def _lost() -> HookError:
-    from services.orchestrator.service import lost_error
+    from hookbus.services.orchestrator.service import lost_error
 
     return lost_error()

@@ -2,7 +2,7 @@
 
 The agent loop is the same in-process and on the bus; only the runtime differs. The
 in-process runtime has no remote hooks and keeps sessions in memory; the bus runtime
-(services.orchestrator.bus_runtime) sends hops to worker groups and keeps sessions in
+(hookbus.services.orchestrator.bus_runtime) sends hops to worker groups and keeps sessions in
 Redis.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import structlog
 
-from services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
-from skills import Context, HookData
-from skills.runner import ChainResult, HookOutcome
+from hookbus.services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
+from hookbus.skills import Context, HookData
+from hookbus.skills.runner import ChainResult, HookOutcome
 
 log = structlog.get_logger("hookbus.runtime")
 

@@ -40,16 +40,16 @@ import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 
-from bus.claims import Steadiness, heartbeat_every
-from bus.connection import (
+from hookbus.bus.claims import Steadiness, heartbeat_every
+from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     connect,
     ensure_group,
     instance_name,
     raw_entry_parser,
 )
-from bus.deadletter import add_dead_letter, entry_id_text
-from bus.envelopes import (
+from hookbus.bus.deadletter import add_dead_letter, entry_id_text
+from hookbus.bus.envelopes import (
     FIELD,
     DecodeError,
     MonitorRecord,
@@ -58,20 +58,20 @@ from bus.envelopes import (
     decode,
     encode,
 )
-from bus.events import EventWriter
-from bus.journal import Begun, Journal
-from bus.keys import ORCHESTRATOR_GROUP, Keys
-from bus.periodic import cancel_and_wait, repeat
-from bus.registry import HEARTBEAT_EVERY, RegistryView
-from bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
-from bus.router import ReplyRouter
-from bus.sessions import SessionStore
-from bus.trim import TRIM_EVERY
-from services.bus_app import BusApp
-from services.orchestrator.agent import Agent
-from services.orchestrator.bus_runtime import BusRuntime
-from skills import HookError
-from skills.errors import as_hook_error
+from hookbus.bus.events import EventWriter
+from hookbus.bus.journal import Begun, Journal
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
+from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
+from hookbus.bus.router import ReplyRouter
+from hookbus.bus.sessions import SessionStore
+from hookbus.bus.trim import TRIM_EVERY
+from hookbus.services.bus_app import BusApp
+from hookbus.services.orchestrator.agent import Agent
+from hookbus.services.orchestrator.bus_runtime import BusRuntime
+from hookbus.skills import HookError
+from hookbus.skills.errors import as_hook_error
 
 log = structlog.get_logger("hookbus.orchestrator")
 
@@ -131,7 +131,7 @@ class OrchestratorService(BusApp):
         max_request_bytes: int = MAX_REQUEST_BYTES,
         trim_every: float = TRIM_EVERY,
     ) -> None:
-        from services.orchestrator.recovery import Recovery
+        from hookbus.services.orchestrator.recovery import Recovery
 
         self.agent = agent
         self.redis_url = redis_url
@@ -251,7 +251,7 @@ class OrchestratorService(BusApp):
         return time.monotonic() - self._started_at
 
     def cancel_key(self, completion_id: str) -> str:
-        """The gateway's cancel marker (services.gateway.cancel.cancel_key)."""
+        """The gateway's cancel marker (hookbus.services.gateway.cancel.cancel_key)."""
         return f"{self.keys.prefix}cancel:{completion_id}"
 
     @property
@@ -274,7 +274,7 @@ class OrchestratorService(BusApp):
                     cancel_key=self.cancel_key(request.completion_id),
                 )
             except RECONNECT_ERRORS as exc:
-                # Left pending: this process claims it back after a while (bus.claims).
+                # Left pending: this process claims it back after a while (hookbus.bus.claims).
                 log.error("request_not_started", completion_id=request.completion_id, error=str(exc))
                 return
             if not begun.ok:

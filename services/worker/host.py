@@ -1,7 +1,7 @@
 """The skills one worker group hosts, and how one hop is answered.
 
 Pure of Redis: a hop goes in, a reply comes out. The hooks run through the same
-`skills.runner.run_hooks` as in-process ones, so error semantics are identical.
+`hookbus.skills.runner.run_hooks` as in-process ones, so error semantics are identical.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 import structlog
 
-from bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
-from bus.registry import GroupAnnouncement, HookDescriptor, ToolDescriptor
-from skills import Context, HookData, Skill
-from skills.runner import run_hooks
-from skills.skill import BoundHook, BoundTool
-from skills.toolcall import ToolProblem, invoke_tool
+from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
+from hookbus.bus.registry import GroupAnnouncement, HookDescriptor, ToolDescriptor
+from hookbus.skills import Context, HookData, Skill
+from hookbus.skills.runner import run_hooks
+from hookbus.skills.skill import BoundHook, BoundTool
+from hookbus.skills.toolcall import ToolProblem, invoke_tool
 
 log = structlog.get_logger("hookbus.worker.host")
 
@@ -69,7 +69,7 @@ class GroupHost:
     ) -> HopReply:
         """Run the hop's hooks (or tool) and build the reply; hop-level problems become `failure`.
 
-        `split`: (Context JSON, HookData JSON) of a version 2 hop (bus.envelopes.hop_parts);
+        `split`: (Context JSON, HookData JSON) of a version 2 hop (hookbus.bus.envelopes.hop_parts);
         the reply is then version 2 too, with the data as JSON only if the hooks changed it."""
         started = time.perf_counter()
         reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica=replica, v=event.v)
@@ -124,7 +124,7 @@ class GroupHost:
     async def _on_compaction(self, event: HopEvent, reply: HopReply) -> None:
         """Call `on_compaction(outcome, ctx)` of each named skill; one failing is recorded in
         `reply.outcomes` (and logged), never fails the hop or stops the others."""
-        from services.orchestrator.compaction import Compaction
+        from hookbus.services.orchestrator.compaction import Compaction
 
         skills = []
         for ref in event.hooks:

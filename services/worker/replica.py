@@ -41,16 +41,23 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
-from bus.claims import Claimed, Steadiness, claim, claim_forever, find_orphans, heartbeat_every
-from bus.connection import (
+from hookbus.bus.claims import (
+    Claimed,
+    Steadiness,
+    claim,
+    claim_forever,
+    find_orphans,
+    heartbeat_every,
+)
+from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     connect,
     ensure_group,
     instance_name,
     raw_entry_parser,
 )
-from bus.deadletter import add_dead_letter, entry_id_text
-from bus.envelopes import (
+from hookbus.bus.deadletter import add_dead_letter, entry_id_text
+from hookbus.bus.envelopes import (
     DecodeError,
     HopEvent,
     HopReply,
@@ -60,13 +67,13 @@ from bus.envelopes import (
     encode_reply,
     hop_parts,
 )
-from bus.events import EventWriter
-from bus.keys import Keys
-from bus.periodic import cancel_and_wait, repeat
-from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
-from bus.trim import TRIM_EVERY, prune_consumers, trim_acked
-from services.bus_app import BusApp
-from services.worker.host import GroupHost
+from hookbus.bus.events import EventWriter
+from hookbus.bus.keys import Keys
+from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
+from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
+from hookbus.services.bus_app import BusApp
+from hookbus.services.worker.host import GroupHost
 
 log = structlog.get_logger("hookbus.worker")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from skills.context import Context
+from hookbus.skills.context import Context
 
 
 def env_list(name: str, default: Iterable[str]) -> list[str]:

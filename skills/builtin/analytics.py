@@ -6,11 +6,11 @@ import threading
 from collections import Counter, OrderedDict
 from typing import Any
 
-from skills.builtin._common import logger, read_section, state_section, sub_dict
-from skills.context import Context
-from skills.data import HookData
-from skills.decorators import hook
-from skills.skill import Skill
+from hookbus.skills.builtin._common import logger, read_section, state_section, sub_dict
+from hookbus.skills.context import Context
+from hookbus.skills.data import HookData
+from hookbus.skills.decorators import hook
+from hookbus.skills.skill import Skill
 
 STATE_KEY = "analytics"
 LOGGER_NAME = "hookbus.skills.analytics"

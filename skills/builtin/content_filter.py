@@ -6,11 +6,11 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from skills.builtin._common import as_list, env_list, logger, state_section
-from skills.context import Context
-from skills.data import HookData
-from skills.decorators import hook
-from skills.skill import Skill
+from hookbus.skills.builtin._common import as_list, env_list, logger, state_section
+from hookbus.skills.context import Context
+from hookbus.skills.data import HookData
+from hookbus.skills.decorators import hook
+from hookbus.skills.skill import Skill
 
 STATE_KEY = "content_filter"
 LOGGER_NAME = "hookbus.skills.content_filter"

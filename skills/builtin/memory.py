@@ -51,10 +51,10 @@ import time
 import weakref
 from typing import Any
 
-from skills.builtin._common import logger
-from skills.context import Context
-from skills.decorators import tool
-from skills.skill import Skill
+from hookbus.skills.builtin._common import logger
+from hookbus.skills.context import Context
+from hookbus.skills.decorators import tool
+from hookbus.skills.skill import Skill
 
 LOGGER_NAME = "hookbus.skills.memory"
 DEFAULT_OWNER = "owner"

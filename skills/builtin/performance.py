@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from skills.builtin._common import (
+from hookbus.skills.builtin._common import (
     env_float,
     logger,
     read_section,
@@ -13,10 +13,10 @@ from skills.builtin._common import (
     sub_dict,
     usage_numbers,
 )
-from skills.context import Context
-from skills.data import HookData
-from skills.decorators import hook
-from skills.skill import Skill
+from hookbus.skills.context import Context
+from hookbus.skills.data import HookData
+from hookbus.skills.decorators import hook
+from hookbus.skills.skill import Skill
 
 STATE_KEY = "perf"
 LOGGER_NAME = "hookbus.skills.performance"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import time
 
-from skills.builtin._common import logger, read_section, state_section, usage_numbers
-from skills.context import Context
-from skills.data import HookData
-from skills.decorators import hook
-from skills.skill import Skill
+from hookbus.skills.builtin._common import logger, read_section, state_section, usage_numbers
+from hookbus.skills.context import Context
+from hookbus.skills.data import HookData
+from hookbus.skills.decorators import hook
+from hookbus.skills.skill import Skill
 
 STATE_KEY = "request_logger"
 LOGGER_NAME = "hookbus.skills.request_logger"

@@ -7,11 +7,11 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from skills.builtin._common import as_list, env_list, logger
-from skills.context import Context
-from skills.data import HookData
-from skills.decorators import hook
-from skills.skill import Skill
+from hookbus.skills.builtin._common import as_list, env_list, logger
+from hookbus.skills.context import Context
+from hookbus.skills.data import HookData
+from hookbus.skills.decorators import hook
+from hookbus.skills.skill import Skill
 
 LOGGER_NAME = "hookbus.skills.security"
 

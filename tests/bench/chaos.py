@@ -33,9 +33,9 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from bus.envelopes import DecodeError, ResponseItem, decode
-from bus.keys import ORCHESTRATOR_GROUP, Keys
-from bus.responses import TERMINAL_KINDS
+from hookbus.bus.envelopes import DecodeError, ResponseItem, decode
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.responses import TERMINAL_KINDS
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import Outcome, read_until_terminal, submit
 from tests.integration.processes import Proc, Processes
@@ -312,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orchestrator-kills", type=int, default=1)
     args = parser.parse_args(argv)
 
-    from bus.embedded import EmbeddedRedis
-    from services.orchestrator.offline_server import shared_offline_base_url
+    from hookbus.bus.embedded import EmbeddedRedis
+    from hookbus.services.testing.offline_server import shared_offline_base_url
 
     span = args.requests / args.rate
     config = ChaosConfig(

@@ -302,7 +302,7 @@ def bench_redis() -> Iterator[str]:
     if url:
         yield url
         return
-    from bus.embedded import EmbeddedRedis
+    from hookbus.bus.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(appendonly=False)
     server.start()
@@ -391,13 +391,13 @@ class Processes:
         replica: str | None = None,
     ) -> subprocess.Popen[bytes]:
         """One `hookbus worker` replica (the real CLI) in its own process."""
-        args = [PYTHON, "-m", "services.cli", "worker", "--group", group, *skills, "--concurrency", str(concurrency)]
+        args = [PYTHON, "-m", "hookbus.services.cli", "worker", "--group", group, *skills, "--concurrency", str(concurrency)]
         if replica:
             args += ["--replica", replica]
         return self.spawn(args, bench_env(redis_url, prefix), f"worker-{group}")
 
     def orchestrator(self, redis_url: str, prefix: str, agent: str, *, concurrency: int = 64) -> subprocess.Popen[bytes]:
-        args = [PYTHON, "-m", "services.cli", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
+        args = [PYTHON, "-m", "hookbus.services.cli", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
         return self.spawn(args, bench_env(redis_url, prefix), "orchestrator")
 
     def check_alive(self) -> None:
@@ -439,9 +439,9 @@ async def processes() -> AsyncIterator[Processes]:
 
 async def wait_for_replicas(redis_url: str, prefix: str, wanted: dict[str, int], procs: Processes | None = None, timeout: float = 60.0) -> None:
     """Until every group in `wanted` has at least that many live replicas in the registry."""
-    from bus.connection import connect
-    from bus.keys import Keys
-    from bus.registry import live_replicas
+    from hookbus.bus.connection import connect
+    from hookbus.bus.keys import Keys
+    from hookbus.bus.registry import live_replicas
 
     client = connect(redis_url)
     keys = Keys(prefix)
@@ -477,13 +477,13 @@ class BusSide:
 
 
 async def bus_side(redis_url: str, prefix: str, instance: str | None = None) -> BusSide:
-    from bus.connection import connect
-    from bus.events import EventWriter
-    from bus.keys import Keys
-    from bus.registry import RegistryView
-    from bus.router import ReplyRouter
-    from bus.sessions import SessionStore
-    from services.orchestrator.bus_runtime import BusRuntime
+    from hookbus.bus.connection import connect
+    from hookbus.bus.events import EventWriter
+    from hookbus.bus.keys import Keys
+    from hookbus.bus.registry import RegistryView
+    from hookbus.bus.router import ReplyRouter
+    from hookbus.bus.sessions import SessionStore
+    from hookbus.services.orchestrator.bus_runtime import BusRuntime
 
     keys = Keys(prefix)
     instance = instance or f"bench-orch-{uuid.uuid4().hex[:6]}"

@@ -2,7 +2,7 @@
 
 Caller (this process): XADD {i: id, r: reply stream, p: payload} to a stream, then wait
 for a future that one reader task resolves from XREAD on its reply stream (the same
-shape as bus.router.ReplyRouter, minus envelopes).
+shape as hookbus.bus.router.ReplyRouter, minus envelopes).
 
 Worker (a second process, `python -m tests.bench.floor URL STREAM GROUP COUNT REPLY_BYTES`):
 XREADGROUP COUNT entries (BLOCK 1 s), then one pipeline with an XADD reply (REPLY_BYTES

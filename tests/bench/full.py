@@ -54,8 +54,8 @@ async def wait_for_orchestrator(client, keys, procs, timeout: float = 60.0) -> N
 
 
 async def on_bus(redis_url: str, prefix: str) -> dict[int, Stats]:
-    from bus.client import HookbusClient
-    from bus.keys import Keys
+    from hookbus.bus.client import HookbusClient
+    from hookbus.bus.keys import Keys
 
     results: dict[int, Stats] = {}
     async with processes() as procs:

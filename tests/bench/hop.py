@@ -45,8 +45,8 @@ CONCURRENCIES = (1, 32)
 
 async def sizes(kind: str) -> tuple[int, int]:
     """Bytes of the encoded HopEvent and HopReply of one hop of `kind`."""
-    from bus.envelopes import HookRef, encode
-    from services.worker.host import GroupHost
+    from hookbus.bus.envelopes import HookRef, encode
+    from hookbus.services.worker.host import GroupHost
     from tests.bench.skills import HopNoop
 
     data, ctx = payloads.KINDS[kind](), payloads.context()
@@ -58,7 +58,7 @@ async def sizes(kind: str) -> tuple[int, int]:
 
 
 def sample_event(kind: str, data, ctx, reply_to: str):  # type: ignore[no-untyped-def]
-    from bus.envelopes import HookRef, HopEvent
+    from hookbus.bus.envelopes import HookRef, HopEvent
 
     return HopEvent(
         hop_id=uuid.uuid4().hex,
@@ -113,7 +113,7 @@ async def measure(redis_url: str) -> list[Row]:
         await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
         runtime = side.runtime
         await runtime.registry.refresh()
-        from services.orchestrator.plan import HookPlan
+        from hookbus.services.orchestrator.plan import HookPlan
 
         plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
         try:

@@ -1,6 +1,6 @@
 """Bench 6, in-process costs: a local hook call, a stage, the whole loop.
 
-- `skills.runner.run_hooks` with N no-op hooks (per hook = time / N), over an on_chunk and
+- `hookbus.skills.runner.run_hooks` with N no-op hooks (per hook = time / N), over an on_chunk and
   over a 20-message before_llm_call (run_hooks snapshots the messages before each hook,
   so the data's size shows);
 - `Agent._stage` with 3 local no-op hooks in one segment (plan lookup, run_hooks,
@@ -47,7 +47,7 @@ class StubLLM:
 
 
 def noop_skill(count: int, lifecycles: list[str]):  # type: ignore[no-untyped-def]
-    from skills import Skill
+    from hookbus.skills import Skill
     from tests.bench.skills import _noop_hooks
 
     namespace: dict[str, Any] = {"name": f"noop-{count}"}
@@ -58,8 +58,8 @@ def noop_skill(count: int, lifecycles: list[str]):  # type: ignore[no-untyped-de
 
 async def measure() -> list[Row]:
     quiet_logs()
-    from services.orchestrator import Agent
-    from skills.runner import run_hooks
+    from hookbus.services.orchestrator import Agent
+    from hookbus.skills.runner import run_hooks
 
     rows: list[Row] = []
     print("\n[in-process]")

@@ -9,8 +9,8 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionChunk
 
-from skills import AuthInfo, Context, HookData
-from skills.context import Metadata, Session
+from hookbus.skills import AuthInfo, Context, HookData
+from hookbus.skills.context import Metadata, Session
 
 
 def context() -> Context:

@@ -78,7 +78,7 @@ async def faststream_chain(redis_url: str, prefix: str, procs: Any) -> dict[int,
 
 
 async def hookbus_chain(redis_url: str, prefix: str, procs: Any, groups: dict[str, list[str]]) -> dict[int, Stats]:
-    from services.orchestrator.plan import HookPlan
+    from hookbus.services.orchestrator.plan import HookPlan
 
     for group, skills in groups.items():
         procs.worker(redis_url, prefix, group, skills, concurrency=32)

@@ -156,7 +156,7 @@ async def profile(
             await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
             runtime = side.runtime
             await runtime.registry.refresh()
-            from services.orchestrator.plan import HookPlan
+            from hookbus.services.orchestrator.plan import HookPlan
 
             plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
             segment = plan.segments(kind, ["chat"])[0]

@@ -67,7 +67,7 @@ async def measure(redis_url: str, worker: str = "hookbus", steps: Sequence[int] 
         side = await bus_side(redis_url, prefix)
         runtime = side.runtime
         server = redis_pid(redis_url)
-        from services.orchestrator.plan import HookPlan
+        from hookbus.services.orchestrator.plan import HookPlan
 
         try:
             running = 0

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.orchestrator import Agent
-from skills import Context, HookData, Skill, hook, tool
-from skills.lifecycle import LIFECYCLES
+from hookbus import Agent
+from hookbus.skills import Context, HookData, Skill, hook, tool
+from hookbus.skills.lifecycle import LIFECYCLES
 
 NON_CHUNK = [lc for lc in LIFECYCLES if lc != "on_chunk"]
 

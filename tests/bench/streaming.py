@@ -55,8 +55,8 @@ async def run_streaming(
 ) -> tuple[Timings, Timings]:
     """(with hook, without hook) timings through a fresh stack; `worker` replaces the
     `hookbus worker` command (arguments after `python -m`)."""
-    from bus.client import HookbusClient
-    from bus.keys import Keys
+    from hookbus.bus.client import HookbusClient
+    from hookbus.bus.keys import Keys
     from tests.bench.full import wait_for_orchestrator
 
     prefix = new_prefix("stream")

@@ -29,7 +29,7 @@ WORDS = ["stream", "hook", "redis", "agent", "worker", "replica", "orchestrator"
 
 
 def conversation(seed: int = 7) -> list[dict[str, Any]]:
-    from services.orchestrator.tokens import count_messages
+    from hookbus.services.orchestrator.tokens import count_messages
 
     rng = random.Random(seed)
 
@@ -59,7 +59,7 @@ def conversation(seed: int = 7) -> list[dict[str, Any]]:
 
 
 def clear_cache() -> None:
-    from services.orchestrator import tokens
+    from hookbus.services.orchestrator import tokens
 
     with tokens._lock:
         tokens._cache.clear()
@@ -89,9 +89,9 @@ async def abest_ms(fn: Any, repeat: int = 5, cold: bool = False) -> float:
 
 async def measure() -> list[Row]:
     quiet_logs()
-    from services.orchestrator import compaction
-    from services.orchestrator.compaction import CompactionPolicy
-    from services.orchestrator.tokens import count_messages, is_exact
+    from hookbus.services.orchestrator import compaction
+    from hookbus.services.orchestrator.compaction import CompactionPolicy
+    from hookbus.services.orchestrator.tokens import count_messages, is_exact
 
     messages = conversation()
     total = count_messages(messages)

@@ -35,7 +35,7 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 
-# Environment variables the deploy files set that are not `bus.settings.Settings` fields, and why.
+# Environment variables the deploy files set that are not `hookbus.bus.settings.Settings` fields, and why.
 NON_SETTINGS_ENV = {
     "REDIS_ADDRESS": "host:port of Redis for KEDA's redis-streams scaler (addressFromEnv); hookbus ignores it",
     "PYTHONDONTWRITEBYTECODE": "Python runtime in the image: no .pyc on a read-only root filesystem",

@@ -73,11 +73,11 @@ def test_worker_groups_host_the_builtin_skills(services):
     for service in workers(services).values():
         argv = compose_argv(service["command"])
         groups[option_value(argv, "--group")] = {part for part in argv if ":" in part}
-    assert groups["guard"] >= {"skills.builtin:SecuritySkill", "skills.builtin:ContentFilter"}
+    assert groups["guard"] >= {"hookbus.skills.builtin:SecuritySkill", "hookbus.skills.builtin:ContentFilter"}
     assert groups["telemetry"] >= {
-        "skills.builtin:RequestLogger",
-        "skills.builtin:AnalyticsSkill",
-        "skills.builtin:PerformanceMonitor",
+        "hookbus.skills.builtin:RequestLogger",
+        "hookbus.skills.builtin:AnalyticsSkill",
+        "hookbus.skills.builtin:PerformanceMonitor",
     }
 
 

@@ -1,4 +1,4 @@
-"""Every environment variable deploy/ sets is a `bus.settings.Settings` field (or a documented
+"""Every environment variable deploy/ sets is a `hookbus.bus.settings.Settings` field (or a documented
 exception), and no hookbus process is ever left without REDIS_URL (it would start an embedded
 Redis of its own and silently leave the shared bus)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.settings import Settings
+from hookbus.bus.settings import Settings
 from tests.deploy.manifests import (
     COMPOSE_FILE,
     KUSTOMIZATIONS,

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aredis
 
-from bus.keys import Keys
+from hookbus.bus.keys import Keys
 from tests.integration.processes import Processes
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from services.orchestrator import Agent
-from skills import Context, HookData, Skill, hook
+from hookbus import Agent
+from hookbus.skills import Context, HookData, Skill, hook
 
 NAME = os.environ.get("HOOKBUS_TEST_NAME", f"pid{os.getpid()}")
 _clients: dict[int, aredis.Redis] = {}

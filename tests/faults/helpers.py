@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aredis
 
-from bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
-from bus.keys import Keys
-from bus.responses import TERMINAL_KINDS
+from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from hookbus.bus.keys import Keys
+from hookbus.bus.responses import TERMINAL_KINDS
 from tests.faults.fault_skills import fault_key
 
 
@@ -115,18 +114,6 @@ async def terminal_count(client: aredis.Redis, keys: Keys, completion_id: str) -
             continue
     return count
 
-
-async def wait_for(
-    condition: Callable[[], Awaitable[Any]], timeout: float = 10.0, every: float = 0.05
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(every)
 
 
 async def finalize_log(client: aredis.Redis, prefix: str, completion_id: str, counter: str = "finalize") -> list[dict[str, Any]]:

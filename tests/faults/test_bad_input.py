@@ -7,12 +7,12 @@ import json
 import time
 import uuid
 
-from bus.envelopes import HopEvent, HopReply, MonitorRecord, decode, encode
-from bus.keys import ORCHESTRATOR_GROUP
-from bus.registry import GroupAnnouncement, HookDescriptor, announce, heartbeat
-from services.monitor import recent_events
-from services.orchestrator import Agent
-from skills import Context, HookData, Skill, hook
+from hookbus import Agent
+from hookbus.bus.envelopes import HopEvent, HopReply, MonitorRecord, decode, encode
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.registry import GroupAnnouncement, HookDescriptor, announce, heartbeat
+from hookbus.services.monitor import recent_events
+from hookbus.skills import Context, HookData, Skill, hook
 from tests.faults.helpers import pending, read_until_terminal
 from tests.integration.stack import running_stack, wait_for_groups
 

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from bus.journal import Journal
-from bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.journal import Journal
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from tests.faults.helpers import (
     finalize_log,
     items_after_terminal,
@@ -17,8 +17,8 @@ from tests.faults.helpers import (
     read_until_terminal,
     submit,
     terminal_count,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 LEDGER = "tests.faults.fault_skills:Ledger"
 AGENT = "tests.faults.fault_skills:agent"

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from bus.client import HookbusClient
-from services.monitor import recent_events
-from services.orchestrator import Agent
-from skills import Context, HookData, HookError, Skill, hook
+from hookbus import Agent
+from hookbus.bus.client import HookbusClient
+from hookbus.services.monitor import recent_events
+from hookbus.skills import Context, HookData, HookError, Skill, hook
 from tests.integration.stack import running_stack, wait_for_groups
 
 

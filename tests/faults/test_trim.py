@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from bus.events import EVENTS_MAXLEN
-from bus.journal import DONE_TTL, Journal
-from bus.keys import ORCHESTRATOR_GROUP
-from bus.trim import trim_acked
-from services.orchestrator import Agent
-from skills import Context, HookData, Skill, hook
+from hookbus import Agent
+from hookbus.bus.events import EVENTS_MAXLEN
+from hookbus.bus.journal import DONE_TTL, Journal
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.trim import trim_acked
+from hookbus.skills import Context, HookData, Skill, hook
 from tests.faults.helpers import pending
 from tests.integration.stack import running_stack
 

@@ -7,14 +7,14 @@ import uuid
 
 import pytest
 
-from services.monitor import recent_events
+from hookbus.services.monitor import recent_events
 from tests.faults.helpers import (
     read_until_terminal,
     runs,
     submit,
     terminal_count,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 SLOW = "tests.faults.fault_skills:Slow"
 POISON = "tests.faults.fault_skills:Poison"
@@ -90,10 +90,14 @@ async def test_a_poison_hop_that_kills_every_replica_ends_in_the_dead_letter_str
     ours = [f for _id, f in letters if f[b"source"] == keys.hooks("poison").encode()]
     assert len(ours) == 1
     assert b"delivered 3 times" in ours[0][b"reason"]
-    stages = [
-        e for e in await recent_events(redis, keys)
-        if e.completion_id == cid and e.kind == "stage" and e.lifecycle == "on_connection"
-    ]
+
+    async def on_connection_stages():  # monitor records are flushed in batches, after the answer
+        return [
+            e for e in await recent_events(redis, keys)
+            if e.completion_id == cid and e.kind == "stage" and e.lifecycle == "on_connection"
+        ]
+
+    stages = await wait_for(on_connection_stages, timeout=5)
     assert stages and stages[0].outcome == "error" and "dead-lettered" in (stages[0].error or "")
     assert await redis.xpending(keys.hooks("poison"), "poison") == {
         "pending": 0, "min": None, "max": None, "consumers": [],

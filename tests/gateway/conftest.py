@@ -10,17 +10,16 @@ Worker skills (scopes come from the API keys below):
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from bus.keys import Keys
-from bus.sessions import SessionStore
-from services.orchestrator import Agent
-from skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from hookbus import Agent
+from hookbus.bus.keys import Keys
+from hookbus.bus.sessions import SessionStore
+from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.integration.stack import running_stack
 
@@ -104,15 +103,3 @@ def sessions(stack: Any, module_prefix: str) -> SessionStore:
     client = stack[0]
     return SessionStore(client.redis, Keys(module_prefix))
 
-
-async def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.05) -> Any:
-    """Poll an async predicate until it returns something truthy; returns that (or the last value)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    value = None
-    while loop.time() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    return value

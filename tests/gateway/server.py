@@ -17,8 +17,8 @@ from typing import Any
 
 import uvicorn
 
-from bus.client import HookbusClient
-from services.gateway import MAX_BODY_BYTES, create_app
+from hookbus.bus.client import HookbusClient
+from hookbus.services.gateway import MAX_BODY_BYTES, create_app
 
 
 @dataclass

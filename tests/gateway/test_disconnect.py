@@ -14,8 +14,9 @@ import uuid
 import httpx
 import pytest
 
-from services.gateway import cancel_key
-from tests.gateway.conftest import bearer, wait_for
+from hookbus.services.gateway import cancel_key
+from tests.gateway.conftest import bearer
+from tests.waiting import wait_for
 
 SLOW = "[[words:2000]] [[delay:5]]"  # about 10 s of streaming: far longer than the test waits
 

@@ -14,9 +14,10 @@ import uuid
 import httpx
 import pytest
 
-from services.gateway.auth import API_KEYS_ENV, load_api_keys
-from tests.gateway.conftest import BROKE_KEY, bearer, wait_for
+from hookbus.services.gateway.auth import API_KEYS_ENV, load_api_keys
+from tests.gateway.conftest import BROKE_KEY, bearer
 from tests.gateway.server import running_gateway
+from tests.waiting import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -87,8 +88,8 @@ async def test_metrics_after_traffic(gateway):
 
 async def test_queue_lag_counts_requests_no_orchestrator_took(redis_url, prefix):
     """With no orchestrator consuming, queued requests are lag on `requests`."""
-    from bus.client import HookbusClient
-    from bus.connection import ensure_group
+    from hookbus.bus.client import HookbusClient
+    from hookbus.bus.connection import ensure_group
 
     async with HookbusClient(redis_url, prefix=prefix) as client:
         await ensure_group(client.redis, client.keys.requests, "orchestrators")
@@ -168,7 +169,7 @@ def free_port() -> int:
 async def test_serve_warns_when_auth_is_off_and_stops_gracefully_on_sigterm(redis_url, prefix, tmp_path):
     port = free_port()
     code = (
-        "import sys; from services.gateway import serve; "
+        "import sys; from hookbus.services.gateway import serve; "
         f"serve('127.0.0.1', {port}, sys.argv[1] or None, {redis_url!r}, {prefix!r})"
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import redis.asyncio as aredis
 
-from bus.keys import Keys
+from hookbus.bus.keys import Keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ class Processes:
         self._spawned[name] = count + 1
         log_path = self.log_dir / (f"{name}.log" if not count else f"{name}.{count}.log")
         env = dict(self.env, HOOKBUS_TEST_NAME=name)
-        full = [sys.executable, "-m", "services.cli", *args]
+        full = [sys.executable, "-m", "hookbus.services.cli", *args]
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(full, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         proc = Proc(name, role, group, full, popen, log_path)

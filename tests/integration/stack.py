@@ -9,12 +9,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from bus.client import HookbusClient
-from services.orchestrator import Agent
-from services.orchestrator.service import OrchestratorService
-from services.worker.host import GroupHost
-from services.worker.replica import WorkerReplica
-from skills import Skill
+from hookbus import Agent
+from hookbus.bus.client import HookbusClient
+from hookbus.services.orchestrator.service import OrchestratorService
+from hookbus.services.worker.host import GroupHost
+from hookbus.services.worker.replica import WorkerReplica
+from hookbus.skills import Skill
 
 
 @contextlib.asynccontextmanager

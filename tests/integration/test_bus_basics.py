@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.orchestrator import Agent
-from skills import Context, HookData, PaymentRequired, Skill, hook, tool
+from hookbus import Agent
+from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook, tool
 from tests.integration.stack import running_stack
 
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from bus.envelopes import COMPACTION_LIFECYCLE, HookRef, HopEvent
-from bus.registry import GroupAnnouncement
-from services.orchestrator import Agent, Compaction, CompactionPolicy
-from services.worker.host import GroupHost
-from skills import Context, Skill, tool
-from skills.builtin import MemorySkill
+from hookbus import Agent, Compaction, CompactionPolicy
+from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookRef, HopEvent
+from hookbus.bus.registry import GroupAnnouncement
+from hookbus.services.worker.host import GroupHost
+from hookbus.skills import Context, Skill, tool
+from hookbus.skills.builtin import MemorySkill
 from tests.integration.stack import running_stack
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}

@@ -6,8 +6,9 @@ import asyncio
 import random
 import time
 
-from bus.connection import connect
-from bus.envelopes import (
+from hookbus import Agent
+from hookbus.bus.connection import connect
+from hookbus.bus.envelopes import (
     HookRef,
     HopEvent,
     HopReply,
@@ -17,12 +18,11 @@ from bus.envelopes import (
     encode_reply,
     hop_parts,
 )
-from bus.keys import Keys
-from services.orchestrator import Agent
-from services.worker.host import GroupHost
-from services.worker.replica import WorkerReplica
-from skills import Context, HookData, PaymentRequired, Skill, hook
-from skills.builtin import ContentFilter
+from hookbus.bus.keys import Keys
+from hookbus.services.worker.host import GroupHost
+from hookbus.services.worker.replica import WorkerReplica
+from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook
+from hookbus.skills.builtin import ContentFilter
 from tests.integration.stack import running_stack
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.orchestrator import Agent, Compaction, CompactionPolicy
-from services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_MARKER, is_summary
-from services.orchestrator.llm import LLM
-from services.orchestrator.tokens import count_messages
-from skills import HookError, Skill, hook, tool
+from hookbus import Agent, Compaction, CompactionPolicy
+from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_MARKER, is_summary
+from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.tokens import count_messages
+from hookbus.skills import HookError, Skill, hook, tool
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 TRANSCRIPT_HEAD = "Conversation to summarize: [user] Questi"  # the offline summary's 40 chars

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from services.orchestrator import Agent
-from services.orchestrator.agent import ROUND_CAP_NOTE
-from skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from hookbus import Agent
+from hookbus.services.orchestrator.agent import ROUND_CAP_NOTE
+from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
 
 
 class Recorder(Skill):

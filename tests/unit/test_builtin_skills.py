@@ -16,16 +16,16 @@ import structlog
 from openai.types.chat import ChatCompletionChunk
 from structlog.testing import capture_logs
 
-from services.orchestrator import Agent
-from skills import Context, HookData, PaymentRequired, Skill, hook, tool
-from skills.builtin import (
+from hookbus import Agent
+from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook, tool
+from hookbus.skills.builtin import (
     AnalyticsSkill,
     ContentFilter,
     PerformanceMonitor,
     RequestLogger,
     SecuritySkill,
 )
-from skills.context import Metadata
+from hookbus.skills.context import Metadata
 
 
 @pytest.fixture(autouse=True)

@@ -16,11 +16,10 @@ import pexpect
 import pytest
 import redis.asyncio as aredis
 
-from bus.settings import get_settings
-from services.chat import _main, chat
-from services.orchestrator import Agent, Compaction
-from services.orchestrator.compaction import SUMMARY_HEADER
-from skills import PaymentRequired, Skill, hook
+from hookbus import Agent, Compaction
+from hookbus.services.orchestrator.compaction import SUMMARY_HEADER
+from hookbus.services.repl import _main, chat
+from hookbus.skills import PaymentRequired, Skill, hook
 from tests.integration.stack import running_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,12 +192,7 @@ def test_the_chat_wants_the_right_target() -> None:
 async def test_the_queue_chat_without_redis_says_how_to_get_one(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.chdir(tmp_path)
-    get_settings.cache_clear()
-    try:
-        assert await _main(local=False) == 2
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+    assert await _main(local=False) == 2
     assert "no Redis to talk to" in capsys.readouterr().err
 
 
@@ -216,7 +210,7 @@ def test_the_chat_in_a_pseudo_terminal(redis_url, prefix, offline_llm_url) -> No
     )
     child = pexpect.spawn(
         sys.executable,
-        ["-c", "import sys; from services.chat import run_chat; sys.exit(run_chat(local=True))"],
+        ["-c", "import sys; from hookbus.services.repl import run_chat; sys.exit(run_chat(local=True))"],
         cwd=str(REPO), env=env, encoding="utf-8", timeout=60, dimensions=(50, 400),
     )
     try:

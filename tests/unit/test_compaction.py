@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from services.orchestrator.compaction import (
+from hookbus.services.orchestrator.compaction import (
     SUMMARY_HEADER,
     SUMMARY_MARKER,
     Compaction,
@@ -24,7 +24,12 @@ from services.orchestrator.compaction import (
     compact_in_run,
     is_summary,
 )
-from services.orchestrator.tokens import count_content, count_message, count_messages, count_text
+from hookbus.services.orchestrator.tokens import (
+    count_content,
+    count_message,
+    count_messages,
+    count_text,
+)
 
 Message = dict[str, Any]
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent."}

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aredis
 
-from services.orchestrator import Agent, CompactionPolicy
-from skills.builtin import MemorySkill
-from skills.context import AuthInfo, Context, Metadata
+from hookbus import Agent, CompactionPolicy
+from hookbus.skills.builtin import MemorySkill
+from hookbus.skills.context import AuthInfo, Context, Metadata
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 

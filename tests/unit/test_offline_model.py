@@ -22,14 +22,14 @@ from openai.types.chat import (
     ChatCompletionMessageFunctionToolCall,
 )
 
-from services.orchestrator.offline_model import (
+from hookbus.services.testing.offline_model import (
     Message,
     count_tokens,
     parse_directives,
     prompt_tokens,
     split_words,
 )
-from services.orchestrator.offline_server import (
+from hookbus.services.testing.offline_server import (
     OFFLINE_API_KEY,
     OfflineModelServer,
     shared_offline_base_url,

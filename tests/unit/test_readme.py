@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from services.orchestrator import Agent
+from hookbus import Agent
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -7,7 +7,16 @@ from typing import Optional
 
 import pytest
 
-from skills import LIFECYCLES, Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from hookbus.skills import (
+    LIFECYCLES,
+    Context,
+    HookData,
+    HookError,
+    PaymentRequired,
+    Skill,
+    hook,
+    tool,
+)
 
 
 def test_unknown_lifecycle_fails_when_the_class_is_defined_and_lists_valid_names():

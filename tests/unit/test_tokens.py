@@ -16,8 +16,8 @@ import pytest
 import tiktoken
 from structlog.testing import capture_logs
 
-from services.orchestrator import tokens
-from services.orchestrator.tokens import (
+from hookbus.services.orchestrator import tokens
+from hookbus.services.orchestrator.tokens import (
     MESSAGE_OVERHEAD,
     context_window,
     count_content,
@@ -164,7 +164,7 @@ def test_counts_offline_from_the_packaged_file(tmp_path: Path) -> None:
 
         socket.socket.connect = no_network
         socket.create_connection = no_network
-        from services.orchestrator import tokens
+        from hookbus.services.orchestrator import tokens
         print(json.dumps({"exact": tokens.is_exact(), "count": tokens.count_text("hello world")}))
         """
     )

@@ -1,4 +1,4 @@
-"""A "split" hop wire format, to measure against bus.envelopes' single-field one.
+"""A "split" hop wire format, to measure against hookbus.bus.envelopes' single-field one.
 
 Today a hop entry is `{e: HopEvent JSON}` where `data` and `ctx` are dicts inside the
 envelope: the orchestrator dumps HookData to a dict (model_dump) and the envelope dumps
@@ -21,9 +21,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bus.envelopes import FIELD, HookRef, HookTiming, HopEvent, HopReply
-from skills import Context, HookData
-from skills.runner import run_hooks
+from hookbus.bus.envelopes import FIELD, HookRef, HookTiming, HopEvent, HopReply
+from hookbus.skills import Context, HookData
+from hookbus.skills.runner import run_hooks
 
 DATA = b"d"
 CTX = b"c"

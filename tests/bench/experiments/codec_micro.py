@@ -25,9 +25,9 @@ from tests.bench.common import Row, atimeit_us, print_rows, timeit_us
 
 
 async def measure() -> list[Row]:
-    from bus.envelopes import HookRef, HookTiming, HopEvent, HopReply, decode, encode
-    from services.worker.host import GroupHost
-    from skills import HookData
+    from hookbus.bus.envelopes import HookRef, HookTiming, HopEvent, HopReply, decode, encode
+    from hookbus.services.worker.host import GroupHost
+    from hookbus.skills import HookData
     from tests.bench.experiments.codec import DATA, answer_split, encode_hop
     from tests.bench.skills import HopNoop
 

@@ -23,14 +23,14 @@ from typing import Any
 import redis.asyncio as aredis
 import structlog
 
-from bus.connection import RECONNECT_ERRORS
-from bus.envelopes import DecodeError, HookRef, HopReply, decode
-from bus.router import HopTimeout
-from services.orchestrator.bus_runtime import BusRuntime, failed_segment
-from services.orchestrator.plan import Segment
-from skills import Context, HookData
-from skills.errors import HookError
-from skills.runner import ChainResult, HookOutcome
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.envelopes import DecodeError, HookRef, HopReply, decode
+from hookbus.bus.router import HopTimeout
+from hookbus.services.orchestrator.bus_runtime import BusRuntime, failed_segment
+from hookbus.services.orchestrator.plan import Segment
+from hookbus.skills import Context, HookData
+from hookbus.skills.errors import HookError
+from hookbus.skills.runner import ChainResult, HookOutcome
 from tests.bench.experiments.codec import DATA, encode_hop
 
 log = structlog.get_logger("bench.fast_runtime")
@@ -146,7 +146,7 @@ class FastBusRuntime(BusRuntime):
 def patch_runtime(runtime: BusRuntime, redis_url: str) -> None:
     """Make a live BusRuntime (e.g. an OrchestratorService's) hop over the split format,
     with its own FastRouter on `<reply stream>:fast`, started on the first hop."""
-    from bus.connection import connect
+    from hookbus.bus.connection import connect
 
     router = FastRouter(runtime.router._client, connect(redis_url, retries=0), runtime.router.reply_stream + ":fast")  # type: ignore[attr-defined]
     started = False
@@ -164,11 +164,11 @@ def patch_runtime(runtime: BusRuntime, redis_url: str) -> None:
 
 async def fast_bus_side(redis_url: str, prefix: str, instance: str | None = None) -> Any:
     """tests.bench.common.bus_side with FastBusRuntime + FastRouter."""
-    from bus.connection import connect
-    from bus.events import EventWriter
-    from bus.keys import Keys
-    from bus.registry import RegistryView
-    from bus.sessions import SessionStore
+    from hookbus.bus.connection import connect
+    from hookbus.bus.events import EventWriter
+    from hookbus.bus.keys import Keys
+    from hookbus.bus.registry import RegistryView
+    from hookbus.bus.sessions import SessionStore
     from tests.bench.common import BusSide
 
     keys = Keys(prefix)

@@ -20,8 +20,8 @@ from typing import Any
 from faststream.middlewares import AckPolicy
 from faststream.redis import StreamSub
 
-from bus.deadletter import entry_id_text
-from services.worker.replica import WorkerReplica
+from hookbus.bus.deadletter import entry_id_text
+from hookbus.services.worker.replica import WorkerReplica
 
 
 async def _the_message(msg: Any) -> Any:
@@ -61,10 +61,10 @@ class NoThreadReplica(WorkerReplica):
 
 
 def main() -> None:
-    from bus.settings import get_settings
-    from services.imports import load_skill
-    from services.logs import configure_logging
-    from services.worker.host import GroupHost
+    from hookbus.bus.settings import get_settings
+    from hookbus.services.logs import configure_logging
+    from hookbus.services.specs import load_skill
+    from hookbus.services.worker.host import GroupHost
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--group", required=True)

@@ -91,7 +91,7 @@ async def measure(redis_url: str, rounds: int = 3) -> list[Row]:
         classic = await bus_side(redis_url, prefix)
         fast = await fast_bus_side(redis_url, prefix)
         await wait_for_replicas(redis_url, prefix, dict.fromkeys(WORKERS, 1), procs)
-        from services.orchestrator.plan import HookPlan
+        from hookbus.services.orchestrator.plan import HookPlan
 
         sides = {"classic": classic.runtime, "fast": fast.runtime}
         for runtime in sides.values():

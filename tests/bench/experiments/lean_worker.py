@@ -28,12 +28,12 @@ import signal
 import time
 from typing import Any
 
-from bus.connection import connect, ensure_group, instance_name
-from bus.deadletter import entry_id_text
-from bus.envelopes import DecodeError, HopEvent, MonitorRecord, decode, encode
-from bus.events import EventWriter
-from bus.keys import Keys
-from bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
+from hookbus.bus.connection import connect, ensure_group, instance_name
+from hookbus.bus.deadletter import entry_id_text
+from hookbus.bus.envelopes import DecodeError, HopEvent, MonitorRecord, decode, encode
+from hookbus.bus.events import EventWriter
+from hookbus.bus.keys import Keys
+from hookbus.bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from tests.bench.experiments.codec import CTX, answer_split
 
 
@@ -171,10 +171,10 @@ class LeanReplica:
 
 
 def main() -> None:
-    from bus.settings import get_settings
-    from services.imports import load_skill
-    from services.logs import configure_logging
-    from services.worker.host import GroupHost
+    from hookbus.bus.settings import get_settings
+    from hookbus.services.logs import configure_logging
+    from hookbus.services.specs import load_skill
+    from hookbus.services.worker.host import GroupHost
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--group", required=True)

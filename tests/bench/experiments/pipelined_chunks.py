@@ -20,8 +20,8 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionChunk
 
-from services.orchestrator.agent import Agent, RunState, _chunk_text
-from services.orchestrator.assemble import ChunkAssembler
+from hookbus.services.orchestrator.agent import Agent, RunState, _chunk_text
+from hookbus.services.orchestrator.assemble import ChunkAssembler
 
 WINDOW = 64
 
@@ -99,8 +99,8 @@ class FastHopAgent(PipelinedAgent):
 
     @runtime.setter
     def runtime(self, runtime: Any) -> None:
-        from bus.settings import get_settings
-        from services.orchestrator.bus_runtime import BusRuntime
+        from hookbus.bus.settings import get_settings
+        from hookbus.services.orchestrator.bus_runtime import BusRuntime
         from tests.bench.experiments.fast_runtime import patch_runtime
 
         if isinstance(runtime, BusRuntime):

@@ -36,12 +36,12 @@ from typing import IO, Any, cast
 
 from openai.types.chat import ChatCompletionChunk
 
-from bus.client import HookbusClient
-from bus.settings import get_settings
-from services.orchestrator import Agent, Compaction
-from services.orchestrator.compaction import AUTO_OFF, is_summary
-from services.orchestrator.tokens import count_message, count_messages
-from skills import HookError
+from hookbus.bus.client import HookbusClient
+from hookbus.bus.settings import get_settings
+from hookbus.services.orchestrator import Agent, Compaction
+from hookbus.services.orchestrator.compaction import AUTO_OFF, is_summary
+from hookbus.services.orchestrator.tokens import count_message, count_messages
+from hookbus.skills import HookError
 
 PROMPT = "you> "
 HELP = (
@@ -272,7 +272,7 @@ def build_local_agent(redis_url: str | None = None) -> tuple[Agent, list[Any]]:
 
     Returns the agent and the memory skills to close at the end.
     """
-    from skills.builtin import MemorySkill, SecuritySkill
+    from hookbus.skills.builtin import MemorySkill, SecuritySkill
 
     settings = get_settings()
     skills: list[Any] = [SecuritySkill()]
@@ -313,7 +313,7 @@ async def _main(local: bool) -> int:
             file=sys.stderr,
         )
         return 2
-    from skills.builtin import MemorySkill
+    from hookbus.skills.builtin import MemorySkill
 
     memory_skill = MemorySkill(redis_url=url, prefix=settings.prefix)
     compactor = Agent("chat", skills=[memory_skill])
@@ -330,7 +330,7 @@ def run_chat(local: bool) -> int:
     Logs go to stderr at `warning` unless HOOKBUS_LOG_LEVEL says otherwise. Exit status:
     0 at /quit or end of input, 2 without a Redis for the queue mode, 130 on Ctrl-C.
     """
-    from services.logs import configure_logging
+    from hookbus.services.logs import configure_logging
 
     configure_logging(level=os.environ.get("HOOKBUS_LOG_LEVEL") or "warning")
     try:

@@ -22,10 +22,10 @@ from urllib.parse import unquote
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel, ConfigDict, Field
 
-from bus.envelopes import HopEvent, HopReply, MonitorRecord, RequestEnvelope, ResponseItem
-from bus.keys import Keys
-from services.gateway.openapi import openapi_document as _gateway_openapi
-from skills import Context, HookData, Skill, hook
+from hookbus.bus.envelopes import HopEvent, HopReply, MonitorRecord, RequestEnvelope, ResponseItem
+from hookbus.bus.keys import Keys
+from hookbus.services.gateway.openapi import openapi_document as _gateway_openapi
+from hookbus.skills import Context, HookData, Skill, hook
 
 VERSION = "0.1.0"
 DOC_REDIS_URL = "redis://localhost:6379"
@@ -58,10 +58,10 @@ def asyncapi_document(
     prefix: str = "hookbus:", *, group: str = "{group}", redis_url: str = DOC_REDIS_URL
 ) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of the bus, for keys under `prefix`."""
-    from services.orchestrator import Agent
-    from services.orchestrator.service import OrchestratorService
-    from services.worker.host import GroupHost
-    from services.worker.replica import WorkerReplica
+    from hookbus.services.orchestrator import Agent
+    from hookbus.services.orchestrator.service import OrchestratorService
+    from hookbus.services.worker.host import GroupHost
+    from hookbus.services.worker.replica import WorkerReplica
 
     keys = Keys(prefix)
     orchestrator = OrchestratorService(Agent("hookbus"), redis_url, prefix=prefix, instance="{instance}")

@@ -13,7 +13,7 @@ stream.
   (`stream_options.include_usage`). An error after the first chunk arrives as
   `data: {"error": {...}}\\n\\n`, then `data: [DONE]\\n\\n`, and the stream ends cleanly.
 - A client that disconnects before its answer ended gets its request cancelled
-  (services.gateway.cancel).
+  (hookbus.services.gateway.cancel).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from bus.connection import RECONNECT_ERRORS
-from bus.envelopes import RequestEnvelope, ResponseItem
-from services.gateway.cancel import request_cancel
-from services.gateway.errors import GatewayError, error_body, invalid_body
-from services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
-from services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
-from skills import HookError
+from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.envelopes import RequestEnvelope, ResponseItem
+from hookbus.services.gateway.cancel import request_cancel
+from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
+from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
+from hookbus.services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
+from hookbus.skills import HookError
 
 if TYPE_CHECKING:
-    from services.gateway.app import Gateway
+    from hookbus.services.gateway.app import Gateway
 
 log = structlog.get_logger("hookbus.gateway")
 

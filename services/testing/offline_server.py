@@ -21,7 +21,7 @@ from types import TracebackType
 
 import uvicorn
 
-from services.orchestrator.offline_model import create_app
+from hookbus.services.testing.offline_model import create_app
 
 __all__ = ["OFFLINE_API_KEY", "OfflineModelServer", "shared_offline_base_url"]
 

@@ -112,7 +112,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from services.openai_wire import Lenient, Message, StreamOptions, tool_pairing_problem
+from hookbus.services.openai_wire import Lenient, Message, StreamOptions, tool_pairing_problem
 
 __all__ = [
     "DEFAULT_MODEL",

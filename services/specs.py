@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from services.orchestrator.agent import Agent
-from skills import Skill
+from hookbus.services.orchestrator.agent import Agent
+from hookbus.skills import Skill
 
 
 class SpecError(ValueError):
