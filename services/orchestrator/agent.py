@@ -9,44 +9,37 @@
 Each lifecycle point is fired in one place below. Where a hook runs (this process or a
 worker group) is the runtime's business, never the loop's.
 
-Compaction (hookbus.services.orchestrator.compaction) keeps a conversation inside the model's
-context window. Between turns the host calls `compact_if_needed` / `compact`; inside a
-run, after `before_llm_call`, messages past the policy's `hard` threshold are compacted
-by `compact_in_run` (the turn in progress stays whole) and the compacted conversation
-replaces the run's own, so later rounds do not grow back. An endpoint that still answers
-"context too long" gets one compaction and one retry. The summary is one plain LLM call
-(`policy.model` or the agent's model): no hooks, not streamed, not a tool round, and its
-usage is not added to the request's. Every skill defining `on_compaction(outcome, ctx)`
-(in-process, or hosted by a worker group through the runtime) hears of each compaction
-that changed something; `ctx` is None between turns.
+Compaction keeps a conversation inside the model's context window (the agent's
+`Compactor`, hookbus.services.orchestrator.compactor). Between turns the host calls
+`compact_if_needed` / `compact`; inside a run, after `before_llm_call`, messages past the
+policy's `hard` threshold are compacted (the turn in progress stays whole) and the
+compacted conversation replaces the run's own, so later rounds do not grow back. An
+endpoint that still answers "context too long" gets one compaction and one retry.
+Streamed chunks go through on_chunk in hookbus.services.orchestrator.chunk_pipeline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import copy
-import inspect
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
-from hookbus.services.orchestrator import compaction
-from hookbus.services.orchestrator.assemble import ChunkAssembler, add_usage
-from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
+from hookbus.services.orchestrator.assemble import add_usage
+from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
+from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
+from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.llm import LLM, ContextTooLong
 from hookbus.services.orchestrator.plan import HookPlan
+from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
-from hookbus.services.orchestrator.tokens import context_window, count_messages
 from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
 from hookbus.skills.context import Metadata, Session
 from hookbus.skills.errors import as_hook_error
@@ -59,61 +52,19 @@ ROUND_CAP_NOTE = (
     "You have used every tool round allowed for this request. Do not call tools; "
     "answer now with what you have."
 )
-_REFUSAL_NUMBERS = re.compile(
-    r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens",
-    re.IGNORECASE | re.DOTALL,
-)
-_REFUSAL_SHRINK = 0.9
-"""Assumed ratio of the endpoint's window to our count when its refusal names no numbers."""
-
-
-@dataclass
-class _ChunkHop:
-    """One pipelined on_chunk hop: its inputs, the state it was sent with, its future."""
-
-    chunk: ChatCompletionChunk
-    content: str
-    index: int
-    full: str
-    state: dict[str, Any]
-    session: dict[str, Any]
-    future: asyncio.Future[ChatCompletionChunk | None] | None = None
-    ctx: Context | None = None
-
-
-@dataclass
-class RunState:
-    """One request's state as it moves through the lifecycle."""
-
-    ctx: Context
-    plan: HookPlan
-    conversation: list[dict[str, Any]]
-    stream: bool
-    usage: CompletionUsage | None = None
-    chunks_seen: int = 0
-    last_response: ChatCompletion | None = None
-    result: ChatCompletion | None = None
-    error: HookError | None = None
-    started: float = field(default_factory=time.perf_counter)
-
-    @property
-    def completion_id(self) -> str:
-        return self.ctx.metadata.completion_id
-
-
 class Agent:
     """An agent: a model, instructions, skills; `run` or `run_stream` one request at a time or many.
 
     An agent holds no per-request state, so one instance serves concurrent requests and
-    may be used from several event loops one after another.
+    may be used from several event loops one after another. The one record it keeps is
+    `last_compaction` (DESIGN.md): the last compaction outcome that changed something.
 
     `chunk_window`: how many on_chunk hops of one request may be in flight at once when
-    every on_chunk hook is remote (see `_streamed_llm_call`). 1 (the default) sends them one
-    at a time: pipelining is opt-in (`agent.chunk_window = 64`) until it has a longer record
-    (a shutdown stall seen with it came from redis-py swallowing a cancel, now handled).
+    every on_chunk hook is remote (hookbus.services.orchestrator.chunk_pipeline). 1 (the
+    default) sends them one at a time: pipelining is opt-in (`Agent(..., chunk_window=64)`)
+    until it has a longer record (a shutdown stall seen with it came from redis-py
+    swallowing a cancel, now handled).
     """
-
-    chunk_window: int = 1
 
     def __init__(
         self,
@@ -125,16 +76,19 @@ class Agent:
         max_tool_rounds: int = 50,
         runtime: Runtime | None = None,
         compaction_policy: CompactionPolicy | None = None,
+        chunk_window: int = 1,
     ) -> None:
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
+        if chunk_window < 1:
+            raise ValueError("chunk_window must be >= 1")
         self.name = name
         self.llm = llm or LLM()
         self.model = model or get_settings().model or "offline"
-        self.compaction_policy = compaction_policy or CompactionPolicy()
-        self.last_compaction: Compaction | None = None
         self.instructions = instructions
         self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
+        self._compactor = Compactor(self.llm, self.model, self.skills, compaction_policy)
+        self._chunk_window = chunk_window
         self.max_tool_rounds = max_tool_rounds
         self.runtime: Runtime = runtime or LocalRuntime()
         self._local_hooks = [h for skill in self.skills for h in skill.bound_hooks()]
@@ -203,24 +157,29 @@ class Agent:
     # ---------------------------------------------------------------- compaction
 
     @property
+    def chunk_window(self) -> int:
+        """On_chunk hops of one request in flight at once (set when the agent is built)."""
+        return self._chunk_window
+
+    @property
     def compaction_policy(self) -> CompactionPolicy:
         """The policy in force; replace it as a whole (it is frozen), e.g.
         `agent.compaction_policy = CompactionPolicy(at=0.7)`."""
-        return self._compaction_policy
+        return self._compactor.policy
 
     @compaction_policy.setter
     def compaction_policy(self, policy: CompactionPolicy) -> None:
-        if not isinstance(policy, CompactionPolicy):
-            raise TypeError(
-                f"compaction_policy must be a CompactionPolicy, not {type(policy).__name__}"
-            )
-        policy.resolve(context_window(self.model))  # refuse one that cannot work for this model
-        self._compaction_policy = policy
+        self._compactor.policy = policy
+
+    @property
+    def last_compaction(self) -> Compaction | None:
+        """The last compaction outcome that changed something (any request, or between turns)."""
+        return self._compactor.last
 
     @property
     def context_window(self) -> int:
         """Tokens compaction budgets against: the policy's `window`, else the model's."""
-        return self._compaction_policy.window or context_window(self.model)
+        return self._compactor.window
 
     async def compact_if_needed(
         self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int
@@ -229,123 +188,14 @@ class Agent:
 
         `messages` is never changed; keep `outcome.messages` when `outcome.stage != "none"`.
         """
-        policy = self._compaction_policy
-        outcome = await compaction.compact_if_needed(
-            _plain(messages), tokens_of_next_message, policy, self.context_window,
-            self._summarizer(policy),
-        )
-        await self._compacted(outcome, None)
-        return outcome
+        return await self._compactor.between_turns(messages, tokens_of_next_message, self.runtime)
 
     async def compact(
         self, messages: Sequence[Mapping[str, Any]], focus: str | None = None
     ) -> Compaction:
         """Compact now, whatever the size: everything before the latest exchange becomes one
         summary, steered by `focus`. `messages` is never changed."""
-        policy = self._compaction_policy
-        outcome = await compaction.compact(
-            _plain(messages), policy, self.context_window, self._summarizer(policy), focus=focus
-        )
-        await self._compacted(outcome, None)
-        return outcome
-
-    def _summarizer(self, policy: CompactionPolicy) -> Summarizer:
-        model = policy.model or self.model
-
-        async def summarize(request: list[dict[str, Any]]) -> str:
-            # A plain call: no hooks, not streamed, not a tool round, usage not counted.
-            response = await self.llm.complete(model, request, None)
-            return (response.choices[0].message.content or "") if response.choices else ""
-
-        return summarize
-
-    async def _compacted(self, outcome: Compaction, ctx: Context | None) -> None:
-        """Record a compaction and tell every skill that handles it; failures are only logged."""
-        if outcome.stage == "none":
-            return
-        self.last_compaction = outcome
-        completion_id = ctx.completion_id if ctx is not None else None
-        log.info(
-            "compacted", completion_id=completion_id, stage=outcome.stage,
-            before=outcome.before, after=outcome.after, window=outcome.window,
-        )
-        for skill in self.skills:
-            if not skill.handles_compaction():
-                continue
-            try:
-                result = skill.on_compaction(outcome, ctx)  # type: ignore[attr-defined]
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:  # noqa: BLE001 - a listener never breaks the run
-                log.exception("on_compaction_failed", skill=skill.name, completion_id=completion_id)
-        notify = getattr(self.runtime, "notify_compaction", None)
-        if notify is not None:
-            try:
-                await notify(outcome, ctx)
-            except Exception:  # noqa: BLE001
-                log.exception("on_compaction_failed", group="*", completion_id=completion_id)
-
-    async def _compact_in_run(
-        self,
-        state: RunState,
-        messages: list[dict[str, Any]],
-        final_round: bool,
-        policy: CompactionPolicy,
-        window: int,
-    ) -> list[dict[str, Any]] | None:
-        """Compact the messages about to go to the LLM, keeping the turn in progress whole.
-
-        The result also becomes the run's conversation (without the round-cap note).
-        Returns the messages to send, or None when nothing changed.
-        """
-        outcome = await compaction.compact_in_run(
-            messages, policy, window, self._summarizer(policy), _turn_start(messages)
-        )
-        if outcome.stage == "none":
-            return None
-        compacted = copy.deepcopy(outcome.messages)
-        conversation = copy.deepcopy(outcome.messages)
-        if final_round and conversation and conversation[-1] == _round_cap_message():
-            conversation.pop()
-        state.conversation = conversation
-        await self._compacted(outcome, state.ctx)
-        return compacted
-
-    async def _compact_after_refusal(
-        self,
-        state: RunState,
-        messages: list[dict[str, Any]],
-        final_round: bool,
-        refusal: ContextTooLong,
-    ) -> list[dict[str, Any]] | None:
-        """The endpoint said the prompt is too long although our count said it fits: compact
-        against the window the refusal implies (scaled to our count), once."""
-        policy = self._compaction_policy
-        ours = count_messages(messages)
-        numbers = _REFUSAL_NUMBERS.search(refusal.message or "")
-        ratio = _REFUSAL_SHRINK
-        if numbers and int(numbers[2]) > int(numbers[1]) > 0:
-            ratio = int(numbers[1]) / int(numbers[2])
-        try:
-            resolved = policy.resolve(self.context_window)
-            window = max(1, min(resolved.window, int(ours * ratio)))
-            tighter = CompactionPolicy(
-                auto=policy.auto,
-                at=resolved.at / resolved.window,
-                keep=resolved.keep / resolved.window,
-                hard=resolved.hard / resolved.window,
-                clear_tool_results=policy.clear_tool_results,
-                model=policy.model,
-                instructions=policy.instructions,
-                window=window,
-            )
-        except ValueError:
-            return None
-        log.info(
-            "context_too_long_compacting", completion_id=state.completion_id,
-            counted=ours, window=window,
-        )
-        return await self._compact_in_run(state, messages, final_round, tighter, window)
+        return await self._compactor.now(messages, focus, self.runtime)
 
     def plan(self) -> HookPlan:
         """The merged hook order; rebuilt only when the runtime's remote set changed."""
@@ -448,12 +298,10 @@ class Agent:
         )
         data = await self._stage(state, data, f"before_llm_call#{iteration}")
         messages = list(data.messages or [])
-        policy = self._compaction_policy
-        window = self.context_window
-        if count_messages(messages) > policy.resolve(window).hard:  # the in-run safety stop
-            compacted = await self._compact_in_run(state, messages, final_round, policy, window)
-            if compacted is not None:
-                messages = compacted
+        if self._compactor.past_hard(messages):  # the in-run safety stop
+            outcome = await self._compactor.in_run(messages, state.ctx, self.runtime)
+            if outcome is not None:
+                messages = _adopt(state, outcome, final_round)
         return messages, data.tools or None
 
     async def _llm_call(
@@ -483,170 +331,25 @@ class Agent:
                 if retried or state.chunks_seen != chunks_before:
                     raise
                 retried = True
-                compacted = await self._compact_after_refusal(state, messages, final_round, refusal)
-                if compacted is None:
+                outcome = await self._compactor.after_refusal(
+                    messages, refusal, state.ctx, self.runtime
+                )
+                if outcome is None:
                     raise
-                messages = compacted
+                messages = _adopt(state, outcome, final_round)
 
     async def _streamed_llm_call(
         self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
-        """One streamed LLM call; every chunk goes through on_chunk before the client sees it.
-
-        When every on_chunk segment is remote (a worker group), the chunks are pipelined:
-        chunk i+1 is sent to the hooks before chunk i's reply is back (up to
-        `chunk_window` chunks of this request in flight), and the client still gets the
-        results strictly in the model's order. Each chunk's hooks run on a snapshot of
-        `ctx.state` / `ctx.session.data` taken when it was sent, so the pipeline is only
-        kept while on_chunk hooks leave them unchanged: the first reply that changes them
-        is applied, the chunks sent after it (which saw the old state) are sent again,
-        one at a time, and the rest of this call runs sequentially as with in-process
-        hooks. The first chunk always goes alone, so hooks that keep per-request state
-        on every chunk (the built-in ContentFilter, Analytics) are detected on chunk 0 and
-        run strictly sequentially from the start. The catch: a hook that starts writing
-        `ctx.state` only at a later chunk may already have been called for up to
-        `chunk_window - 1` following chunks with the older state; those calls are
-        discarded and made again, so such a hook's side effects outside `ctx` can happen
-        twice for them. A HookError on chunk i ends the stream at chunk i (the results of
-        later chunks already sent are dropped). In-process on_chunk hooks (or a chain
-        mixing both) are always called one chunk at a time.
-        """
-        segments = state.plan.segments("on_chunk", state.ctx.auth.scopes)
-        if segments and self.chunk_window > 1 and all(s.group is not None for s in segments):
-            async for chunk in self._pipelined_llm_call(state, messages, tools):
+        """One streamed LLM call; every chunk goes through on_chunk before the client sees it
+        (pipelined when every on_chunk hook is remote and `chunk_window` > 1)."""
+        chunks = stream_chunks(
+            state, self.llm.stream(self.model, messages, tools), self.model,
+            self._on_chunk, self._chunk_window,
+        )
+        async with contextlib.aclosing(chunks) as visible:
+            async for chunk in visible:
                 yield chunk
-            return
-        assembler = ChunkAssembler(state.completion_id, self.model)
-        full_content: list[str] = []
-        async for chunk in self.llm.stream(self.model, messages, tools):
-            chunk.id = state.completion_id
-            if chunk.usage is not None:
-                assembler.usage = chunk.usage
-            content = _chunk_text(chunk)
-            if content:
-                full_content.append(content)
-            if segments:
-                visible = await self._on_chunk(
-                    state, chunk, content, state.chunks_seen, "".join(full_content)
-                )
-            else:
-                visible = chunk
-            state.chunks_seen += 1
-            if visible is None or not visible.choices:
-                continue  # dropped by a hook, or the usage-only chunk (summed at the end)
-            visible.id = state.completion_id
-            assembler.add(visible)
-            yield visible
-        state.last_response = assembler.completion()
-
-    async def _pipelined_llm_call(
-        self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> AsyncGenerator[ChatCompletionChunk, None]:
-        """`_streamed_llm_call` with remote on_chunk hops pipelined (see its docstring).
-
-        A producer task reads the model's stream and sends each chunk's hop at once (up to
-        `chunk_window` unsettled); this generator settles them in order and yields each as
-        soon as it and every earlier one is back."""
-        assembler = ChunkAssembler(state.completion_id, self.model)
-        ctx = state.ctx
-        window = self.chunk_window
-        pending: collections.deque[_ChunkHop] = collections.deque()
-        wake, room, first_settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        sequential = False
-        finished = False
-        failure: BaseException | None = None
-
-        def send(chunk: ChatCompletionChunk, content: str, index: int, full: str) -> _ChunkHop:
-            hop = _ChunkHop(chunk, content, index, full, ctx.state, ctx.session.data)
-            if not sequential:
-                # the hop's own Context: its reply rebinds this copy's state/session, not ctx's
-                own = ctx.model_copy(update={"session": ctx.session.model_copy()})
-                hop.ctx = own
-                hop.future = asyncio.ensure_future(self._on_chunk_in(state, own, chunk, content, index, full))
-            return hop
-
-        async def produce() -> None:
-            nonlocal finished, failure
-            full_content: list[str] = []
-            try:
-                async with contextlib.aclosing(self.llm.stream(self.model, messages, tools)) as stream:
-                    async for chunk in stream:
-                        chunk.id = state.completion_id
-                        if chunk.usage is not None:
-                            assembler.usage = chunk.usage
-                        content = _chunk_text(chunk)
-                        if content:
-                            full_content.append(content)
-                        index = state.chunks_seen
-                        state.chunks_seen += 1
-                        pending.append(send(chunk, content, index, "".join(full_content)))
-                        wake.set()
-                        if index == 0:  # the first chunk goes alone: it tells whether hooks keep state
-                            await first_settled.wait()
-                        while len(pending) >= window:
-                            room.clear()
-                            await room.wait()
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
-                failure = exc
-            finally:
-                finished = True
-                wake.set()
-
-        async def settle(hop: _ChunkHop) -> ChatCompletionChunk | None:
-            """Chunk `hop`'s result, in order; sent again alone if it ran on an old state."""
-            nonlocal sequential
-            if hop.future is None or hop.ctx is None:
-                return await self._on_chunk(state, hop.chunk, hop.content, hop.index, hop.full)
-            if hop.state is not ctx.state or hop.session is not ctx.session.data:
-                hop.future.cancel()
-                return await self._on_chunk(state, hop.chunk, hop.content, hop.index, hop.full)
-            visible = await hop.future
-            own = hop.ctx
-            if own.state != ctx.state or own.session.data != ctx.session.data:
-                ctx.state = own.state
-                ctx.session.data = own.session.data
-                sequential = True  # hooks keep state: no more speculation in this call
-            return visible
-
-        producer = asyncio.ensure_future(produce())
-        try:
-            while True:
-                if not pending:
-                    if finished:
-                        break
-                    wake.clear()
-                    await wake.wait()
-                    continue
-                hop = pending.popleft()
-                room.set()
-                try:
-                    visible = await settle(hop)
-                finally:
-                    if hop.index == 0:
-                        first_settled.set()
-                if visible is None or not visible.choices:
-                    continue  # dropped by a hook, or the usage-only chunk (summed at the end)
-                visible.id = state.completion_id
-                assembler.add(visible)
-                yield visible
-            if failure is not None:
-                raise failure
-        finally:
-            if not producer.done():
-                producer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await producer
-            for hop in pending:
-                if hop.future is not None:
-                    hop.future.cancel()
-        state.last_response = assembler.completion()
-
-    async def _on_chunk_in(
-        self, state: RunState, ctx: Context, chunk: ChatCompletionChunk, content: str, index: int, full: str
-    ) -> ChatCompletionChunk | None:
-        """`_on_chunk` with its own Context (a pipelined chunk's snapshot)."""
-        own = RunState(ctx, state.plan, state.conversation, state.stream)
-        return await self._on_chunk(own, chunk, content, index, full)
 
     async def _on_chunk(
         self, state: RunState, chunk: ChatCompletionChunk, content: str, index: int, full: str
@@ -813,19 +516,11 @@ def _round_cap_message() -> dict[str, Any]:
     return {"role": "system", "content": ROUND_CAP_NOTE}
 
 
-def _turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Index of the turn in progress: its (last) user message; 0 when there is none."""
-    return next(
-        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), 0
-    )
-
-
-def _plain(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
-    """Messages as mappings (pydantic message objects are dumped); the originals stay as they are."""
-    return [m if isinstance(m, Mapping) else m.model_dump(exclude_none=True) for m in messages]
-
-
-def _chunk_text(chunk: ChatCompletionChunk) -> str:
-    if chunk.choices and chunk.choices[0].delta.content:
-        return chunk.choices[0].delta.content
-    return ""
+def _adopt(state: RunState, outcome: Compaction, final_round: bool) -> list[dict[str, Any]]:
+    """An in-run compaction becomes the run's conversation (without the round-cap note), so
+    later rounds do not grow back; returns the messages to send now."""
+    conversation = copy.deepcopy(outcome.messages)
+    if final_round and conversation and conversation[-1] == _round_cap_message():
+        conversation.pop()
+    state.conversation = conversation
+    return copy.deepcopy(outcome.messages)

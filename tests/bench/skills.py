@@ -130,9 +130,12 @@ STREAM_PROMPT = "[[words:500]]"
 
 def stream_agent() -> Agent:
     """The streaming bench measures the opt-in pipelining of remote on_chunk hops."""
-    agent = Agent("bench-stream")
-    agent.chunk_window = 64
-    return agent
+    return Agent("bench-stream", chunk_window=64)
+
+
+def sequential_stream_agent() -> Agent:
+    """The default: one on_chunk hop of a request in flight at a time."""
+    return Agent("bench-stream-sequential")
 
 
 # --------------------------------------------------------------------------- scale-out

@@ -101,8 +101,7 @@ class Jitter(Skill):
 async def test_pipelined_on_chunk_hops_overlap_and_keep_the_order(redis_url, prefix):
     Jitter.running = Jitter.most = 0
     groups = {"jitter": [Jitter()]}
-    agent = Agent("pipe")
-    agent.chunk_window = 64  # pipelining is opt-in
+    agent = Agent("pipe", chunk_window=64)  # pipelining is opt-in
     async with running_stack(redis_url, prefix, agent, groups, replicas=2) as (client, _, _):
         chunks = [c async for c in client.stream("[[words:60]]")]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

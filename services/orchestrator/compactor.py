@@ -1,0 +1,192 @@
+"""An agent's compaction: its policy, the summary call, the in-run safety stop, the retry
+after a "context too long" refusal, and telling the skills that listen.
+
+The rules of compacting live in hookbus.services.orchestrator.compaction (pure functions of
+messages and a policy); this module binds them to one agent's model, LLM and skills. The
+summary is one plain LLM call (`policy.model` or the agent's model): no hooks, not streamed,
+not a tool round, and its usage is not added to the request's. Every skill defining
+`on_compaction(outcome, ctx)` (in-process, or hosted by a worker group through the runtime)
+hears of each compaction that changed something; `ctx` is None between turns.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from hookbus.services.orchestrator import compaction
+from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
+from hookbus.services.orchestrator.llm import LLM, ContextTooLong
+from hookbus.services.orchestrator.runtime import Runtime
+from hookbus.services.orchestrator.tokens import context_window, count_messages
+from hookbus.skills import Context, Skill
+
+log = structlog.get_logger("hookbus.agent")
+
+_REFUSAL_NUMBERS = re.compile(
+    r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens",
+    re.IGNORECASE | re.DOTALL,
+)
+_REFUSAL_SHRINK = 0.9
+"""Assumed ratio of the endpoint's window to our count when its refusal names no numbers."""
+
+
+class Compactor:
+    """Compaction for one agent (model, LLM and skills fixed when the agent is built).
+
+    `last` is the last outcome that changed something, across every request and every
+    call between turns; it is set in one place (`_announce`) and is a record for the host,
+    never read by a run.
+    """
+
+    def __init__(
+        self, llm: LLM, model: str, skills: Sequence[Skill], policy: CompactionPolicy | None
+    ) -> None:
+        self._llm = llm
+        self._model = model
+        self._listeners = [skill for skill in skills if skill.handles_compaction()]
+        self.policy = policy or CompactionPolicy()
+        self.last: Compaction | None = None
+
+    @property
+    def policy(self) -> CompactionPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: CompactionPolicy) -> None:
+        if not isinstance(policy, CompactionPolicy):
+            raise TypeError(
+                f"compaction_policy must be a CompactionPolicy, not {type(policy).__name__}"
+            )
+        policy.resolve(context_window(self._model))  # refuse one that cannot work for this model
+        self._policy = policy
+
+    @property
+    def window(self) -> int:
+        """Tokens compaction budgets against: the policy's `window`, else the model's."""
+        return self._policy.window or context_window(self._model)
+
+    async def between_turns(
+        self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int, runtime: Runtime
+    ) -> Compaction:
+        policy = self._policy
+        outcome = await compaction.compact_if_needed(
+            _plain(messages), tokens_of_next_message, policy, self.window, self._summarizer(policy)
+        )
+        await self._announce(outcome, None, runtime)
+        return outcome
+
+    async def now(
+        self, messages: Sequence[Mapping[str, Any]], focus: str | None, runtime: Runtime
+    ) -> Compaction:
+        policy = self._policy
+        outcome = await compaction.compact(
+            _plain(messages), policy, self.window, self._summarizer(policy), focus=focus
+        )
+        await self._announce(outcome, None, runtime)
+        return outcome
+
+    def past_hard(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether messages about to go to the LLM pass the in-run safety stop."""
+        return count_messages(messages) > self._policy.resolve(self.window).hard
+
+    async def in_run(
+        self,
+        messages: list[dict[str, Any]],
+        ctx: Context,
+        runtime: Runtime,
+        policy: CompactionPolicy | None = None,
+        window: int | None = None,
+    ) -> Compaction | None:
+        """Compact the messages about to go to the LLM, keeping the turn in progress whole;
+        None when nothing changed."""
+        policy = policy or self._policy
+        outcome = await compaction.compact_in_run(
+            messages, policy, window or self.window, self._summarizer(policy), _turn_start(messages)
+        )
+        if outcome.stage == "none":
+            return None
+        await self._announce(outcome, ctx, runtime)
+        return outcome
+
+    async def after_refusal(
+        self, messages: list[dict[str, Any]], refusal: ContextTooLong, ctx: Context, runtime: Runtime
+    ) -> Compaction | None:
+        """The endpoint said the prompt is too long although our count said it fits: compact
+        against the window the refusal implies (scaled to our count), once."""
+        policy = self._policy
+        ours = count_messages(messages)
+        numbers = _REFUSAL_NUMBERS.search(refusal.message or "")
+        ratio = _REFUSAL_SHRINK
+        if numbers and int(numbers[2]) > int(numbers[1]) > 0:
+            ratio = int(numbers[1]) / int(numbers[2])
+        try:
+            resolved = policy.resolve(self.window)
+            window = max(1, min(resolved.window, int(ours * ratio)))
+            tighter = CompactionPolicy(
+                auto=policy.auto,
+                at=resolved.at / resolved.window,
+                keep=resolved.keep / resolved.window,
+                hard=resolved.hard / resolved.window,
+                clear_tool_results=policy.clear_tool_results,
+                model=policy.model,
+                instructions=policy.instructions,
+                window=window,
+            )
+        except ValueError:
+            return None
+        log.info(
+            "context_too_long_compacting", completion_id=ctx.completion_id,
+            counted=ours, window=window,
+        )
+        return await self.in_run(messages, ctx, runtime, tighter, window)
+
+    def _summarizer(self, policy: CompactionPolicy) -> Summarizer:
+        model = policy.model or self._model
+
+        async def summarize(request: list[dict[str, Any]]) -> str:
+            # A plain call: no hooks, not streamed, not a tool round, usage not counted.
+            response = await self._llm.complete(model, request, None)
+            return (response.choices[0].message.content or "") if response.choices else ""
+
+        return summarize
+
+    async def _announce(self, outcome: Compaction, ctx: Context | None, runtime: Runtime) -> None:
+        """Record a compaction and tell every skill that handles it; failures are only logged."""
+        if outcome.stage == "none":
+            return
+        self.last = outcome
+        completion_id = ctx.completion_id if ctx is not None else None
+        log.info(
+            "compacted", completion_id=completion_id, stage=outcome.stage,
+            before=outcome.before, after=outcome.after, window=outcome.window,
+        )
+        for skill in self._listeners:
+            try:
+                result = skill.on_compaction(outcome, ctx)  # type: ignore[attr-defined]
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - a listener never breaks the run
+                log.exception("on_compaction_failed", skill=skill.name, completion_id=completion_id)
+        notify = getattr(runtime, "notify_compaction", None)
+        if notify is not None:
+            try:
+                await notify(outcome, ctx)
+            except Exception:  # noqa: BLE001
+                log.exception("on_compaction_failed", group="*", completion_id=completion_id)
+
+
+def _turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Index of the turn in progress: its (last) user message; 0 when there is none."""
+    return next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), 0
+    )
+
+
+def _plain(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Messages as mappings (pydantic message objects are dumped); the originals stay as they are."""
+    return [m if isinstance(m, Mapping) else m.model_dump(exclude_none=True) for m in messages]

@@ -1,0 +1,33 @@
+"""One request's state as it moves through the agent loop (the agent itself holds none)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion
+
+from hookbus.services.orchestrator.plan import HookPlan
+from hookbus.skills import Context, HookError
+
+
+@dataclass
+class RunState:
+    """Everything one run of the loop reads and writes; built by the agent per request."""
+
+    ctx: Context
+    plan: HookPlan
+    conversation: list[dict[str, Any]]
+    stream: bool
+    usage: CompletionUsage | None = None
+    chunks_seen: int = 0
+    last_response: ChatCompletion | None = None
+    result: ChatCompletion | None = None
+    error: HookError | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def completion_id(self) -> str:
+        return self.ctx.metadata.completion_id
