@@ -29,10 +29,10 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
+from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import RECONNECT_ERRORS, connect
 from hookbus.bus.deadletter import entry_id_text, send_dead_letter
 from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
-from hookbus.bus.keys import Keys
 from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
 from hookbus.skills import AuthInfo, HookError
@@ -56,7 +56,7 @@ class HookbusClient:
         url = redis_url or settings.redis_url
         if not url:
             raise ValueError("no Redis to talk to: pass redis_url or set REDIS_URL")
-        self.keys = Keys(prefix or settings.prefix)
+        self.keys = keys_for(url, prefix or settings.prefix)
         self.timeout = timeout
         self.max_request_bytes = max_request_bytes
         self._client = connect(url, max_connections=2000)
@@ -112,7 +112,7 @@ class HookbusClient:
                 f"request is {size} bytes; the limit is {self.max_request_bytes} bytes",
             )
         try:
-            await self._client.xadd(self.keys.requests, fields)  # type: ignore[arg-type]
+            await self._client.xadd(self.keys.requests_for(request.completion_id), fields)  # type: ignore[arg-type]
         except RECONNECT_ERRORS as exc:
             raise HookError(503, "bus_unavailable", f"could not queue the request: {exc}") from exc
         return request

@@ -4,32 +4,57 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterError,
+    ConnectionError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TimeoutError,
+    TryAgainError,
+)
 
-RECONNECT_ERRORS = (ConnectionError, TimeoutError, BusyLoadingError, OSError)
+from hookbus.bus.cluster import cluster_client, is_cluster
+
+if TYPE_CHECKING:
+    from faststream.redis import RedisBroker
+
+CLUSTER_TRANSIENT_ERRORS = (ClusterError, AskError, TryAgainError, ReadOnlyError, RedisClusterException)
+"""What a cluster client raises when its own retries did not outlast a failover or a
+slot migration (CLUSTERDOWN, MOVED/ASK/TRYAGAIN still bouncing, a demoted master's
+READONLY, no reachable node): the same treatment as a dropped connection."""
+RECONNECT_ERRORS = (ConnectionError, TimeoutError, BusyLoadingError, OSError, *CLUSTER_TRANSIENT_ERRORS)
 
 
-def connect(url: str, *, max_connections: int = 200, retries: int = 12) -> aredis.Redis:
+def connect(
+    url: str, *, max_connections: int = 200, retries: int = 12, socket_timeout: float = 10
+) -> aredis.Redis:
     """A pooled async client; commands retry through a short outage (about 10 s).
 
     Long blocking reads use `retries=0` and reconnect in their own loop: redis-py's
     retry would otherwise swallow the cancellation that stops them.
-    """
-    return aredis.Redis.from_url(
-        url,
-        max_connections=max_connections,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=retries),
-        retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError] if retries else [],
-        health_check_interval=15,
-        socket_keepalive=True,
-        socket_connect_timeout=2,
-        socket_timeout=10,  # blocking reads here block for at most 2 s
-    )
+
+    On a Redis Cluster (hookbus.bus.cluster) this is a `RedisCluster`, typed as a
+    `Redis`: hookbus only uses commands both have, with keys laid out per slot."""
+    options: dict[str, Any] = {
+        "max_connections": max_connections,
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=retries),
+        "retry_on_error": [ConnectionError, TimeoutError, BusyLoadingError] if retries else [],
+        "health_check_interval": 15,
+        "socket_keepalive": True,
+        "socket_connect_timeout": min(2, socket_timeout),
+        "socket_timeout": socket_timeout,  # blocking reads here block for at most 2 s
+    }
+    if is_cluster(url):
+        return cluster_client(url, **options)  # type: ignore[return-value]
+    return aredis.Redis.from_url(url, **options)
 
 
 def instance_name(role: str) -> str:
@@ -44,6 +69,13 @@ async def ensure_group(client: aredis.Redis, stream: str, group: str) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def broker_class(url: str) -> type[RedisBroker]:
+    """FastStream's broker for the Redis at `url`: `RedisClusterBroker` on a cluster."""
+    from faststream.redis import RedisBroker, RedisClusterBroker
+
+    return RedisClusterBroker if is_cluster(url) else RedisBroker
 
 
 def broker_retry() -> dict[str, Any]:

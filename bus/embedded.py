@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -41,12 +42,20 @@ class EmbeddedRedis:
     """A redis-server child process; `url` is what REDIS_URL would be."""
 
     def __init__(
-        self, *, port: int | None = None, directory: str | Path | None = None, appendonly: bool = True
+        self,
+        *,
+        port: int | None = None,
+        directory: str | Path | None = None,
+        appendonly: bool = True,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """`extra_args`: more redis-server options (hookbus.bus.embedded_cluster adds the
+        cluster ones)."""
         self.port = port or free_port()
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-")).resolve()
         self.appendonly = appendonly
+        self.extra_args = tuple(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -73,6 +82,7 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self.directory / "redis.log"),
+            *self.extra_args,
         ]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_ready(timeout)

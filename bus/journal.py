@@ -1,6 +1,8 @@
 """The request journal: who runs a request, how far it got, and whether it was finished.
 
-`journal:{completion_id}` is a hash written only through the Lua scripts below, so each
+`journal:{completion_id}` (hookbus.bus.keys.Keys.journal: in the slot of the request's
+requests shard, response stream and cancel marker, so each script below touches one
+slot, also on a Redis Cluster) is a hash written only through the Lua scripts below, so each
 step is one atomic round trip:
 
 | field | meaning |
@@ -36,10 +38,13 @@ few seconds, for all its requests together.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aredis
+
+from hookbus.bus.keys import Keys
 
 JOURNAL_TTL = 6 * 3600
 """While a request runs (renewed with its lease)."""
@@ -193,13 +198,13 @@ class Journal:
     def __init__(
         self,
         client: aredis.Redis,
-        prefix: str,
+        keys: Keys,
         *,
         ttl: int = JOURNAL_TTL,
         done_ttl: int = DONE_TTL,
     ) -> None:
         self.client = client
-        self.prefix = prefix
+        self.keys = keys
         self.ttl = ttl
         self.done_ttl = done_ttl
         self._begin = client.register_script(_BEGIN)
@@ -209,13 +214,12 @@ class Journal:
         self._renew = client.register_script(_RENEW)
 
     def key(self, completion_id: str) -> str:
-        return f"{self.prefix}journal:{completion_id}"
+        return self.keys.journal(completion_id)
 
-    async def begin(
-        self, completion_id: str, entry_id: str, owner: str, *, now: float, cancel_key: str | None = None
-    ) -> Begun:
-        """Create the journal for a first run; if one exists, say whose it is instead."""
-        keys = [self.key(completion_id)] + ([cancel_key] if cancel_key else [])
+    async def begin(self, completion_id: str, entry_id: str, owner: str, *, now: float) -> Begun:
+        """Create the journal for a first run (and read the cancel marker); if one
+        exists, say whose it is instead."""
+        keys = [self.key(completion_id), self.keys.cancel(completion_id)]
         raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now)])
         ok, entry, done, who, epoch, cancelled = raw
         return Begun(
@@ -275,20 +279,32 @@ class Journal:
             )
         )
 
-    async def renew(
-        self, requests: str, group: str, consumer: str, leases: Sequence[Lease], cancel_key_of
-    ) -> tuple[list[str], list[str]]:
+    async def renew(self, group: str, consumer: str, leases: Sequence[Lease]) -> tuple[list[Lease], list[Lease]]:
         """Renew the claim on every running request still ours (XCLAIM JUSTID), refresh
-        their journals' TTL and stage; returns (entries fenced out, entries cancelled)."""
-        if not leases:
-            return [], []
-        keys: list[str] = [requests]
+        their journals' TTL and stage; returns (leases fenced out, leases cancelled).
+
+        One script per requests shard (a script touches one slot), run concurrently."""
+        by_shard: dict[int, list[Lease]] = {}
+        for lease in leases:
+            by_shard.setdefault(self.keys.shard_of(lease.completion_id), []).append(lease)
+        results = await asyncio.gather(
+            *(self._renew_shard(shard, group, consumer, batch) for shard, batch in by_shard.items())
+        )
+        fenced = [lease for shard_fenced, _ in results for lease in shard_fenced]
+        cancelled = [lease for _, shard_cancelled in results for lease in shard_cancelled]
+        return fenced, cancelled
+
+    async def _renew_shard(
+        self, shard: int, group: str, consumer: str, leases: Sequence[Lease]
+    ) -> tuple[list[Lease], list[Lease]]:
+        keys: list[str] = [self.keys.requests_shard(shard)]
         args: list[str | int] = [group, consumer, self.ttl]
         for lease in leases:
-            keys += [self.key(lease.completion_id), cancel_key_of(lease.completion_id)]
+            keys += [self.key(lease.completion_id), self.keys.cancel(lease.completion_id)]
             args += [lease.entry_id, lease.epoch, lease.stage]
         fenced, cancelled = await self._renew(keys=keys, args=args)
-        return [_text(e) for e in fenced], [_text(e) for e in cancelled]
+        by_entry = {lease.entry_id: lease for lease in leases}
+        return [by_entry[_text(e)] for e in fenced], [by_entry[_text(e)] for e in cancelled]
 
     async def read(self, completion_id: str) -> dict[str, str]:
         raw = await self.client.hgetall(self.key(completion_id))

@@ -1,7 +1,26 @@
 """Names of every Redis key hookbus uses, under one configurable prefix.
 
-With Redis Cluster, use a prefix with a hash tag (`{hookbus}:`) so that keys that one
-operation touches together land in one slot.
+On a single Redis (the default layout) the names are plain: `hookbus:requests`,
+`hookbus:journal:<completion id>`, ... On a Redis Cluster (`cluster=True`, chosen by
+hookbus.bus.cluster.keys_for when the server says it is one) every key carries a hash
+tag (hookbus.bus.shards) so that what one atomic step touches shares a slot while the
+load spreads over the nodes:
+
+| keys | slot |
+|---|---|
+| requests shard, journal, responses, cancel marker of one request | its completion id's shard |
+| hook-stream shard of a group a request's hops go to | the same shard |
+| reply stream and event stream of one process | its instance name's shard |
+| registry, its version, replica and orchestrator heartbeats, stats | one slot, `{registry}` |
+| sessions, dead-letter | their own key |
+
+Streams that are sharded (requests, each group's hook stream, events) are read in
+every shard by their consumers. With one shard (`shards=1`, the single-Redis default)
+`requests`, `hooks(group)` and `events` name the one stream; with more, naming "the"
+stream is a mistake and raises, so a caller that forgot the shards fails loudly.
+
+A prefix with a hash tag of its own (`{hookbus}:`) would put every key in one slot:
+hookbus.bus.cluster refuses it on a cluster.
 """
 
 from __future__ import annotations
@@ -9,7 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hookbus.bus.shards import shard_of, shard_tags
+
 ORCHESTRATOR_GROUP = "orchestrators"
+REGISTRY_TAG = "{registry}"
 
 
 def text(value: Any) -> str:
@@ -17,56 +39,151 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class ShardedStreamError(LookupError):
+    """A sharded stream was named as if it were one stream."""
+
+
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "hookbus:"
+    shards: int = 1
+    """How many shards the requests, hook and event streams have (HOOKBUS_SHARDS)."""
+    cluster: bool = False
+    """Hash-tagged names, for a Redis Cluster."""
+
+    def __post_init__(self) -> None:
+        shard_tags(self.shards)  # validates the count
+
+    @property
+    def tagged(self) -> bool:
+        return self.cluster or self.shards > 1
+
+    # ------------------------------------------------------------------ shards
+
+    def shard_of(self, name: str) -> int:
+        """The shard of a completion id or an instance name."""
+        return shard_of(name, self.shards)
+
+    def _tag(self, shard: int) -> str:
+        return "{" + shard_tags(self.shards)[shard] + "}"
+
+    def _sharded(self, kind: str, shard: int, name: str = "") -> str:
+        """`<prefix><kind>[:<tag>][:<name>]`: the tag right after the kind, before any
+        user-chosen name, so that a brace inside a name never becomes the hash tag."""
+        tag = f":{self._tag(shard)}" if self.tagged else ""
+        return f"{self.prefix}{kind}{tag}{':' + name if name else ''}"
+
+    def _only(self, what: str) -> None:
+        if self.shards > 1:
+            raise ShardedStreamError(f"{what} has {self.shards} shards: name one (or all)")
+
+    # ---------------------------------------------------------------- requests
+
+    def requests_shard(self, shard: int) -> str:
+        return self._sharded("requests", shard)
+
+    def requests_for(self, completion_id: str) -> str:
+        """The requests shard a request with this completion id is queued on."""
+        return self.requests_shard(self.shard_of(completion_id))
+
+    @property
+    def request_streams(self) -> list[str]:
+        return [self.requests_shard(s) for s in range(self.shards)]
 
     @property
     def requests(self) -> str:
-        return f"{self.prefix}requests"
+        """The requests stream of an unsharded layout."""
+        self._only("requests")
+        return self.requests_shard(0)
 
-    def hooks(self, group: str) -> str:
-        return f"{self.prefix}hooks:{group}"
-
-    def replies(self, instance: str) -> str:
-        return f"{self.prefix}replies:{instance}"
+    def journal(self, completion_id: str) -> str:
+        return self._sharded("journal", self.shard_of(completion_id), completion_id)
 
     def responses(self, completion_id: str) -> str:
-        return f"{self.prefix}responses:{completion_id}"
+        return self._sharded("responses", self.shard_of(completion_id), completion_id)
+
+    def cancel(self, completion_id: str) -> str:
+        """String key whose existence means "cancel this request"; its value is the reason."""
+        return self._sharded("cancel", self.shard_of(completion_id), completion_id)
+
+    @property
+    def cancel_channel(self) -> str:
+        """Pub/sub channel; each message is the completion id of a request to cancel
+        (cluster-wide: classic pub/sub reaches subscribers on every node)."""
+        return f"{self.prefix}cancel"
+
+    # ------------------------------------------------------------ hook streams
+
+    def hooks_shard(self, group: str, shard: int) -> str:
+        if not self.tagged:
+            return f"{self.prefix}hooks:{group}"
+        return self._sharded("hooks", shard, group)
+
+    def hooks_for(self, group: str, completion_id: str) -> str:
+        """The shard of `group`'s stream a request's hops go to: the request's own shard."""
+        return self.hooks_shard(group, self.shard_of(completion_id))
+
+    def hook_streams(self, group: str) -> list[str]:
+        return [self.hooks_shard(group, s) for s in range(self.shards)]
+
+    def hooks(self, group: str) -> str:
+        """The hook stream of `group` in an unsharded layout."""
+        self._only(f"hooks:{group}")
+        return self.hooks_shard(group, 0)
+
+    # ------------------------------------------------------ per-process streams
+
+    def replies(self, instance: str) -> str:
+        return self._sharded("replies", self.shard_of(instance), instance)
+
+    def events_shard(self, shard: int) -> str:
+        return self._sharded("events", shard)
+
+    def events_for(self, instance: str) -> str:
+        """The events shard one process writes its monitor records to."""
+        return self.events_shard(self.shard_of(instance))
+
+    @property
+    def event_streams(self) -> list[str]:
+        return [self.events_shard(s) for s in range(self.shards)]
 
     @property
     def events(self) -> str:
-        return f"{self.prefix}events"
+        """The events stream of an unsharded layout."""
+        self._only("events")
+        return self.events_shard(0)
 
     @property
     def dead_letter(self) -> str:
         return f"{self.prefix}dead-letter"
 
+    # ---------------------------------------------------------------- registry
+
+    def _control(self, name: str) -> str:
+        return f"{self.prefix}{REGISTRY_TAG}:{name}" if self.tagged else f"{self.prefix}{name}"
+
     @property
     def registry(self) -> str:
         """Hash: group name -> its announcement (hook and tool descriptors)."""
-        return f"{self.prefix}registry"
+        return self._control("registry")
 
     @property
     def registry_version(self) -> str:
-        return f"{self.prefix}registry:version"
+        return self._control("registry:version")
 
     @property
     def registry_channel(self) -> str:
         """Pub/sub channel that tells orchestrators the registry changed."""
-        return f"{self.prefix}registry:changed"
+        return self._control("registry:changed")
 
     def replicas(self, group: str) -> str:
         """Sorted set: replica name -> last heartbeat (unix seconds)."""
-        return f"{self.prefix}replicas:{group}"
+        return self._control(f"replicas:{group}")
 
     @property
     def orchestrators(self) -> str:
         """Sorted set: orchestrator instance -> last heartbeat (unix seconds)."""
-        return f"{self.prefix}orchestrators"
-
-    def journal(self, completion_id: str) -> str:
-        return f"{self.prefix}journal:{completion_id}"
+        return self._control("orchestrators")
 
     def session(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
@@ -74,4 +191,4 @@ class Keys:
     @property
     def stats(self) -> str:
         """Hash of per-minute counters for `hookbus status` throughput."""
-        return f"{self.prefix}stats"
+        return self._control("stats")

@@ -23,6 +23,14 @@ class Settings(BaseSettings):
     prefix: str = Field(
         default="hookbus:", alias="HOOKBUS_PREFIX", description="Prefix of every Redis key."
     )
+    shards: int | None = Field(
+        default=None,
+        alias="HOOKBUS_SHARDS",
+        description=(
+            "Shards of the requests, hook and event streams; the same in every process. "
+            "Unset: 1 on a single Redis, 12 on a Redis Cluster."
+        ),
+    )
     openai_base_url: str | None = Field(
         default=None,
         alias="OPENAI_BASE_URL",

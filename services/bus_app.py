@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 
 from faststream import FastStream
-from faststream.redis import RedisBroker
 
-from hookbus.bus.connection import broker_retry
+from hookbus.bus.connection import broker_class, broker_retry
 
 
 class BusApp:
     def __init__(self, redis_url: str, *, graceful_timeout: float) -> None:
-        self.broker = RedisBroker(
+        self.broker = broker_class(redis_url)(
             redis_url,
             graceful_timeout=graceful_timeout,
             logger=logging.getLogger("faststream.hookbus"),

@@ -127,8 +127,8 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
+    from hookbus.bus.cluster import keys_for
     from hookbus.bus.connection import connect
-    from hookbus.bus.keys import Keys
     from hookbus.services.monitor import EventFilter, follow_events, format_event
 
     selection = EventFilter(args.completion_id, args.lifecycle, args.group, args.errors)
@@ -136,7 +136,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     async def monitor() -> None:
         client = connect(redis_url_or_exit(), retries=0)
         shown = 0
-        async for record in follow_events(client, Keys(get_settings().prefix), from_start=args.from_start):
+        keys = keys_for(redis_url_or_exit(), get_settings().prefix)
+        async for record in follow_events(client, keys, from_start=args.from_start):
             if selection.matches(record):
                 print(format_event(record), flush=True)
                 shown += 1
@@ -149,14 +150,14 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from hookbus.bus.cluster import keys_for
     from hookbus.bus.connection import connect
-    from hookbus.bus.keys import Keys
     from hookbus.services.monitor import format_status, read_status
 
     async def status() -> None:
         client = connect(redis_url_or_exit())
         try:
-            result = await read_status(client, Keys(get_settings().prefix))
+            result = await read_status(client, keys_for(redis_url_or_exit(), get_settings().prefix))
         finally:
             await client.aclose()
         print(result.model_dump_json(indent=2) if args.json else format_status(result))

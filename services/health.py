@@ -11,14 +11,16 @@ import time
 
 import redis.asyncio as aredis
 
-from hookbus.bus.keys import Keys, text
+from hookbus.bus.cluster import keys_for
+from hookbus.bus.connection import connect
+from hookbus.bus.keys import text
 from hookbus.bus.registry import REPLICA_TTL
 
 
 async def check_health(redis_url: str, prefix: str, role: str | None, group: str | None) -> tuple[bool, str]:
-    keys = Keys(prefix)
+    keys = keys_for(redis_url, prefix)
     host = socket.gethostname()
-    client = aredis.Redis.from_url(redis_url, socket_timeout=3, socket_connect_timeout=3)
+    client = connect(redis_url, max_connections=4, retries=0, socket_timeout=3)
     try:
         if role == "worker" and not group:
             return False, "--group is required with --role worker"

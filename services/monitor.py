@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
 from pydantic import BaseModel
 
+from hookbus.bus.cluster import latest_ids, xread_streams
 from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys, text
 from hookbus.bus.registry import REPLICA_TTL, GroupAnnouncement
@@ -43,24 +44,40 @@ class EventFilter:
 async def follow_events(
     client: aredis.Redis, keys: Keys, *, from_start: bool = False, block_ms: int = 1000
 ) -> AsyncIterator[MonitorRecord]:
-    """Every event record from now on (or from the start of the capped stream), forever."""
-    last_id = "0-0" if from_start else "$"
+    """Every event record from now on (or from the start of the capped streams), forever;
+    records of one read from several event shards come in time order."""
+    streams = keys.event_streams
+    positions: dict[str, Any] = (
+        dict.fromkeys(streams, "0-0") if from_start else await latest_ids(client, streams)
+    )
     while True:
-        response: Any = await client.xread({keys.events: last_id}, count=500, block=block_ms)
-        for _stream, entries in response or ():
+        response = await xread_streams(client, positions, count=500, block_ms=block_ms)
+        batch = []
+        for stream, entries in response:
             for entry_id, fields in entries:
-                last_id = entry_id
+                positions[text(stream)] = entry_id
                 try:
-                    yield decode(fields, MonitorRecord)
+                    batch.append(decode(fields, MonitorRecord))
                 except DecodeError:
                     continue
+        for record in sorted(batch, key=lambda r: r.ts) if len(response) > 1 else batch:
+            yield record
 
 
 async def recent_events(client: aredis.Redis, keys: Keys, count: int = 10_000) -> list[MonitorRecord]:
-    """The newest `count` records, oldest first."""
-    entries: Any = await client.xrevrange(keys.events, count=count)
+    """The newest `count` records (of every event shard), oldest first."""
     records = []
-    for _entry_id, fields in reversed(entries):
+    for stream in keys.event_streams:
+        entries: Any = await client.xrevrange(stream, count=count)
+        records += _decoded(reversed(entries))
+    if keys.shards == 1:
+        return records
+    return sorted(records, key=lambda r: r.ts)[-count:]
+
+
+def _decoded(entries: Any) -> list[MonitorRecord]:
+    records = []
+    for _entry_id, fields in entries:
         try:
             records.append(decode(fields, MonitorRecord))
         except DecodeError:
@@ -113,7 +130,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         except ValueError:
             continue
         replicas = await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf")
-        lag, pending = await group_backlog(client, keys.hooks(name), name)
+        lag, pending = await group_backlog(client, keys.hook_streams(name), name)
         groups.append(
             GroupStatus(
                 name=name,
@@ -125,16 +142,11 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
             )
         )
     orchestrators = await client.zrangebyscore(keys.orchestrators, now - REPLICA_TTL, "+inf")
-    requests_lag, requests_pending = await group_backlog(client, keys.requests, ORCHESTRATOR_GROUP)
-    minute: Any = await client.xrange(keys.events, min=f"{int((now - 60) * 1000)}-0", max="+")
+    requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
     finished = []
-    for _id, fields in minute:
-        try:
-            record = decode(fields, MonitorRecord)
-        except DecodeError:
-            continue
-        if record.kind == "request":
-            finished.append(record)
+    for stream in keys.event_streams:
+        minute: Any = await client.xrange(stream, min=f"{int((now - 60) * 1000)}-0", max="+")
+        finished += [r for r in _decoded(minute) if r.kind == "request"]
     return Status(
         groups=groups,
         orchestrators=sorted(text(o) for o in orchestrators),
@@ -146,8 +158,14 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
     )
 
 
-async def group_backlog(client: aredis.Redis, stream: str, group: str) -> tuple[int, int]:
-    """(entries not yet delivered to the group, entries delivered but not acked)."""
+async def group_backlog(client: aredis.Redis, streams: Sequence[str], group: str) -> tuple[int, int]:
+    """(entries not yet delivered to the group, entries delivered but not acked), summed
+    over the shards of a sharded stream."""
+    backlogs = [await _shard_backlog(client, stream, group) for stream in streams]
+    return sum(lag for lag, _ in backlogs), sum(pending for _, pending in backlogs)
+
+
+async def _shard_backlog(client: aredis.Redis, stream: str, group: str) -> tuple[int, int]:
     try:
         infos = await client.xinfo_groups(stream)
     except aredis.ResponseError:

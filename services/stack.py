@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from hookbus.bus.client import HookbusClient
+from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import connect
 from hookbus.bus.embedded import EmbeddedRedis, free_port
-from hookbus.bus.keys import Keys
 from hookbus.bus.settings import get_settings
 from hookbus.services.monitor import format_event, read_status, recent_events, wait_for
 
@@ -91,7 +91,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
 
 
 async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
-    keys = Keys(prefix)
+    keys = keys_for(redis_url, prefix)
     client = connect(redis_url)
 
     async def ready() -> bool:

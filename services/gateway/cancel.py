@@ -31,12 +31,12 @@ GATEWAY_STOPPED = "gateway_stopped"
 
 def cancel_key(keys: Keys, completion_id: str) -> str:
     """String key whose existence means "cancel this request"; its value is the reason."""
-    return f"{keys.prefix}cancel:{completion_id}"
+    return keys.cancel(completion_id)
 
 
 def cancel_channel(keys: Keys) -> str:
     """Pub/sub channel; each message is the completion id of a request to cancel."""
-    return f"{keys.prefix}cancel"
+    return keys.cancel_channel
 
 
 async def request_cancel(

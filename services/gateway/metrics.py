@@ -29,6 +29,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hookbus.bus.cluster import latest_ids, xread_streams
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
@@ -176,8 +177,8 @@ class GatewayMetrics:
 
     async def _refresh_queues(self, client: aredis.Redis, keys: Keys) -> None:
         groups = sorted(str(_text(g)) for g in await client.hkeys(keys.registry))
-        streams = [("requests", keys.requests, ORCHESTRATOR_GROUP)] + [
-            (f"hooks:{g}", keys.hooks(g), g) for g in groups
+        streams = [("requests", s, ORCHESTRATOR_GROUP) for s in keys.request_streams] + [
+            (f"hooks:{g}", s, g) for g in groups for s in keys.hook_streams(g)
         ]
         now = time.time()
         async with client.pipeline(transaction=False) as pipe:
@@ -191,6 +192,7 @@ class GatewayMetrics:
         counts = results[len(streams) :]
         for gauge in (self.queue_lag, self.queue_pending, self.queue_consumers, self.replicas):
             gauge.clear()
+        totals: dict[tuple[str, str], list[int]] = {}  # summed over the shards of a stream
         for (label, stream, group), info in zip(streams, infos, strict=True):
             if isinstance(info, Exception):
                 continue  # the stream does not exist yet
@@ -201,9 +203,14 @@ class GatewayMetrics:
             if lag is None:  # Redis < 7 has no lag field: count what is after last-delivered-id
                 last = _text(entry.get("last-delivered-id")) or "0-0"
                 lag = len(await client.xrange(stream, f"({last}", "+", count=LAG_COUNT_CAP) or [])
-            self.queue_lag.labels(label, group).set(int(lag))
-            self.queue_pending.labels(label, group).set(int(entry.get("pending") or 0))
-            self.queue_consumers.labels(label, group).set(int(entry.get("consumers") or 0))
+            total = totals.setdefault((label, group), [0, 0, 0])
+            total[0] += int(lag)
+            total[1] += int(entry.get("pending") or 0)
+            total[2] = max(total[2], int(entry.get("consumers") or 0))
+        for (label, group), (lag, pending, consumers) in totals.items():
+            self.queue_lag.labels(label, group).set(lag)
+            self.queue_pending.labels(label, group).set(pending)
+            self.queue_consumers.labels(label, group).set(consumers)
         for group, count in zip(groups, counts[:-1], strict=True):
             if not isinstance(count, Exception):
                 self.replicas.labels(group).set(int(count))
@@ -222,9 +229,9 @@ class EventsFollower:
 
     def __init__(self, reader: aredis.Redis, keys: Keys, metrics: GatewayMetrics) -> None:
         self._reader = reader
-        self._stream = keys.events
+        self._streams = keys.event_streams
         self._metrics = metrics
-        self._last_id: str | None = None
+        self._positions: dict[str, Any] | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -241,24 +248,23 @@ class EventsFollower:
             self._task = None
 
     async def _position(self) -> None:
-        """Start at the stream's current end (what `$` means, fixed now so nothing is missed)."""
-        newest = await self._reader.xrevrange(self._stream, "+", "-", count=1)
-        self._last_id = _text(newest[0][0]) if newest else "0-0"
+        """Start at the streams' current ends (what `$` means, fixed now so nothing is missed)."""
+        self._positions = await latest_ids(self._reader, self._streams)
 
     async def _loop(self) -> None:
         while True:
             try:
-                if self._last_id is None:
+                if self._positions is None:
                     await self._position()
-                last_id: str = self._last_id or "0-0"
-                response: Any = await self._reader.xread({self._stream: last_id}, count=1000, block=2000)
+                positions = self._positions or {}
+                response = await xread_streams(self._reader, positions, count=1000, block_ms=2000)
             except RECONNECT_ERRORS as exc:
                 log.warning("events_read_failed", error=str(exc))
                 await asyncio.sleep(1.0)
                 continue
-            for _stream, entries in response or ():
+            for stream, entries in response:
                 for entry_id, fields in entries:
-                    self._last_id = _text(entry_id)
+                    positions[str(_text(stream))] = entry_id
                     try:
                         record = decode(fields, MonitorRecord)
                     except DecodeError:

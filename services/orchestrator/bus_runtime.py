@@ -122,7 +122,9 @@ class BusRuntime:
         fields = encode_hop(event, data.model_dump_json().encode(), ctx.model_dump_json().encode())
         self.hops += 1
         try:
-            reply = await self.router.call(self.keys.hooks(group), event, timeout + HOP_GRACE, fields)
+            reply = await self.router.call(
+                self.keys.hooks_for(group, ctx.completion_id), event, timeout + HOP_GRACE, fields
+            )
         except HopTimeout as exc:
             return failed_segment(segment, data, str(exc), "timeout")
         if reply.failure:
@@ -174,7 +176,7 @@ class BusRuntime:
         )
         self.hops += 1
         try:
-            reply = await self.router.call(self.keys.hooks(tool.group), event, timeout)
+            reply = await self.router.call(self.keys.hooks_for(tool.group, ctx.completion_id), event, timeout)
         except HopTimeout:
             return f"Error: tool {tool.name!r} timed out after {timeout:g}s"
         if reply.failure:
@@ -216,7 +218,9 @@ class BusRuntime:
                 )
                 self.hops += 1
                 try:
-                    reply = await self.router.call(self.keys.hooks(group), event, self.default_timeout)
+                    reply = await self.router.call(
+                        self.keys.hooks_for(group, completion_id), event, self.default_timeout
+                    )
                     problem = reply.failure
                 except HopTimeout as exc:
                     problem = str(exc)

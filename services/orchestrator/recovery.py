@@ -173,20 +173,13 @@ class Recovery:
         runs = [r for r in service.running() if r.epoch and not r.fenced]
         if not runs:
             return
-        fenced, cancelled = await service.journal.renew(
-            service.keys.requests, ORCHESTRATOR_GROUP, service.instance,
-            [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs],
-            service.cancel_key,
-        )
-        by_entry = {r.entry_id: r for r in runs}
-        for entry_id in fenced:
-            run = by_entry.get(entry_id)
-            if run is not None:
-                service.fence_out(run)
-        for entry_id in cancelled:
-            run = by_entry.get(entry_id)
-            if run is not None:
-                service.cancel(run.completion_id)
+        leases = [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs]
+        run_of = {id(lease): run for lease, run in zip(leases, runs, strict=True)}
+        fenced, cancelled = await service.journal.renew(ORCHESTRATOR_GROUP, service.instance, leases)
+        for lease in fenced:
+            service.fence_out(run_of[id(lease)])
+        for lease in cancelled:
+            service.cancel(run_of[id(lease)].completion_id)
 
     # ----------------------------------------------------------------- janitor
 

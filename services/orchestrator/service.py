@@ -41,6 +41,7 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 
 from hookbus.bus.claims import Steadiness, heartbeat_every
+from hookbus.bus.cluster import in_order, keys_for
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     connect,
@@ -60,7 +61,7 @@ from hookbus.bus.envelopes import (
 )
 from hookbus.bus.events import EventWriter
 from hookbus.bus.journal import Begun, Journal
-from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
@@ -136,7 +137,7 @@ class OrchestratorService(BusApp):
         self.agent = agent
         self.redis_url = redis_url
         super().__init__(redis_url, graceful_timeout=60.0)
-        self.keys = Keys(prefix)
+        self.keys = keys_for(redis_url, prefix)
         self.instance = instance or instance_name("orchestrator")
         self.concurrency = concurrency
         self.claim_idle = claim_idle
@@ -193,14 +194,14 @@ class OrchestratorService(BusApp):
             dead_letter=self.keys.dead_letter,
         )
         registry = RegistryView(client, self.keys)
-        events = EventWriter(client, self.keys.events)
+        events = EventWriter(client, self.keys.events_for(self.instance))
         runtime = _StageNotingRuntime(
             self.keys, router, registry, SessionStore(client, self.keys), events,
             instance=self.instance,
         )
         runtime.on_stage = self._note_stage
         self.runtime = runtime
-        self.journal = Journal(client, self.keys.prefix)
+        self.journal = Journal(client, self.keys)
         await router.start()
         await registry.start()
         await events.start()
@@ -250,14 +251,6 @@ class OrchestratorService(BusApp):
     def uptime(self) -> float:
         return time.monotonic() - self._started_at
 
-    def cancel_key(self, completion_id: str) -> str:
-        """The gateway's cancel marker (hookbus.services.gateway.cancel.cancel_key)."""
-        return f"{self.keys.prefix}cancel:{completion_id}"
-
-    @property
-    def cancel_channel(self) -> str:
-        return f"{self.keys.prefix}cancel"
-
     # ------------------------------------------------------------ one request
 
     async def process(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
@@ -270,8 +263,7 @@ class OrchestratorService(BusApp):
             assert self.journal is not None
             try:
                 begun = await self.journal.begin(
-                    request.completion_id, entry_id, self.instance, now=time.time(),
-                    cancel_key=self.cancel_key(request.completion_id),
+                    request.completion_id, entry_id, self.instance, now=time.time()
                 )
             except RECONNECT_ERRORS as exc:
                 # Left pending: this process claims it back after a while (hookbus.bus.claims).
@@ -308,7 +300,7 @@ class OrchestratorService(BusApp):
     async def _refuse(
         self, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
     ) -> None:
-        async with self.client.pipeline(transaction=False) as pipe:
+        def set_aside(pipe: Any) -> None:
             add_dead_letter(
                 pipe, self.keys.dead_letter, source=self.keys.requests, entry_id=entry_id,
                 reason=f"{error.status_code} {error.code}: {error.message}", fields=fields,
@@ -317,10 +309,12 @@ class OrchestratorService(BusApp):
             if completion_id:
                 stream = self.keys.responses(completion_id)
                 item = ResponseItem(kind="error", completion_id=completion_id, error=error.to_dict())
-                pipe.xadd(stream, encode(item))  # type: ignore[arg-type]
+                pipe.xadd(stream, encode(item))
                 pipe.expire(stream, RESPONSE_TTL)
-            pipe.xack(self.keys.requests, ORCHESTRATOR_GROUP, entry_id)
-            await pipe.execute()
+
+        await in_order(
+            self.client, set_aside, lambda pipe: pipe.xack(self.keys.requests, ORCHESTRATOR_GROUP, entry_id)
+        )
         self.refused += 1
         log.warning(
             "bad_request_dead_lettered", entry_id=entry_id, completion_id=completion_id,
@@ -511,7 +505,7 @@ class OrchestratorService(BusApp):
             while True:
                 pubsub = reader.pubsub()
                 try:
-                    await pubsub.subscribe(self.cancel_channel)
+                    await pubsub.subscribe(self.keys.cancel_channel)
                     backoff = 0.1
                     while True:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)

@@ -49,6 +49,7 @@ from hookbus.bus.claims import (
     find_orphans,
     heartbeat_every,
 )
+from hookbus.bus.cluster import in_order, keys_for
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     connect,
@@ -68,7 +69,6 @@ from hookbus.bus.envelopes import (
     hop_parts,
 )
 from hookbus.bus.events import EventWriter
-from hookbus.bus.keys import Keys
 from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
@@ -110,12 +110,15 @@ class ReplyBatcher:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        def replies(pipe: Any) -> None:
+            for reply_to, fields, _, _ in batch:
+                pipe.xadd(reply_to, fields)
+
+        def acks(pipe: Any) -> None:
+            pipe.xack(self.stream, self.group, *(entry_id for _, _, entry_id, _ in batch))
+
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for reply_to, fields, _, _ in batch:
-                    pipe.xadd(reply_to, fields)
-                pipe.xack(self.stream, self.group, *(entry_id for _, _, entry_id, _ in batch))
-                await pipe.execute()
+            await in_order(self.client, replies, acks)
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
             for *_, future in batch:
                 if not future.done():
@@ -145,7 +148,7 @@ class WorkerReplica(BusApp):
         self.host = host
         self.group = host.group
         super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
-        self.keys = Keys(prefix)
+        self.keys = keys_for(redis_url, prefix)
         self.stream = self.keys.hooks(self.group)
         self.replica = replica or instance_name(f"worker-{self.group}")
         self.concurrency = concurrency
@@ -207,7 +210,7 @@ class WorkerReplica(BusApp):
 
     async def _after_startup(self) -> None:
         self._client = await self.broker.connect()
-        self._events = EventWriter(self._client, self.keys.events)
+        self._events = EventWriter(self._client, self.keys.events_for(self.replica))
         await self._events.start()
         await announce(self._client, self.keys, self.host.announcement())
         await heartbeat(self._client, self.keys, self.group, self.replica)
@@ -308,10 +311,11 @@ class WorkerReplica(BusApp):
         backoff = 0.05
         while True:
             try:
-                async with client.pipeline(transaction=False) as pipe:
-                    pipe.xadd(event.reply_to, fields)  # type: ignore[arg-type]
-                    pipe.xack(self.stream, self.group, entry_id)
-                    await pipe.execute()
+                await in_order(
+                    client,
+                    lambda pipe: pipe.xadd(event.reply_to, fields),
+                    lambda pipe: pipe.xack(self.stream, self.group, entry_id),
+                )
                 return
             except RECONNECT_ERRORS as exc:
                 if time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
@@ -348,7 +352,7 @@ class WorkerReplica(BusApp):
         """Move the entry aside; if we know who waits for it, tell them the hop failed."""
         client = self._client
         assert client is not None
-        async with client.pipeline(transaction=False) as pipe:
+        def set_aside(pipe: Any) -> None:
             add_dead_letter(
                 pipe, self.keys.dead_letter, source=self.stream, entry_id=entry_id,
                 reason=reason, fields=fields, consumer=self.replica,
@@ -358,9 +362,9 @@ class WorkerReplica(BusApp):
                     hop_id=event.hop_id, completion_id=event.completion_id,
                     replica=self.replica, failure=f"dead-lettered: {reason}",
                 )
-                pipe.xadd(event.reply_to, encode(failure))  # type: ignore[arg-type]
-            pipe.xack(self.stream, self.group, entry_id)
-            await pipe.execute()
+                pipe.xadd(event.reply_to, encode(failure))
+
+        await in_order(client, set_aside, lambda pipe: pipe.xack(self.stream, self.group, entry_id))
         self.dead_lettered += 1
         log.warning("dead_lettered", stream=self.stream, entry_id=entry_id, reason=reason)
         if event is not None:

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from hookbus.bus.journal import Journal
-from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from tests.faults.helpers import (
     finalize_log,
     items_after_terminal,
@@ -33,7 +33,7 @@ def new_id(tag: str) -> str:
 
 async def started(redis, prefix, cid, chunks: int = 1) -> dict[str, str]:
     """The journal once its run wrote at least `chunks` response items."""
-    journal = Journal(redis, prefix)
+    journal = Journal(redis, Keys(prefix))
 
     async def ready():
         data = await journal.read(cid)
@@ -65,7 +65,7 @@ async def test_a_killed_orchestrators_request_is_finalized_by_another(procs, red
     remote = await finalize_log(redis, prefix, cid, "wfinalize")
     assert local == [{"by": survivor.name, "recovery": True, "error": 503, "code": "orchestrator_lost"}]
     assert remote == [{"by": "ledger-1", "recovery": True, "error": 503, "code": "orchestrator_lost"}]
-    after = await Journal(redis, prefix).read(cid)
+    after = await Journal(redis, Keys(prefix)).read(cid)
     assert after["owner"] == survivor.name and after["previous_owner"] == victim.name
     assert after["epoch"] == "2" and after["done"] == "1" and after["recovered"] == "1"
     assert await pending(redis, keys.requests, ORCHESTRATOR_GROUP) == 0
@@ -83,7 +83,7 @@ async def test_a_long_llm_call_keeps_its_lease(procs, redis, keys, prefix):
     assert outcome.terminal is not None and outcome.terminal.kind == "final", outcome.items
     assert outcome.text == "worth the wait"
     assert [r["recovery"] for r in await finalize_log(redis, prefix, cid)] == [False]
-    journal = await Journal(redis, prefix).read(cid)
+    journal = await Journal(redis, Keys(prefix)).read(cid)
     assert journal["epoch"] == "1" and "recovered" not in journal
 
 
@@ -106,7 +106,7 @@ async def test_a_stalled_owner_that_lost_its_request_writes_nothing_after(procs,
     await asyncio.sleep(2.5)  # the old owner runs again: it must find out it lost the request
     assert await items_after_terminal(redis, keys, outcome) == []
     assert await terminal_count(redis, keys, cid) == 1
-    after = await Journal(redis, prefix).read(cid)
+    after = await Journal(redis, Keys(prefix)).read(cid)
     assert after["owner"] == other.name and after["epoch"] == "2" and after["done"] == "1"
     logs = await finalize_log(redis, prefix, cid)
     assert {"by": other.name, "recovery": True, "error": 503, "code": "orchestrator_lost"} in logs
@@ -140,7 +140,7 @@ async def test_requests_a_dead_orchestrator_had_not_started_are_run_not_failed(p
     cids = [new_id(f"queued{n}") for n in range(4)]
     for cid in cids:
         await submit(redis, keys, "[[words:30]] [[delay:100]]", completion_id=cid)
-    journal = Journal(redis, prefix)
+    journal = Journal(redis, Keys(prefix))
 
     async def two_running():
         written = [int((await journal.read(cid)).get("written", 0)) for cid in cids]

@@ -99,5 +99,5 @@ async def test_after_a_run_the_streams_are_bounded_and_a_pending_hop_survives_th
         journals = await redis.keys(f"{keys.prefix}journal:*")
         assert len(journals) == 26
         assert all(0 < ttl <= DONE_TTL for ttl in [await redis.ttl(j) for j in journals])
-        assert (await Journal(redis, keys.prefix).read(journals[0].decode().split("journal:")[1]))["done"] == "1"
+        assert (await Journal(redis, keys).read(journals[0].decode().split("journal:")[1]))["done"] == "1"
         assert EVENTS_MAXLEN <= 100_000

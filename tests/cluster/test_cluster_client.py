@@ -1,0 +1,56 @@
+"""Cluster detection and the journal scripts on a real Redis Cluster."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from redis.asyncio.cluster import RedisCluster
+
+from hookbus.bus.cluster import is_cluster, keys_for
+from hookbus.bus.connection import connect
+from hookbus.bus.embedded_cluster import EmbeddedCluster
+from hookbus.bus.envelopes import ResponseItem, encode
+from hookbus.bus.journal import Journal
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
+
+
+def test_any_node_of_a_cluster_is_detected_and_a_single_redis_is_not(
+    redis_cluster: EmbeddedCluster, redis_url: str
+) -> None:
+    assert all(is_cluster(redis_cluster.node_url(port)) for port in redis_cluster.ports)
+    assert not is_cluster(redis_url)
+    assert keys_for(redis_cluster.url, "hookbus:").cluster
+    assert not keys_for(redis_url, "hookbus:").cluster
+
+
+async def test_a_request_runs_its_journal_scripts_atomically_on_whichever_node_holds_it(
+    redis_cluster: EmbeddedCluster, prefix: str
+) -> None:
+    """begin -> write -> finish (which acks the requests shard) for requests on every
+    shard: each script's keys share a slot, so none is refused as CROSSSLOT."""
+    keys = keys_for(redis_cluster.url, prefix)
+    client = connect(redis_cluster.url)
+    assert isinstance(client, RedisCluster)
+    journal = Journal(client, keys)
+    try:
+        for shard in range(keys.shards):
+            cid = next(c for c in (f"chatcmpl-{uuid.uuid4().hex}" for _ in range(1000)) if keys.shard_of(c) == shard)
+            stream = keys.requests_for(cid)
+            await client.xgroup_create(stream, ORCHESTRATOR_GROUP, id="0", mkstream=True)
+            entry = (await client.xadd(stream, {"e": b"{}"})).decode()
+            await client.xreadgroup(ORCHESTRATOR_GROUP, "me", {stream: ">"}, count=1)
+            begun = await journal.begin(cid, entry, "me", now=time.time())
+            assert begun.ok and begun.epoch == 1
+            item = encode(ResponseItem(kind="chunk", completion_id=cid, chunk={}))[b"e"]
+            assert await journal.write(cid, keys.responses(cid), 1, [item], ttl=60, first_seq=0) == 1
+            done = encode(ResponseItem(kind="done", completion_id=cid))[b"e"]
+            written = await journal.finish(
+                cid, keys.responses(cid), 1, [done], ttl=60, requests=stream,
+                group=ORCHESTRATOR_GROUP, entry_id=entry, first_seq=1,
+            )
+            assert written == 2
+            assert (await client.xpending(stream, ORCHESTRATOR_GROUP))["pending"] == 0
+            assert (await journal.read(cid))["done"] == "1"
+    finally:
+        await client.aclose()
