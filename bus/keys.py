@@ -188,6 +188,11 @@ class Keys:
     def session(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
 
+    def stored_response(self, owner: str, response_id: str) -> str:
+        """A stored Responses API response; `owner` is a digest of its principal, so the
+        same id under another principal names another (absent) key."""
+        return f"{self.prefix}stored-response:{owner}:{response_id}"
+
     @property
     def stats(self) -> str:
         """Hash of per-minute counters for `hookbus status` throughput."""

@@ -2,7 +2,8 @@
 
     app = create_app(client, api_keys={"sk-1": {"peer_user_id": "alice", "scopes": []}})
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{model}`,
+Routes: `POST /v1/chat/completions`, `POST /v1/responses`, `GET` and `DELETE
+/v1/responses/{id}`, `GET /v1/models`, `GET /v1/models/{model}`,
 `GET /healthz`, `GET /metrics`, `GET /openapi.json`. The app does not own `client`:
 whoever made it closes it (hookbus.services.gateway.server does).
 """
@@ -32,6 +33,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.keys import Keys
 from hookbus.bus.registry import REPLICA_TTL
 from hookbus.bus.settings import get_settings
+from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions, gateway_of
 from hookbus.services.gateway.errors import (
@@ -48,6 +50,11 @@ from hookbus.services.gateway.metrics import (
 )
 from hookbus.services.gateway.models import Health, ModelCard, ModelList
 from hookbus.services.gateway.openapi import openapi_document
+from hookbus.services.gateway.responses_api import (
+    create_response,
+    delete_response,
+    retrieve_response,
+)
 from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")
@@ -68,6 +75,7 @@ class Gateway:
     metrics: GatewayMetrics
     started: int
     probe: aredis.Redis  # no retries: a probe or a scrape answers at once when Redis is down
+    responses: StoredResponses
 
 
 def default_models() -> list[str]:
@@ -80,8 +88,10 @@ def create_app(
     api_keys: dict[str, ApiKey | dict[str, Any]] | None,
     models: Sequence[str] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    stored_response_ttl: int = STORED_RESPONSE_TTL,
 ) -> Starlette:
-    """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start)."""
+    """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start).
+    Stored Responses API responses expire after `stored_response_ttl` seconds."""
     keys = normalize_keys(api_keys)
     metrics = GatewayMetrics()
     reader: aredis.Redis = getattr(client, "_reader", client.redis)  # the client's retry-free connection
@@ -94,6 +104,7 @@ def create_app(
         metrics=metrics,
         started=int(time.time()),
         probe=reader,
+        responses=StoredResponses(client.redis, client.keys, stored_response_ttl),
     )
     follower = EventsFollower(reader, client.keys, metrics)
 
@@ -118,6 +129,9 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+            Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

@@ -22,11 +22,10 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -36,7 +35,7 @@ from hookbus.services.gateway.cancel import request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
 from hookbus.services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
-from hookbus.skills import HookError
+from hookbus.skills import AuthInfo, HookError
 
 if TYPE_CHECKING:
     from hookbus.services.gateway.app import Gateway
@@ -45,6 +44,7 @@ log = structlog.get_logger("hookbus.gateway")
 
 COMPLETION_ID_HEADER = "x-hookbus-completion-id"
 RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -55,12 +55,24 @@ async def chat_completions(request: Request) -> Response:
     gw = gateway_of(request)
     started = time.perf_counter()
     auth = gw.authenticate(request)
-    try:
-        body = await read_body(request, gw.max_body_bytes)
-    except ClientDisconnect:
-        request.state.final_status = 499
+    body = await read_body_or_gone(request, gw.max_body_bytes)
+    if body is None:
         return Response(status_code=499)
-    payload = parse_request(body)
+    payload = parse_body(body, ChatCompletionRequest)
+    submitted = await submit_chat(request, gw, auth, payload)
+    if payload.stream:
+        return await _streamed(request, gw, submitted, payload, started)
+    completion = await final_completion(request, gw, submitted)
+    if completion is None:
+        return Response(status_code=499)
+    return JSONResponse(completion, headers={COMPLETION_ID_HEADER: submitted.completion_id})
+
+
+async def submit_chat(
+    request: Request, gw: Gateway, auth: AuthInfo, payload: ChatCompletionRequest,
+    *, completion_id: str | None = None,
+) -> RequestEnvelope:
+    """Put a checked chat request on the queue (the one path both OpenAI APIs take)."""
     if payload.model not in gw.models:
         raise GatewayError(
             404, "model_not_found",
@@ -77,6 +89,7 @@ async def chat_completions(request: Request) -> Response:
             session_id=session_id,
             auth=auth,
             metadata=metadata,
+            completion_id=completion_id,
         )
     except RECONNECT_ERRORS as exc:
         raise GatewayError(503, "bus_unavailable", f"the request queue is unreachable: {exc}") from exc
@@ -84,12 +97,19 @@ async def chat_completions(request: Request) -> Response:
         "chat_request", completion_id=submitted.completion_id, stream=bool(payload.stream),
         session_id=session_id, peer_user_id=auth.peer_user_id,
     )
-    if payload.stream:
-        return await _streamed(request, gw, submitted, payload, started)
-    return await _not_streamed(request, gw, submitted)
+    return submitted
 
 
 # ------------------------------------------------------------------- the body
+
+
+async def read_body_or_gone(request: Request, limit: int) -> bytes | None:
+    """The body, or None (the request marked as a 499) if the client left while sending it."""
+    try:
+        return await read_body(request, limit)
+    except ClientDisconnect:
+        request.state.final_status = 499
+        return None
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -118,7 +138,8 @@ def _too_large(size: int, limit: int, *, at_least: bool = False) -> GatewayError
     )
 
 
-def parse_request(body: bytes) -> ChatCompletionRequest:
+def parse_body(body: bytes, model: type[Body]) -> Body:
+    """The body as `model`; a 400 that says what is wrong with it otherwise."""
     if not body.strip():
         raise GatewayError(400, "invalid_json", "the request has no body; send a JSON object")
     try:
@@ -130,7 +151,7 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
             400, "invalid_json", f"the body must be a JSON object, not {type(payload).__name__}"
         )
     try:
-        return ChatCompletionRequest.model_validate(payload)
+        return model.model_validate(payload)
     except ValidationError as exc:
         raise invalid_body(exc) from None
 
@@ -154,17 +175,18 @@ def session_of(request: Request, payload: ChatCompletionRequest) -> str | None:
 # -------------------------------------------------------------- not streamed
 
 
-async def _not_streamed(request: Request, gw: Gateway, submitted: RequestEnvelope) -> Response:
+async def final_completion(request: Request, gw: Gateway, submitted: RequestEnvelope) -> dict[str, Any] | None:
+    """The run's final completion; None if the client left first (its run is cancelled)."""
     watcher = DisconnectWatcher(request.receive)
     try:
         item = await watcher.race(_terminal_item(gw, submitted))
     except ClientGone:
-        await _client_gone(request, gw, submitted.completion_id, "client_disconnected")
-        return Response(status_code=499)
+        await client_gone(request, gw, submitted.completion_id, "client_disconnected")
+        return None
     finally:
         await watcher.close()
     if item.kind == "final" and item.completion is not None:
-        return JSONResponse(item.completion, headers={COMPLETION_ID_HEADER: submitted.completion_id})
+        return item.completion
     if item.kind == "error":
         raise item_error(item)
     raise GatewayError(502, "bad_response", f"the request ended with {item.kind!r} and no completion")
@@ -184,27 +206,63 @@ async def _terminal_item(gw: Gateway, submitted: RequestEnvelope) -> ResponseIte
 # ------------------------------------------------------------------ streamed
 
 
-@dataclass
-class _StreamState:
-    completion_id: str
-    include_usage: bool
-    ended: bool = False
-    chunks: int = 0
+class Relay:
+    """The items of a streamed run after its first, up to the terminal one.
+
+    Iterating gives the non-terminal items (chunks) in order and never raises: when it
+    stops, `error` is None if the run ended well, else the run's error (or why its items
+    could not be read on). `ended` is True once the terminal item (or that failure) came.
+    """
+
+    def __init__(self, watcher: DisconnectWatcher, first: ResponseItem, items: AsyncIterator[ResponseItem]) -> None:
+        self.watcher = watcher
+        self.first = first
+        self._items = items
+        self.ended = False
+        self.error: HookError | None = None
+
+    async def __aiter__(self) -> AsyncIterator[ResponseItem]:
+        async with contextlib.aclosing(self._items):  # type: ignore[type-var]
+            item: ResponseItem | None = self.first
+            while item is not None:
+                if item.kind == "error":
+                    self._end(item_error(item))
+                    return
+                if item.kind in ("done", "final"):  # a streamed request gets no final completion
+                    self._end(None)
+                    return
+                yield item
+                try:
+                    item = await anext(self._items)
+                except StopAsyncIteration:
+                    item = None
+                except HookError as exc:  # deadline passed, unreadable item
+                    self._end(exc)
+                    return
+                except RECONNECT_ERRORS as exc:
+                    self._end(HookError(503, "bus_unavailable", f"lost the request queue: {exc}"))
+                    return
+            self._end(HookError(502, "bad_response", "the response stream ended early"))
+
+    def _end(self, error: HookError | None) -> None:
+        self.ended = True
+        self.error = error
 
 
-async def _streamed(
-    request: Request, gw: Gateway, submitted: RequestEnvelope, payload: ChatCompletionRequest,
-    started: float,
-) -> Response:
-    cid = submitted.completion_id
+async def open_stream(
+    request: Request, gw: Gateway, submitted: RequestEnvelope, started: float
+) -> Relay | None:
+    """Wait for the run's first item before any header goes out, so that an error raised
+    before it (a 402 in on_connection) is raised here, as a real HTTP error. None if the
+    client left first (its run is cancelled)."""
     watcher = DisconnectWatcher(request.receive)
     items = gw.client.items(submitted)
     try:
         first = await watcher.race(_first_item(items))
     except ClientGone:
         await watcher.close()
-        await _client_gone(request, gw, cid, "client_disconnected")
-        return Response(status_code=499)
+        await client_gone(request, gw, submitted.completion_id, "client_disconnected")
+        return None
     except BaseException:
         await watcher.close()
         with contextlib.suppress(Exception):
@@ -216,15 +274,31 @@ async def _streamed(
         raise item_error(first)
     if first.kind == "chunk":
         gw.metrics.first_chunk.observe(time.perf_counter() - started)
-    state = _StreamState(cid, payload.include_usage)
+    return Relay(watcher, first, items)
+
+
+def relay_response(
+    request: Request, gw: Gateway, completion_id: str, relay: Relay, frames: AsyncIterator[bytes]
+) -> SSEResponse:
+    """The SSE answer sending `frames` (made from `relay`); a client that leaves before the
+    run ended gets its run cancelled."""
 
     async def on_gone(reason: str) -> None:
-        if not state.ended:
-            await _client_gone(request, gw, cid, reason)
+        if not relay.ended:
+            await client_gone(request, gw, completion_id, reason)
 
-    return SSEResponse(
-        _frames(gw, state, first, items), watcher, on_gone, headers={COMPLETION_ID_HEADER: cid}
-    )
+    return SSEResponse(frames, relay.watcher, on_gone, headers={COMPLETION_ID_HEADER: completion_id})
+
+
+async def _streamed(
+    request: Request, gw: Gateway, submitted: RequestEnvelope, payload: ChatCompletionRequest,
+    started: float,
+) -> Response:
+    relay = await open_stream(request, gw, submitted, started)
+    if relay is None:
+        return Response(status_code=499)
+    frames = _frames(gw, relay, payload.include_usage)
+    return relay_response(request, gw, submitted.completion_id, relay, frames)
 
 
 async def _first_item(items: AsyncIterator[ResponseItem]) -> ResponseItem:
@@ -236,44 +310,15 @@ async def _first_item(items: AsyncIterator[ResponseItem]) -> ResponseItem:
         raise GatewayError(503, "bus_unavailable", f"lost the request queue: {exc}") from exc
 
 
-async def _frames(
-    gw: Gateway, state: _StreamState, first: ResponseItem, items: AsyncIterator[ResponseItem]
-) -> AsyncIterator[bytes]:
-    """SSE frames of the response items; never raises: a failure becomes an error event."""
-    async with contextlib.aclosing(items):  # type: ignore[type-var]
-        item: ResponseItem | None = first
-        while item is not None:
-            if item.kind == "chunk":
-                chunk = item.chunk
-                if chunk is not None and (chunk.get("choices") or state.include_usage):
-                    state.chunks += 1
-                    yield sse_event(chunk)
-            elif item.kind == "error":
-                state.ended = True
-                yield _error_frame(gw, item_error(item))
-                yield DONE
-                return
-            else:  # done (or a final completion, which a streamed request does not get)
-                state.ended = True
-                yield DONE
-                return
-            try:
-                item = await anext(items)
-            except StopAsyncIteration:
-                item = None
-            except HookError as exc:  # deadline passed, unreadable item
-                state.ended = True
-                yield _error_frame(gw, exc)
-                yield DONE
-                return
-            except RECONNECT_ERRORS as exc:
-                state.ended = True
-                yield _error_frame(gw, HookError(503, "bus_unavailable", f"lost the request queue: {exc}"))
-                yield DONE
-                return
-        state.ended = True
-        yield _error_frame(gw, HookError(502, "bad_response", "the response stream ended early"))
-        yield DONE
+async def _frames(gw: Gateway, relay: Relay, include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE frames of the run's chunks; never raises: a failure becomes an error event."""
+    async for item in relay:
+        chunk = item.chunk
+        if item.kind == "chunk" and chunk is not None and (chunk.get("choices") or include_usage):
+            yield sse_event(chunk)
+    if relay.error is not None:
+        yield _error_frame(gw, relay.error)
+    yield DONE
 
 
 def item_error(item: ResponseItem) -> HookError:
@@ -289,7 +334,7 @@ def _error_frame(gw: Gateway, error: HookError) -> bytes:
     return sse_event(error_body(error))
 
 
-async def _client_gone(request: Request, gw: Gateway, completion_id: str, reason: str) -> None:
+async def client_gone(request: Request, gw: Gateway, completion_id: str, reason: str) -> None:
     request.state.final_status = 499
     gw.metrics.disconnects.inc()
     await request_cancel(gw.client.redis, gw.keys, completion_id, reason)

@@ -20,8 +20,25 @@ from hookbus.services.gateway.models import (
     ModelCard,
     ModelList,
 )
+from hookbus.services.gateway.responses_models import (
+    ArgumentsDeltaEvent,
+    ArgumentsDoneEvent,
+    ContentPartEvent,
+    DeletedResponse,
+    ErrorEvent,
+    OutputItemEvent,
+    ResponseLifecycleEvent,
+    ResponseObject,
+    ResponsesRequest,
+    TextDeltaEvent,
+    TextDoneEvent,
+)
 
 REF = "#/components/schemas/{model}"
+RESPONSE_EVENTS = (
+    ResponseLifecycleEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent, TextDoneEvent,
+    ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent,
+)
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -51,15 +68,20 @@ def openapi_document(
             (Health, "serialization"),
             (ChatCompletion, "serialization"),
             (ChatCompletionChunk, "serialization"),
+            (ResponsesRequest, "validation"),
+            (ResponseObject, "serialization"),
+            (DeletedResponse, "serialization"),
+            *((event, "serialization") for event in RESPONSE_EVENTS),
         ],
         ref_template=REF,
     )
     components: dict[str, Any] = copy.deepcopy(schemas.get("$defs", {}))
     if models:
-        request_schema = components["ChatCompletionRequest"]
-        request_schema["properties"]["model"] = {
-            **request_schema["properties"]["model"], "enum": list(models),
-        }
+        for name in ("ChatCompletionRequest", "ResponsesRequest"):
+            request_schema = components[name]
+            request_schema["properties"]["model"] = {
+                **request_schema["properties"]["model"], "enum": list(models),
+            }
     security: list[dict[str, list[str]]] = [{"bearerAuth": []}] if auth else []
     unauthorized = {"401": _error("Missing or unknown API key.")} if auth else {}
     session_header = {
@@ -106,13 +128,45 @@ def openapi_document(
             },
         },
     }
+    response_id = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    response_ok = {
+        "description": (
+            "Not streamed: the response. Streamed: Server-Sent Events, each `event: {type}` "
+            "with `data: {the event}`: `response.created`, `response.in_progress`, output item, "
+            "content part, text and function-call argument events, then `response.completed` "
+            "(or `response.incomplete`); after a failure, `error` then `response.failed`."
+        ),
+        "headers": {
+            "X-Hookbus-Completion-Id": {
+                "description": "The response id (the run's completion id).",
+                "schema": {"type": "string"},
+            }
+        },
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ResponseObject"}},
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "event": {"type": "string", "description": "The event's `type`."},
+                        "data": {"type": "string", "description": "The event as JSON."},
+                    },
+                    "required": ["event", "data"],
+                },
+                "x-data-schemas": [
+                    {"$ref": f"#/components/schemas/{event.__name__}"} for event in RESPONSE_EVENTS
+                ],
+            },
+        },
+    }
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "hookbus gateway",
             "version": version,
             "description": (
-                "OpenAI-compatible Chat Completions in front of the hookbus request queue. "
+                "OpenAI-compatible Chat Completions and Responses API in front of the hookbus "
+                "request queue. "
                 "Every request runs through the agent's lifecycle hooks; any OpenAI client "
                 "works unchanged (base URL `http://HOST:PORT/v1`)."
             ),
@@ -142,6 +196,53 @@ def openapi_document(
                         "default": _error("Any other structured error a hook raised, with its status."),
                     },
                 }
+            },
+            "/v1/responses": {
+                "post": {
+                    "operationId": "createResponse",
+                    "summary": "Run one Responses API request through the agent (streamed or not).",
+                    "security": security,
+                    "parameters": [session_header],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/ResponsesRequest"}}
+                        },
+                    },
+                    "responses": {
+                        "200": response_ok,
+                        "400": _error("The body is not a valid request; the message says what is wrong."),
+                        **unauthorized,
+                        "402": _error("A payment hook refused the request."),
+                        "404": _error("Unknown model, or no such `previous_response_id` for this caller."),
+                        "413": _error("The body is larger than the gateway accepts."),
+                        "default": _error("Any other structured error a hook raised, with its status."),
+                    },
+                }
+            },
+            "/v1/responses/{response_id}": {
+                "get": {
+                    "operationId": "getResponse",
+                    "summary": "A stored response of the caller.",
+                    "security": security,
+                    "parameters": [response_id],
+                    "responses": {
+                        "200": _json("ResponseObject", "The response."),
+                        "404": _error("No such response for this caller (or it expired)."),
+                        **unauthorized,
+                    },
+                },
+                "delete": {
+                    "operationId": "deleteResponse",
+                    "summary": "Delete a stored response of the caller.",
+                    "security": security,
+                    "parameters": [response_id],
+                    "responses": {
+                        "200": _json("DeletedResponse", "Deleted."),
+                        "404": _error("No such response for this caller (or it expired)."),
+                        **unauthorized,
+                    },
+                },
             },
             "/v1/models": {
                 "get": {

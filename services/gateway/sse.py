@@ -27,8 +27,10 @@ SSE_HEADERS = [
 ]
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+def sse_event(payload: dict[str, Any], event: str | None = None) -> bytes:
+    """One event: `data: {payload}`, after an `event: {event}` line if a name is given."""
+    data = b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"event: " + event.encode() + b"\n" + data if event else data
 
 
 class ClientGone(Exception):

@@ -66,5 +66,10 @@ def test_the_openapi_document_is_valid_openapi_3_1():
     enum = openapi_document(["a", "b"])["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
     assert enum["enum"] == ["a", "b"]
     paths = openapi_document()["paths"]
-    assert set(paths) == {"/v1/chat/completions", "/v1/models", "/v1/models/{model}", "/healthz", "/metrics"}
-    assert {"200", "400", "401", "402", "404", "413"} <= set(paths["/v1/chat/completions"]["post"]["responses"])
+    assert set(paths) == {
+        "/v1/chat/completions", "/v1/responses", "/v1/responses/{response_id}", "/v1/models",
+        "/v1/models/{model}", "/healthz", "/metrics",
+    }
+    for create in (paths["/v1/chat/completions"]["post"], paths["/v1/responses"]["post"]):
+        assert {"200", "400", "401", "402", "404", "413"} <= set(create["responses"])
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}

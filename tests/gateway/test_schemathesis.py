@@ -19,6 +19,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance, statu
 from tests.gateway.conftest import bearer
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 def run_cases(url: str, schema: schemathesis.BaseSchema, mode: GenerationMode, checks: list, examples: int) -> int:
@@ -48,11 +49,16 @@ async def test_generated_requests_never_get_a_server_error(gateway):
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         document = (await http.get("/openapi.json")).json()
     schema = schemathesis.openapi.from_dict(document)
-    chat, others = schema.include(path=CHAT), schema.exclude(path=CHAT)
+    chat, responses = schema.include(path=CHAT), schema.include(path=RESPONSES)
+    others = schema.exclude(path=CHAT).exclude(path=RESPONSES)
     conformance = [not_a_server_error, status_code_conformance, response_schema_conformance]
-    calls = await asyncio.to_thread(run_cases, gateway.url, chat, GenerationMode.POSITIVE, conformance, 40)
-    # invalid bodies, types and headers: always a 4xx, never a 5xx
-    calls += await asyncio.to_thread(run_cases, gateway.url, chat, GenerationMode.NEGATIVE, [not_a_server_error], 40)
+    calls = 0
+    for create, examples in ((chat, 40), (responses, 25)):
+        calls += await asyncio.to_thread(run_cases, gateway.url, create, GenerationMode.POSITIVE, conformance, examples)
+        # invalid bodies, types and headers: always a 4xx, never a 5xx
+        calls += await asyncio.to_thread(
+            run_cases, gateway.url, create, GenerationMode.NEGATIVE, [not_a_server_error], examples
+        )
     # the GET operations have (almost) nothing to make invalid: positive only
     calls += await asyncio.to_thread(run_cases, gateway.url, others, GenerationMode.POSITIVE, conformance, 15)
-    assert calls >= 80
+    assert calls >= 130
