@@ -33,6 +33,7 @@ from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import RECONNECT_ERRORS, connect
 from hookbus.bus.deadletter import entry_id_text, send_dead_letter
 from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from hookbus.bus.limits import RequestLimits
 from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
 from hookbus.skills import AuthInfo, HookError
@@ -40,7 +41,6 @@ from hookbus.skills import AuthInfo, HookError
 log = structlog.get_logger("hookbus.client")
 
 DEFAULT_TIMEOUT = 300.0
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 class HookbusClient:
@@ -50,7 +50,7 @@ class HookbusClient:
         *,
         prefix: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
-        max_request_bytes: int = MAX_REQUEST_BYTES,
+        limits: RequestLimits | None = None,
     ) -> None:
         settings = get_settings()
         url = redis_url or settings.redis_url
@@ -58,7 +58,7 @@ class HookbusClient:
             raise ValueError("no Redis to talk to: pass redis_url or set REDIS_URL")
         self.keys = keys_for(url, prefix or settings.prefix)
         self.timeout = timeout
-        self.max_request_bytes = max_request_bytes
+        self.max_request_bytes = (limits or RequestLimits()).for_envelope().max_request_bytes
         self._client = connect(url, max_connections=2000)
         self._reader = connect(url, max_connections=2000, retries=0)
 

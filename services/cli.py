@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 
 RUN_STATE = Path(".hookbus")
@@ -81,7 +82,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
         instance=args.instance,
         claim_idle=args.claim_idle,
         max_deliveries=args.max_deliveries,
-        max_request_bytes=args.max_request_bytes,
+        limits=limits_of(args),
     )
     asyncio.run(service.app.run())
     return 0
@@ -93,7 +94,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     configure_logging()
     try:
-        serve(args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix)
+        serve(
+            args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix,
+            limits=limits_of(args),
+        )
     except ValueError as exc:
         print(f"hookbus gateway: {exc}", file=sys.stderr)
         return 2
@@ -209,6 +213,24 @@ def cmd_settings(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+def add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """The request limits (hookbus.bus.limits): give the gateway and the orchestrators the same."""
+    group = parser.add_argument_group("request limits (the same on the gateway and the orchestrators)")
+    for name, field in RequestLimits.model_fields.items():
+        group.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=field.default, metavar="N",
+            help=f"{field.description} (default {field.default})",
+        )
+
+
+def limits_of(args: argparse.Namespace) -> RequestLimits:
+    try:
+        return RequestLimits(**{name: getattr(args, name) for name in RequestLimits.model_fields})
+    except ValueError as exc:
+        sys.exit(f"hookbus {args.command}: invalid request limits: {exc}")
+
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hookbus",
@@ -231,13 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     orchestrator.add_argument("--instance", default=None, help="instance name (default: orchestrator-HOST-PID)")
     orchestrator.add_argument("--claim-idle", type=float, default=10.0, help="seconds before a dead orchestrator's request is claimed")
     orchestrator.add_argument("--max-deliveries", type=int, default=5, help="deliveries before a request is set aside")
-    orchestrator.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger requests are refused with a 413")
+    add_limit_options(orchestrator)
     orchestrator.set_defaults(func=cmd_orchestrator)
 
     gateway = commands.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=8000)
     gateway.add_argument("--api-keys", default=None, metavar="FILE", help='JSON {"<key>": {"peer_user_id": ..., "scopes": [...]}}; without it auth is off')
+    add_limit_options(gateway)
     gateway.set_defaults(func=cmd_gateway)
 
     send = commands.add_parser("send", help="send one request through the queue and print the answer")

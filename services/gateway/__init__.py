@@ -2,14 +2,14 @@
 
     from hookbus.services.gateway import create_app, serve
 
-`create_app(client, api_keys=..., models=..., max_body_bytes=...)` builds the Starlette
+`create_app(client, api_keys=..., models=..., limits=...)` builds the Starlette
 app around a HookbusClient; `serve(host, port, api_keys_file, redis_url, prefix)` runs
 it under uvicorn until SIGTERM. The gateway runs no agent code; run as many as you like.
 """
 
-from hookbus.services.gateway.app import MAX_BODY_BYTES, create_app
+from hookbus.services.gateway.app import create_app
 from hookbus.services.gateway.cancel import cancel_channel, cancel_key
 from hookbus.services.gateway.openapi import openapi_document
 from hookbus.services.gateway.server import serve
 
-__all__ = ["MAX_BODY_BYTES", "cancel_channel", "cancel_key", "create_app", "openapi_document", "serve"]
+__all__ = ["cancel_channel", "cancel_key", "create_app", "openapi_document", "serve"]

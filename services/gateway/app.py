@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.keys import Keys
+from hookbus.bus.limits import RequestLimits
 from hookbus.bus.registry import REPLICA_TTL
 from hookbus.bus.settings import get_settings
 from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
@@ -50,6 +51,7 @@ from hookbus.services.gateway.metrics import (
 )
 from hookbus.services.gateway.models import Health, ModelCard, ModelList
 from hookbus.services.gateway.openapi import openapi_document
+from hookbus.services.gateway.request_body import BODY_TIMEOUT
 from hookbus.services.gateway.responses_api import (
     create_response,
     delete_response,
@@ -59,7 +61,6 @@ from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 HEALTH_TIMEOUT = 2.0
 
 
@@ -71,7 +72,8 @@ class Gateway:
     keys: Keys
     authenticate: Authenticator
     models: list[str]
-    max_body_bytes: int
+    limits: RequestLimits
+    body_timeout: float
     metrics: GatewayMetrics
     started: int
     probe: aredis.Redis  # no retries: a probe or a scrape answers at once when Redis is down
@@ -87,11 +89,15 @@ def create_app(
     *,
     api_keys: dict[str, ApiKey | dict[str, Any]] | None,
     models: Sequence[str] | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    limits: RequestLimits | None = None,
+    body_timeout: float = BODY_TIMEOUT,
     stored_response_ttl: int = STORED_RESPONSE_TTL,
 ) -> Starlette:
     """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start).
-    Stored Responses API responses expire after `stored_response_ttl` seconds."""
+
+    `limits` bound every request body (hookbus.bus.limits); `body_timeout` is how long a
+    client may take to send one. Stored Responses API responses expire after
+    `stored_response_ttl` seconds."""
     keys = normalize_keys(api_keys)
     metrics = GatewayMetrics()
     reader: aredis.Redis = getattr(client, "_reader", client.redis)  # the client's retry-free connection
@@ -100,7 +106,8 @@ def create_app(
         keys=client.keys,
         authenticate=Authenticator(keys),
         models=list(models) if models else default_models(),
-        max_body_bytes=max_body_bytes,
+        limits=limits or RequestLimits(),
+        body_timeout=body_timeout,
         metrics=metrics,
         started=int(time.time()),
         probe=reader,

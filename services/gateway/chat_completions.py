@@ -19,7 +19,6 @@ stream.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +33,7 @@ from hookbus.bus.envelopes import RequestEnvelope, ResponseItem
 from hookbus.services.gateway.cancel import request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
+from hookbus.services.gateway.request_body import read_json_body
 from hookbus.services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
 from hookbus.skills import AuthInfo, HookError
 
@@ -55,7 +55,7 @@ async def chat_completions(request: Request) -> Response:
     gw = gateway_of(request)
     started = time.perf_counter()
     auth = gw.authenticate(request)
-    body = await read_body_or_gone(request, gw.max_body_bytes)
+    body = await read_body_or_gone(request, gw)
     if body is None:
         return Response(status_code=499)
     payload = parse_body(body, ChatCompletionRequest)
@@ -103,55 +103,20 @@ async def submit_chat(
 # ------------------------------------------------------------------- the body
 
 
-async def read_body_or_gone(request: Request, limit: int) -> bytes | None:
-    """The body, or None (the request marked as a 499) if the client left while sending it."""
+async def read_body_or_gone(request: Request, gw: Gateway) -> dict[str, Any] | None:
+    """The body as a JSON object within the gateway's limits (hookbus.services.gateway.
+    request_body), or None (the request marked as a 499) if the client left while sending it."""
     try:
-        return await read_body(request, limit)
+        return await read_json_body(request, gw.limits, gw.body_timeout)
     except ClientDisconnect:
         request.state.final_status = 499
         return None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than `limit` bytes: by Content-Length first, then as read."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        try:
-            declared = int(length)
-        except ValueError:
-            raise GatewayError(400, "invalid_content_length", "Content-Length is not a number") from None
-        if declared > limit:
-            raise _too_large(declared, limit)
-    body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise _too_large(len(body), limit, at_least=True)
-    return bytes(body)
-
-
-def _too_large(size: int, limit: int, *, at_least: bool = False) -> GatewayError:
-    more = "more than " if at_least else ""
-    return GatewayError(
-        413, "request_too_large",
-        f"the request body is {more}{size} bytes; this gateway accepts at most {limit} bytes",
-    )
-
-
-def parse_body(body: bytes, model: type[Body]) -> Body:
+def parse_body(document: dict[str, Any], model: type[Body]) -> Body:
     """The body as `model`; a 400 that says what is wrong with it otherwise."""
-    if not body.strip():
-        raise GatewayError(400, "invalid_json", "the request has no body; send a JSON object")
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise GatewayError(
-            400, "invalid_json", f"the body must be a JSON object, not {type(payload).__name__}"
-        )
-    try:
-        return model.model_validate(payload)
+        return model.model_validate(document)
     except ValidationError as exc:
         raise invalid_body(exc) from None
 

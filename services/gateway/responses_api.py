@@ -80,7 +80,7 @@ async def create_response(request: Request) -> Response:
     gw = gateway_of(request)
     started = time.perf_counter()
     auth = gw.authenticate(request)
-    body = await read_body_or_gone(request, gw.max_body_bytes)
+    body = await read_body_or_gone(request, gw)
     if body is None:
         return Response(status_code=499)
     payload = parse_body(body, ResponsesRequest)

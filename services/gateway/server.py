@@ -19,7 +19,8 @@ import uvicorn
 from prometheus_client import disable_created_metrics
 
 from hookbus.bus.client import HookbusClient
-from hookbus.services.gateway.app import MAX_BODY_BYTES, create_app
+from hookbus.bus.limits import RequestLimits
+from hookbus.services.gateway.app import create_app
 from hookbus.services.gateway.auth import load_api_keys
 
 log = structlog.get_logger("hookbus.gateway")
@@ -35,7 +36,7 @@ def serve(
     prefix: str,
     *,
     models: list[str] | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    limits: RequestLimits | None = None,
 ) -> None:
     """Run a gateway in the foreground; returns after a graceful shutdown.
 
@@ -46,7 +47,7 @@ def serve(
     api_keys = load_api_keys(api_keys_file)
     disable_created_metrics()  # no `_created` series: they double /metrics for nothing
     asyncio.run(
-        _serve(host, port, api_keys, redis_url, prefix, models=models, max_body_bytes=max_body_bytes)
+        _serve(host, port, api_keys, redis_url, prefix, models=models, limits=limits)
     )
 
 
@@ -58,11 +59,11 @@ async def _serve(
     prefix: str,
     *,
     models: list[str] | None,
-    max_body_bytes: int,
+    limits: RequestLimits | None,
 ) -> None:
     client = HookbusClient(redis_url, prefix=prefix)
     try:
-        app = create_app(client, api_keys=api_keys, models=models, max_body_bytes=max_body_bytes)
+        app = create_app(client, api_keys=api_keys, models=models, limits=limits)
         config = uvicorn.Config(
             app,
             host=host,

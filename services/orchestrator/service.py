@@ -17,7 +17,8 @@ Reliability (see bus/journal.py and services/orchestrator/recovery.py):
   `orchestrator_lost` error and `ctx.recovery = True`, and the client gets that error; if
   it had not, it simply runs;
 - a request that cannot be read is dead-lettered; if its completion id is readable the
-  client gets a 400 (or a 413 for one over `max_request_bytes`);
+  client gets a 400 (or a 413 for one over its size limits: hookbus.bus.limits, the
+  same limits the gateway applies, plus room for the envelope's own fields);
 - a cancel signal (`{prefix}cancel:{completion_id}` marker, `{prefix}cancel` channel, as
   the gateway writes them) cancels the run: finalize runs with a 499 and the client gets
   that error;
@@ -62,6 +63,7 @@ from hookbus.bus.envelopes import (
 from hookbus.bus.events import EventWriter
 from hookbus.bus.journal import Begun, Journal
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
 from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
@@ -79,7 +81,6 @@ log = structlog.get_logger("hookbus.orchestrator")
 RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
 DEFAULT_CLAIM_IDLE = 10.0
 DEFAULT_MAX_DELIVERIES = 5
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
 SHUTDOWN_WAIT = 30.0
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 
@@ -129,7 +130,7 @@ class OrchestratorService(BusApp):
         instance: str | None = None,
         claim_idle: float = DEFAULT_CLAIM_IDLE,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-        max_request_bytes: int = MAX_REQUEST_BYTES,
+        limits: RequestLimits | None = None,
         trim_every: float = TRIM_EVERY,
     ) -> None:
         from hookbus.services.orchestrator.recovery import Recovery
@@ -142,7 +143,7 @@ class OrchestratorService(BusApp):
         self.concurrency = concurrency
         self.claim_idle = claim_idle
         self.max_deliveries = max_deliveries
-        self.max_request_bytes = max_request_bytes
+        self.limits = limits or RequestLimits()
         self.trim_every = trim_every
         self._client: aredis.Redis | None = None
         self.runtime: BusRuntime | None = None
@@ -283,13 +284,15 @@ class OrchestratorService(BusApp):
         """The request, or None when it was refused (dead-lettered, acked, and the client
         told with a 413 or 400 if its completion id could be read)."""
         raw = fields.get(FIELD)
-        if raw is not None and len(raw) > self.max_request_bytes:
-            error = HookError(
-                413, "request_too_large",
-                f"request is {len(raw)} bytes; this orchestrator takes at most {self.max_request_bytes}",
-            )
-            await self._refuse(entry_id, fields, _peek_completion_id(raw, parse=False), error)
-            return None
+        if raw is not None:
+            limits = self.limits.for_envelope()
+            try:
+                check_document(parse_json(raw, limits), limits)
+            except LimitExceeded as refused:
+                await self._refuse(entry_id, fields, _peek_completion_id(raw, parse=False), refused)
+                return None
+            except InvalidJSON:
+                pass  # decode says why, below
         try:
             return decode(fields, RequestEnvelope)
         except DecodeError as exc:

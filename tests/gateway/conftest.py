@@ -18,6 +18,7 @@ import pytest
 
 from hookbus import Agent
 from hookbus.bus.keys import Keys
+from hookbus.bus.limits import RequestLimits
 from hookbus.bus.sessions import SessionStore
 from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
 from tests.gateway.server import RunningGateway, running_gateway
@@ -93,7 +94,7 @@ async def stack(redis_url: str, module_prefix: str) -> AsyncIterator[Any]:
 @pytest.fixture(scope="module")
 async def gateway(stack: Any, redis_url: str, module_prefix: str) -> AsyncIterator[RunningGateway]:
     async with running_gateway(
-        redis_url, module_prefix, api_keys=API_KEYS, models=["offline"], max_body_bytes=MAX_BODY
+        redis_url, module_prefix, api_keys=API_KEYS, models=["offline"], limits=RequestLimits(max_request_bytes=MAX_BODY)
     ) as gw:
         yield gw
 

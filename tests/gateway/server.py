@@ -18,7 +18,8 @@ from typing import Any
 import uvicorn
 
 from hookbus.bus.client import HookbusClient
-from hookbus.services.gateway import MAX_BODY_BYTES, create_app
+from hookbus.bus.limits import RequestLimits
+from hookbus.services.gateway import create_app
 
 
 @dataclass
@@ -41,7 +42,7 @@ async def running_gateway(
     *,
     api_keys: dict[str, Any] | None = None,
     models: Sequence[str] | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    limits: RequestLimits | None = None,
     timeout: float = 30.0,
 ) -> AsyncIterator[RunningGateway]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -54,7 +55,7 @@ async def running_gateway(
     async def main() -> None:
         client = HookbusClient(redis_url, prefix=prefix, timeout=timeout)
         try:
-            app = create_app(client, api_keys=api_keys, models=models, max_body_bytes=max_body_bytes)
+            app = create_app(client, api_keys=api_keys, models=models, limits=limits)
             config = uvicorn.Config(
                 app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
             )
