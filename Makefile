@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint clean
+.PHONY: venv run test test-fast bench lint clean deploy-check
 
 venv: $(STAMP)
 
@@ -33,3 +33,8 @@ lint: venv
 
 clean:
 	rm -rf $(VENV)
+
+# The image and the compose stack on a real Docker engine (root; minutes; not part of `test`).
+deploy-check: venv
+	$(BIN)/python -m tests.deploy.check
+

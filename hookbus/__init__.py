@@ -7,21 +7,46 @@ The public API, one import away:
 Everything else lives in the subpackages: `hookbus.skills` (the SDK and the built-in
 skills), `hookbus.bus` (everything that touches Redis) and `hookbus.services` (the
 orchestrator, the workers, the gateway and the `hookbus` command line).
+
+The names are imported on first use: `hookbus health`, the probe every container runs every
+few seconds, imports `hookbus.services.health` and must not pay for the agent and the openai
+client (seconds of imports on a busy host, enough to miss a probe's timeout).
 """
 
-from hookbus.bus.client import HookbusClient
-from hookbus.services.orchestrator.agent import Agent
-from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
-from hookbus.skills import (
-    AuthInfo,
-    Context,
-    HookData,
-    HookError,
-    PaymentRequired,
-    Skill,
-    hook,
-    tool,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hookbus.bus.client import HookbusClient
+    from hookbus.services.orchestrator.agent import Agent
+    from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
+    from hookbus.skills import (
+        AuthInfo,
+        Context,
+        HookData,
+        HookError,
+        PaymentRequired,
+        Skill,
+        hook,
+        tool,
+    )
+
+_HOME = {
+    "Agent": "hookbus.services.orchestrator.agent",
+    "AuthInfo": "hookbus.skills",
+    "Compaction": "hookbus.services.orchestrator.compaction",
+    "CompactionPolicy": "hookbus.services.orchestrator.compaction",
+    "Context": "hookbus.skills",
+    "HookData": "hookbus.skills",
+    "HookError": "hookbus.skills",
+    "HookbusClient": "hookbus.bus.client",
+    "PaymentRequired": "hookbus.skills",
+    "Skill": "hookbus.skills",
+    "hook": "hookbus.skills",
+    "tool": "hookbus.skills",
+}
 
 __all__ = [
     "Agent",
@@ -37,3 +62,16 @@ __all__ = [
     "hook",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'hookbus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
-COMPOSE_FILES = [COMPOSE_FILE, DEPLOY / "docker-compose.auth.yml"]
+COMPOSE_FILES = [COMPOSE_FILE]
 K8S = DEPLOY / "k8s"
 K8S_BASE = K8S / "base"
 K8S_OVERLAYS = sorted(path for path in (K8S / "overlays").iterdir() if path.is_dir())
@@ -42,6 +42,8 @@ NON_SETTINGS_ENV = {
     "PYTHONUNBUFFERED": "Python runtime in the image: logs leave the process at once",
     "PIP_DISABLE_PIP_VERSION_CHECK": "pip in the image build",
     "PIP_NO_CACHE_DIR": "pip in the image build",
+    "PATH": "the image's virtualenv (/opt/hookbus/bin) first on PATH",
+    "HOOKBUS_NO_CREDIT_PEERS": "configuration of CreditLimit, the stand-in billing skill of `make deploy-check`",
 }
 
 
@@ -184,6 +186,13 @@ def compose_environment(service: dict[str, Any]) -> dict[str, str | None]:
             for item in environment
         )
     return {name: None if value is None else str(value) for name, value in environment.items()}
+
+
+def compose_default(value: str) -> str:
+    """A compose value as it is when the variables are unset: `${X:-d}` -> `d`, and a
+    required `${X:?message}` -> `X` (the check and users set those)."""
+    value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+    return re.sub(r"\$\{(\w+):\?[^}]*\}", r"\1", value)
 
 
 def compose_argv(command: Any) -> list[str]:

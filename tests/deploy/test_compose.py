@@ -10,9 +10,12 @@ import jsonschema
 import pytest
 
 from tests.deploy.manifests import (
+    COMPOSE_FILE,
     COMPOSE_FILES,
+    ROOT,
     SCHEMAS,
     compose_argv,
+    compose_default,
     compose_environment,
     compose_services,
     duration_seconds,
@@ -53,7 +56,8 @@ def test_compose_file_follows_the_compose_specification(path):
 
 def test_redis_is_7_with_aof_and_never_evicts(services):
     redis = services["redis"]
-    assert redis["image"].split(":")[1].startswith("7"), redis["image"]
+    image = compose_default(redis["image"])
+    assert image.split(":")[1].startswith("7"), image
     command = compose_argv(redis["command"])
     assert option_value(command, "--appendonly") == "yes"
     assert option_value(command, "--maxmemory-policy") == "noeviction"
@@ -93,15 +97,16 @@ def test_the_gateway_listens_on_8000(services):
     gateway = services["gateway"]
     argv = compose_argv(gateway["command"])
     assert argv[0] == "gateway" and option_value(argv, "--port") == "8000"
-    published_and_target = [str(port).split(":")[-2:] for port in gateway["ports"]]
+    published_and_target = [compose_default(str(port)).split(":")[-2:] for port in gateway["ports"]]
     assert ["8000", "8000"] in published_and_target, gateway["ports"]
 
 
 def test_every_hookbus_service_uses_the_compose_redis(services):
     for name in hookbus_service_names():
         service = services[name]
-        redis_url = compose_environment(service)["REDIS_URL"]
-        assert redis_url and urlparse(redis_url).hostname == "redis", (name, redis_url)
+        redis_url = compose_default(compose_environment(service)["REDIS_URL"] or "")
+        assert urlparse(redis_url).hostname == "redis", (name, redis_url)
+        assert urlparse(redis_url).password == "REDIS_PASSWORD", (name, redis_url)
         assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
 
 
@@ -123,3 +128,28 @@ def test_workers_get_time_to_drain_on_stop(services):
     for name, service in long_running(services).items():
         grace = duration_seconds(service["stop_grace_period"])
         assert grace >= WORKER_DRAIN_SECONDS + 10, (name, grace)
+
+
+def test_redis_requires_the_password_every_hookbus_url_carries(services):
+    redis = services["redis"]
+    command = compose_argv(redis["command"])
+    assert compose_default(option_value(command, "--requirepass") or "") == "REDIS_PASSWORD"
+    # redis-cli, the health check, authenticates through REDISCLI_AUTH.
+    assert compose_default(redis["environment"]["REDISCLI_AUTH"]) == "REDIS_PASSWORD"
+    assert redis["healthcheck"]["test"][1] == "redis-cli"
+
+
+def test_the_gateway_always_checks_api_keys_from_a_secret(services):
+    gateway = services["gateway"]
+    keys_path = option_value(compose_argv(gateway["command"]), "--api-keys")
+    secret = gateway["secrets"][0]
+    assert keys_path == f"/run/secrets/{secret['target']}"
+    file = load_yaml(COMPOSE_FILE)["secrets"][secret["source"]]["file"]
+    assert compose_default(file) == "./api-keys.json"
+    # The keys file stays out of git (and out of the image: see test_dockerfile).
+    assert "deploy/api-keys.json" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_the_check_only_group_needs_its_profile(services):
+    """worker-billing (the stand-in 402 of `make deploy-check`) never starts by default."""
+    assert services["worker-billing"]["profiles"] == ["check"]

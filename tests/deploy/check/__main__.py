@@ -1,0 +1,78 @@
+"""`python -m tests.deploy.check` (`make deploy-check`): build, run, break and tear down the
+compose stack on a real Docker engine; print the summary table; exit 1 on any failure."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.deploy.check import images, scenarios
+from tests.deploy.check.commands import docker_cli, run
+from tests.deploy.check.engine import docker_engine, install_packages
+from tests.deploy.check.report import Report
+from tests.deploy.check.stack import Stack
+
+LOGS = Path("/var/tmp/hookbus-deploy-check-logs")
+
+
+def built(result: images.Built) -> str:
+    if result.reused:
+        return f"{result.image} already there (delete it to rebuild), {result.size_mb} MB"
+    return f"{result.image}: {result.size_mb} MB, built in {result.seconds} s"
+
+
+def runtime_facts() -> str:
+    facts = images.inspect_runtime(images.HOOKBUS_IMAGE)
+    scenarios.expect(facts.user.split(":")[0] not in ("", "root", "0"), f"runs as {facts.user}")
+    scenarios.expect(not facts.compilers_and_pip, f"runtime image has {facts.compilers_and_pip}")
+    scenarios.expect(not facts.history_mentions_pip_conf, "the image history holds pip's index settings")
+    return f"user {facts.user}, entrypoint {facts.entrypoint}, no compiler or pip, no pip settings in its history"
+
+
+def engine_left(engine: str) -> str:
+    if engine == "started":
+        return "stopped the dockerd this check started"
+    return "left running (it was running before)"
+
+
+def keep_logs(stack: Stack) -> None:
+    """Every container's log, for a look after a failure (the stack is removed next)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    for container in stack.containers(running=False):
+        result = run([docker_cli(), "logs", container], check=False)
+        (LOGS / f"{stack.name(container)}.log").write_text(result.stdout + result.stderr)
+
+
+def main() -> int:
+    report = Report()
+    report.step("install packages", lambda: f"installed {install_packages() or 'nothing (all there)'}")
+    with docker_engine() as engine, tempfile.TemporaryDirectory(prefix="hookbus-check-") as work:
+        report.step("docker engine", lambda: f"{engine}, server {run([docker_cli(), 'version', '--format', '{{.Server.Version}}']).stdout.strip()}")
+        report.step("base image (debootstrap)", lambda: built(images.build_base()))
+        report.step("hookbus image", lambda: built(images.build_hookbus()))
+        report.step("hookbus image, rebuilt (cache)", lambda: built(images.build_hookbus()))
+        report.step("redis image (Debian)", lambda: built(images.build_redis()))
+        report.step("runtime image", runtime_facts)
+        stack = Stack(Path(work))
+        try:
+            report.step("compose up, all healthy", lambda: scenarios.compose_up(stack))
+            report.step("requests via openai client", lambda: scenarios.requests(stack))
+            report.step("scale worker-guard to 3", lambda: scenarios.scale_guard(stack))
+            report.step("docker kill mid-load", lambda: scenarios.kill_mid_load(stack))
+            report.step("docker stop drains", lambda: scenarios.drain_on_stop(stack))
+            report.step("restart redis", lambda: scenarios.restart_redis(stack))
+        finally:
+            if report.failed:
+                keep_logs(stack)
+            report.step("tear down", lambda: scenarios.teardown(stack), always=True)
+    report.step("engine left as found", lambda: engine_left(engine), always=True)
+    print()
+    print(report.table())
+    if report.failed:
+        print(f"\ndeploy check FAILED; container logs in {LOGS}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
