@@ -20,6 +20,7 @@ from tests.deploy.manifests import (
     hookbus_executable,
 )
 
+
 def project_dependencies() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 

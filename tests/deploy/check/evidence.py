@@ -13,13 +13,15 @@ from tests.deploy.check.stack import Stack
 # Runs in a hookbus container: the newest events of the bus as JSON lines.
 EVENTS_SCRIPT = """
 import asyncio, os
+from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import connect
-from hookbus.bus.keys import Keys
+from hookbus.bus.settings import get_settings
 from hookbus.services.monitor import recent_events
 
 async def main():
-    client = connect(os.environ["REDIS_URL"])
-    for record in await recent_events(client, Keys(os.environ.get("HOOKBUS_PREFIX", "hookbus:"))):
+    url = os.environ["REDIS_URL"]
+    client = connect(url)
+    for record in await recent_events(client, keys_for(url, get_settings().prefix)):
         print(record.model_dump_json())
     await client.aclose()
 

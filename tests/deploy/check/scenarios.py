@@ -132,7 +132,10 @@ def scale_guard(stack: Stack) -> str:
     # A replica's name holds its host name, which is the container's short id.
     new_hops = {c[:12]: sum(n for replica, n in hops.items() if c[:12] in replica) for c in new}
     expect(all(new_hops.values()), f"new replicas without hops: {new_hops}; all: {dict(hops)}")
-    return f"hookbus status: guard has {len(guard.replicas)} replicas; guard hops per replica {sorted(hops.values(), reverse=True)}"
+    return (
+        f"hookbus status: guard has {len(guard.replicas)} replicas; of 24 requests' guard hops "
+        f"the 2 new replicas ran {sorted(new_hops.values(), reverse=True)}, all 3 {sorted(hops.values(), reverse=True)}"
+    )
 
 
 def kill_mid_load(stack: Stack) -> str:
