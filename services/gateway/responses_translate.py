@@ -55,6 +55,11 @@ from hookbus.services.gateway.responses_models import (
 )
 from hookbus.skills import HookError
 
+RESPONSES_NAMES = {
+    "messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+}
+"""Chat Completions field -> the Responses field it came from (for a 400's `param`)."""
+
 
 def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex}"
@@ -125,8 +130,11 @@ def chat_request(
     try:
         return ChatCompletionRequest.model_validate(chat_body(payload, history, new_input))
     except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "messages"
+        param = RESPONSES_NAMES.get(field, field)
         problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors()[:3])
-        raise GatewayError(400, "invalid_value", f"invalid input: {problems}", param="input") from None
+        raise GatewayError(400, "invalid_value", f"invalid {param}: {problems}", param=param) from None
 
 
 def chat_body(

@@ -268,6 +268,16 @@ async def test_a_disconnect_mid_stream_cancels_the_run_and_finalize_runs_once(ga
     assert (await sessions.load(session))["finalized"] == 1, "finalize_connection ran more than once"
 
 
+async def test_a_client_that_gives_up_on_a_non_streamed_response_cancels_it(gateway, sessions):
+    session = new_session()
+    request = {"model": "offline", "input": "[[delay:3000]] slow answer"}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=0.5) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/v1/responses", json=request, headers={**bearer(), "X-Session-Id": session})
+    data = await finalized(sessions, session)  # well before the model's 3 s
+    assert data["error"] == 499 and data["seen"][-1] == "finalize_connection"
+
+
 # ------------------------------------------------------------ stored responses
 
 
@@ -330,3 +340,4 @@ async def test_a_stored_response_expires_and_belongs_to_its_principal_in_redis(g
     assert stored["messages"] == [
         {"role": "user", "content": "[[echo]] ttl"}, {"role": "assistant", "content": "ttl"},
     ]
+
