@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from hookbus.bus.shards import shard_of, shard_tags
 
@@ -41,6 +42,11 @@ def text(value: Any) -> str:
 
 class ShardedStreamError(LookupError):
     """A sharded stream was named as if it were one stream."""
+
+
+def owner_segment(owner: str | None) -> str:
+    """A principal as one key segment: percent-encoded, `@anonymous` for none."""
+    return quote(owner, safe="") if owner else "@anonymous"
 
 
 @dataclass(frozen=True)
@@ -185,8 +191,13 @@ class Keys:
         """Sorted set: orchestrator instance -> last heartbeat (unix seconds)."""
         return self._control("orchestrators")
 
-    def session(self, session_id: str) -> str:
-        return f"{self.prefix}session:{session_id}"
+    def session(self, owner: str | None, session_id: str) -> str:
+        """One caller's session: the same id sent by two principals names two sessions.
+
+        The owner is percent-encoded (it never contains `:`), so no pair of owner and id
+        can spell another pair's key; callers without a principal share `@anonymous`,
+        a name no encoded owner can take."""
+        return f"{self.prefix}session:{owner_segment(owner)}:{session_id}"
 
     def stored_response(self, owner: str, response_id: str) -> str:
         """A stored Responses API response; `owner` is a digest of its principal, so the

@@ -1,4 +1,9 @@
-"""Per-conversation session data (`ctx.session.data`), one JSON value per session in Redis."""
+"""Per-conversation session data (`ctx.session.data`), one JSON value per session in Redis.
+
+A session belongs to the principal that sent the request (`ctx.auth.peer_user_id`): the
+key is built from the owner and the client's session id together (Keys.session), so a
+caller that sends another's session id gets a session of its own, empty.
+"""
 
 from __future__ import annotations
 
@@ -18,14 +23,18 @@ class SessionStore:
         self._keys = keys
         self._ttl = ttl
 
-    async def load(self, session_id: str) -> dict[str, Any]:
-        raw = await self._client.get(self._keys.session(session_id))
+    async def load(self, owner: str | None, session_id: str) -> dict[str, Any]:
+        raw = await self._client.get(self._keys.session(owner, session_id))
         if not raw:
             return {}
         value = json.loads(raw)
         return value if isinstance(value, dict) else {}
 
-    async def save(self, session_id: str, data: dict[str, Any]) -> None:
-        await self._client.set(
-            self._keys.session(session_id), json.dumps(data, default=str), ex=self._ttl
-        )
+    async def save(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None:
+        """Store the data (its TTL starts again); empty data leaves no key behind, so a
+        request whose skills store nothing writes nothing."""
+        key = self._keys.session(owner, session_id)
+        if not data:
+            await self._client.delete(key)
+            return
+        await self._client.set(key, json.dumps(data, default=str), ex=self._ttl)

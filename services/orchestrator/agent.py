@@ -149,7 +149,7 @@ class Agent:
         state.error = error
         if state.ctx.session.id:
             try:
-                state.ctx.session.data = await self.runtime.load_session(state.ctx.session.id)
+                state.ctx.session.data = await self.runtime.load_session(state.ctx.auth.peer_user_id, state.ctx.session.id)
             except Exception:  # noqa: BLE001 - finalize runs even without the session
                 log.exception("session_load_failed", completion_id=state.completion_id)
         await self._finalize_shielded(state)
@@ -243,7 +243,7 @@ class Agent:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
             if state.ctx.session.id:
-                state.ctx.session.data = await self.runtime.load_session(state.ctx.session.id)
+                state.ctx.session.data = await self.runtime.load_session(state.ctx.auth.peer_user_id, state.ctx.session.id)
             await self._on_connection(state)
             rounds = 0
             while True:
@@ -442,7 +442,9 @@ class Agent:
             log.exception("finalize_failed", completion_id=state.completion_id)
         if state.ctx.session.id:
             try:
-                await self.runtime.save_session(state.ctx.session.id, state.ctx.session.data)
+                await self.runtime.save_session(
+                    state.ctx.auth.peer_user_id, state.ctx.session.id, state.ctx.session.data
+                )
             except Exception:  # noqa: BLE001
                 log.exception("session_save_failed", completion_id=state.completion_id)
         log.debug(

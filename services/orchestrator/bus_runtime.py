@@ -249,11 +249,11 @@ class BusRuntime:
 
     # ------------------------------------------------------------ sessions, events
 
-    async def load_session(self, session_id: str) -> dict[str, Any]:
-        return await self.sessions.load(session_id)
+    async def load_session(self, owner: str | None, session_id: str) -> dict[str, Any]:
+        return await self.sessions.load(owner, session_id)
 
-    async def save_session(self, session_id: str, data: dict[str, Any]) -> None:
-        await self.sessions.save(session_id, data)
+    async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None:
+        await self.sessions.save(owner, session_id, data)
 
     def record_stage(
         self,

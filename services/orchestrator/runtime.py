@@ -36,9 +36,10 @@ class Runtime(Protocol):
 
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str: ...
 
-    async def load_session(self, session_id: str) -> dict[str, Any]: ...
+    async def load_session(self, owner: str | None, session_id: str) -> dict[str, Any]:
+        """The session `session_id` of principal `owner` (None: the anonymous caller)."""
 
-    async def save_session(self, session_id: str, data: dict[str, Any]) -> None: ...
+    async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None: ...
 
     def record_stage(
         self,
@@ -59,7 +60,7 @@ class LocalRuntime:
     """Everything in this process: no remote hooks, sessions in a dict."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, dict[str, Any]] = {}
+        self._sessions: dict[tuple[str | None, str], dict[str, Any]] = {}
 
     def remote_version(self) -> int:
         return 0
@@ -78,11 +79,11 @@ class LocalRuntime:
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str:
         raise RuntimeError(f"no bus: cannot reach worker group {tool.group!r} in-process")
 
-    async def load_session(self, session_id: str) -> dict[str, Any]:
-        return copy.deepcopy(self._sessions.get(session_id, {}))
+    async def load_session(self, owner: str | None, session_id: str) -> dict[str, Any]:
+        return copy.deepcopy(self._sessions.get((owner, session_id), {}))
 
-    async def save_session(self, session_id: str, data: dict[str, Any]) -> None:
-        self._sessions[session_id] = copy.deepcopy(data)
+    async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None:
+        self._sessions[(owner, session_id)] = copy.deepcopy(data)
 
     async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
         """No worker groups in-process: the agent calls its own skills directly."""

@@ -58,14 +58,14 @@ async def test_a_disconnect_mid_stream_cancels_the_request_and_finalize_runs_onc
     assert await wait_for(lambda: client.redis.exists(cancel_key(client.keys, completion_id)), timeout=3)
 
     async def finalized():
-        return (await sessions.load(session_id)).get("finalized")
+        return (await sessions.load("alice", session_id)).get("finalized")
 
     # Finalize must run promptly (the model alone would stream for ~10 s more) and with a 499.
     assert await wait_for(finalized, timeout=5) == 1, "finalize_connection did not run after the disconnect"
-    data = await sessions.load(session_id)
+    data = await sessions.load("alice", session_id)
     assert data["error"] == 499
     await asyncio.sleep(1.0)
-    assert (await sessions.load(session_id))["finalized"] == 1, "finalize_connection ran more than once"
+    assert (await sessions.load("alice", session_id))["finalized"] == 1, "finalize_connection ran more than once"
 
 
 async def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it(gateway, stack):

@@ -74,7 +74,7 @@ async def test_a_tool_using_request_runs_the_worker_tool_and_the_user_field_is_t
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert first.choices[0].message.content == "The tool remember returned: noted (1)"
     assert streamed == "The tool remember returned: noted (2)"
-    data = await sessions.load(user)
+    data = await sessions.load("alice", user)
     assert data["notes"] == ["buy milk", "call mum"]
     assert data["peer"] == "alice"  # ctx.auth.peer_user_id from the API key
 
@@ -88,8 +88,8 @@ async def test_the_session_header_wins_over_the_user_field(gateway, sessions):
             user="ignored-user",
             extra_headers={"X-Session-Id": sid},
         )
-    assert (await sessions.load(sid))["notes"] == ["x"]
-    assert "notes" not in await sessions.load("ignored-user")
+    assert (await sessions.load("alice", sid))["notes"] == ["x"]
+    assert "notes" not in await sessions.load("alice", "ignored-user")
 
 
 async def test_models_are_listed(gateway):

@@ -57,7 +57,7 @@ async def test_a_402_raised_in_a_worker_reaches_the_client_and_finalize_runs_onc
             assert exc.status_code == 402 and exc.details == {"balance": 0}
         else:
             raise AssertionError("expected a 402")
-        session = await services[0].runtime.sessions.load("s402")
+        session = await services[0].runtime.sessions.load(None, "s402")
     assert session == {"finalized": 1, "error": 402}
 
 
