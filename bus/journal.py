@@ -38,10 +38,10 @@ few seconds, for all its requests together.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
 import redis.asyncio as aredis
 
 from hookbus.bus.keys import Keys
@@ -192,6 +192,39 @@ def _text(value: bytes | str | int) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class Leases:
+    """Lease renewal through a synchronous client, for the liveness thread
+    (bus/liveness.py): a busy event loop cannot hold it up, so a busy owner keeps its
+    requests."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, *, ttl: int = JOURNAL_TTL) -> None:
+        self.keys = keys
+        self.ttl = ttl
+        self._renew = client.register_script(_RENEW)
+
+    def renew(self, group: str, consumer: str, leases: Sequence[Lease]) -> tuple[list[Lease], list[Lease]]:
+        """Renew the claim on every running request still ours (XCLAIM JUSTID), refresh
+        their journals' TTL and stage; returns (leases fenced out, leases cancelled).
+
+        One script per requests shard (a script touches one slot)."""
+        by_shard: dict[int, list[Lease]] = {}
+        for lease in leases:
+            by_shard.setdefault(self.keys.shard_of(lease.completion_id), []).append(lease)
+        fenced: list[Lease] = []
+        cancelled: list[Lease] = []
+        for shard, batch in by_shard.items():
+            keys: list[str] = [self.keys.requests_shard(shard)]
+            args: list[str | int] = [group, consumer, self.ttl]
+            for lease in batch:
+                keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]
+                args += [lease.entry_id, lease.epoch, lease.stage]
+            shard_fenced, shard_cancelled = self._renew(keys=keys, args=args)
+            by_entry = {lease.entry_id: lease for lease in batch}
+            fenced += [by_entry[_text(e)] for e in shard_fenced]
+            cancelled += [by_entry[_text(e)] for e in shard_cancelled]
+        return fenced, cancelled
+
+
 class Journal:
     """The journal scripts, bound to one client and key layout."""
 
@@ -211,7 +244,6 @@ class Journal:
         self._claim = client.register_script(_CLAIM)
         self._write = client.register_script(_WRITE)
         self._finish = client.register_script(_FINISH)
-        self._renew = client.register_script(_RENEW)
 
     def key(self, completion_id: str) -> str:
         return self.keys.journal(completion_id)
@@ -278,33 +310,6 @@ class Journal:
                 args=[epoch, ttl, first_seq, group, entry_id, self.done_ttl, *items],
             )
         )
-
-    async def renew(self, group: str, consumer: str, leases: Sequence[Lease]) -> tuple[list[Lease], list[Lease]]:
-        """Renew the claim on every running request still ours (XCLAIM JUSTID), refresh
-        their journals' TTL and stage; returns (leases fenced out, leases cancelled).
-
-        One script per requests shard (a script touches one slot), run concurrently."""
-        by_shard: dict[int, list[Lease]] = {}
-        for lease in leases:
-            by_shard.setdefault(self.keys.shard_of(lease.completion_id), []).append(lease)
-        results = await asyncio.gather(
-            *(self._renew_shard(shard, group, consumer, batch) for shard, batch in by_shard.items())
-        )
-        fenced = [lease for shard_fenced, _ in results for lease in shard_fenced]
-        cancelled = [lease for _, shard_cancelled in results for lease in shard_cancelled]
-        return fenced, cancelled
-
-    async def _renew_shard(
-        self, shard: int, group: str, consumer: str, leases: Sequence[Lease]
-    ) -> tuple[list[Lease], list[Lease]]:
-        keys: list[str] = [self.keys.requests_shard(shard)]
-        args: list[str | int] = [group, consumer, self.ttl]
-        for lease in leases:
-            keys += [self.key(lease.completion_id), self.keys.cancel(lease.completion_id)]
-            args += [lease.entry_id, lease.epoch, lease.stage]
-        fenced, cancelled = await self._renew(keys=keys, args=args)
-        by_entry = {lease.entry_id: lease for lease in leases}
-        return [by_entry[_text(e)] for e in fenced], [by_entry[_text(e)] for e in cancelled]
 
     async def read(self, completion_id: str) -> dict[str, str]:
         raw = await self.client.hgetall(self.key(completion_id))

@@ -37,6 +37,7 @@ from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.llm import LLM, ContextTooLong
+from hookbus.services.orchestrator.offload import is_large, off_loop
 from hookbus.services.orchestrator.plan import HookPlan
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
@@ -149,7 +150,9 @@ class Agent:
         state.error = error
         if state.ctx.session.id:
             try:
-                state.ctx.session.data = await self.runtime.load_session(state.ctx.auth.peer_user_id, state.ctx.session.id)
+                state.ctx.session.data = await self.runtime.load_session(
+                    state.ctx.auth.peer_user_id, state.ctx.session.id
+                )
             except Exception:  # noqa: BLE001 - finalize runs even without the session
                 log.exception("session_load_failed", completion_id=state.completion_id)
         await self._finalize_shielded(state)
@@ -237,13 +240,16 @@ class Agent:
             ),
             session=Session(id=session_id),
         )
-        return RunState(ctx, self.plan(), self._conversation(messages), stream)
+        conversation = await off_loop(is_large(messages), self._conversation, messages)  # a deep copy
+        return RunState(ctx, self.plan(), conversation, stream)
 
     async def _lifecycle(self, state: RunState) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
             if state.ctx.session.id:
-                state.ctx.session.data = await self.runtime.load_session(state.ctx.auth.peer_user_id, state.ctx.session.id)
+                state.ctx.session.data = await self.runtime.load_session(
+                    state.ctx.auth.peer_user_id, state.ctx.session.id
+                )
             await self._on_connection(state)
             rounds = 0
             while True:

@@ -36,7 +36,9 @@ larger.
 
 from __future__ import annotations
 
+import bisect
 import copy
+import itertools
 import math
 import re
 import time
@@ -47,6 +49,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from hookbus.services.orchestrator.offload import is_large, off_loop_async, on_this_loop
 from hookbus.services.orchestrator.tokens import (
     count_content,
     count_message,
@@ -309,7 +312,24 @@ async def compact_in_run(
     alone is still above the target, old tool outputs inside the turn are
     cleared, oldest first, except those of the most recent tool round (the
     model is working with them). With ``auto`` off this does nothing either.
+
+    A long conversation is compacted off the event loop (its copying and counting are
+    CPU work); the summarizer still runs on the caller's loop.
     """
+    if not is_large(messages):
+        return await _compact_in_run(messages, policy, window, summarize, turn_start)
+    return await off_loop_async(
+        True, _compact_in_run, messages, policy, window, on_this_loop(summarize), turn_start
+    )
+
+
+async def _compact_in_run(
+    messages: Sequence[Mapping[str, Any]],
+    policy: CompactionPolicy,
+    window: int,
+    summarize: Summarizer,
+    turn_start: int,
+) -> Compaction:
     resolved = policy.resolve(window)
     before = count_messages(messages)
     run = _Run.of(messages, resolved, target=resolved.settle)
@@ -587,15 +607,17 @@ def _drop_oldest(run: _Run, start: int) -> None:
     sizes = [count_messages(g) for g in groups]
     fixed = count_messages(run.head) + count_messages(run.body[start:])
 
+    kept_after = list(itertools.accumulate(reversed([*sizes, 0])))[::-1]  # kept_after[n] = sum(sizes[n:])
+    summaries_size = count_messages(summaries)
+
     def size(dropped_groups: int, with_summaries: bool) -> int:
         turns = dropped_groups + (0 if with_summaries or not summaries else 1)
         note = count_message(_drop_note(earlier + turns)) if earlier + turns else 0
-        kept = sum(sizes[dropped_groups:]) + (count_messages(summaries) if with_summaries else 0)
+        kept = kept_after[dropped_groups] + (summaries_size if with_summaries else 0)
         return fixed + note + kept
 
-    n = 0
-    while n < len(groups) and size(n, True) > run.target:
-        n += 1
+    # the fewest turns to drop: size shrinks with every turn dropped, so bisect
+    n = bisect.bisect_left(range(len(groups)), True, key=lambda k: size(k, True) <= run.target)
     drop_summaries = bool(summaries) and size(n, True) > run.target
     turns = n + (1 if drop_summaries else 0)
     if not turns:

@@ -8,6 +8,7 @@ HTTP path, so tests and demos exercise the production code path.
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -16,6 +17,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
+from hookbus.services.orchestrator.offload import is_large, off_loop
 from hookbus.skills.errors import HookError
 
 
@@ -75,9 +77,10 @@ class LLM:
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> ChatCompletion:
         try:
-            return await self.client().chat.completions.create(
-                model=model, messages=messages, **_tool_args(tools)  # type: ignore[arg-type]
+            completion: ChatCompletion = await create_chat_completion(
+                self.client(), {"model": model, "messages": messages, **_tool_args(tools)}
             )
+            return completion
         except openai.APIError as exc:
             raise llm_error(exc) from exc
 
@@ -85,18 +88,45 @@ class LLM:
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         try:
-            response = await self.client().chat.completions.create(  # type: ignore[call-overload]
-                model=model,
-                messages=messages,
-                stream=True,
-                stream_options={"include_usage": True},
-                **_tool_args(tools),
+            response = await create_chat_completion(
+                self.client(),
+                {
+                    "model": model,
+                    "messages": messages,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    **_tool_args(tools),
+                },
             )
             async with response:
                 async for chunk in response:
                     yield chunk
         except openai.APIError as exc:
             raise llm_error(exc) from exc
+
+
+async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:
+    """What `client.chat.completions.create(**arguments)` does, minus its transform.
+
+    `create` walks every message and field in Python on the event loop to adapt typed
+    params (12 s for 123,000 tiny messages); our arguments are plain JSON already, so
+    the body is encoded as is (off the loop when large) and posted through the same
+    client: same HTTP stack, retries, errors and stream parsing. Returns a
+    ChatCompletion, or an AsyncStream of chunks when `arguments["stream"]`.
+    """
+    large = is_large(arguments.get("messages"))
+    body = await off_loop(large, json_body, arguments)
+    return await client.post(
+        "/chat/completions",
+        content=body,  # the client's default Content-Type is application/json
+        cast_to=ChatCompletion,
+        stream=bool(arguments.get("stream")),
+        stream_cls=openai.AsyncStream[ChatCompletionChunk],
+    )
+
+
+def json_body(arguments: dict[str, Any]) -> bytes:
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _tool_args(tools: list[dict[str, Any]] | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Orchestrator crash recovery: claiming requests a lost orchestrator left pending,
 renewing the lease on the requests this one runs, and the `requests` janitor.
 
-Three background loops per orchestrator:
+Three background loops per orchestrator (the claims and the janitor on its event loop):
 
 - **claims** (every `claim_idle / 2` s): pending `requests` entries whose orchestrator is
   dead (no heartbeat for `claim_idle` s), or idle far too long, are claimed (see
@@ -15,10 +15,10 @@ Three background loops per orchestrator:
   - `duplicate`: another entry owns that completion id: dead-letter it.
   An entry delivered more than `max_deliveries` times (it keeps killing orchestrators)
   gets a 500 `request_failed` terminal item without another finalize, and a dead letter.
-- **leases** (every `claim_idle / 3` s): one script renews the claim of every request this
-  process runs (XCLAIM JUSTID) if the journal's epoch is still ours, refreshes their
-  journals' TTL and stage, and reports those fenced out (stopped at once) and those with
-  a cancel marker (cancelled).
+- **leases** (every `claim_idle / 3` s, on the liveness thread, bus/liveness.py): one
+  script renews the claim of every request this process runs (XCLAIM JUSTID) if the
+  journal's epoch is still ours, refreshes their journals' TTL and stage, and reports
+  those fenced out (stopped at once) and those with a cancel marker (cancelled).
 - **janitor** (every `trim_every` s): trims `requests` up to what was acked, deletes the
   reply streams of orchestrators gone for long and forgets them (bus/trim.py).
 """
@@ -29,12 +29,13 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+import redis
 import structlog
 
 from hookbus.bus.claims import Claimed, claim, claim_forever, find_orphans
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import add_dead_letter, entry_id_text
-from hookbus.bus.journal import Lease
+from hookbus.bus.journal import Lease, Leases
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.trim import FORGET_AFTER, prune_consumers, trim_acked
@@ -51,6 +52,7 @@ class Recovery:
         self.service = service
         self._claim_task: asyncio.Task[None] | None = None
         self._recoveries: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.claimed = 0
         self.recovered = 0
         self.resumed = 0
@@ -58,11 +60,9 @@ class Recovery:
 
     def start(self) -> list[asyncio.Task[Any]]:
         """The loops to run; the claim loop is kept apart so shutdown can stop it first."""
+        self._loop = asyncio.get_running_loop()
         self._claim_task = asyncio.create_task(self._claim_loop(), name="hookbus-claims")
-        return [
-            asyncio.create_task(self._lease_loop(), name="hookbus-leases"),
-            asyncio.create_task(self._janitor_loop(), name="hookbus-janitor"),
-        ]
+        return [asyncio.create_task(self._janitor_loop(), name="hookbus-janitor")]
 
     async def stop_claiming(self) -> None:
         await cancel_and_wait(self._claim_task)
@@ -164,22 +164,26 @@ class Recovery:
 
     # ------------------------------------------------------------------ leases
 
-    async def _lease_loop(self) -> None:
-        await repeat(self.service.claim_idle / 3, self.renew_once, what="lease_renewal")
-
-    async def renew_once(self) -> None:
+    def renew_once(self, client: redis.Redis) -> None:
+        """On the liveness thread (bus/liveness.py): a busy event loop does not stop it.
+        What it finds (fenced out, cancelled) is handed to the loop."""
         service = self.service
-        assert service.journal is not None
         runs = [r for r in service.running() if r.epoch and not r.fenced]
         if not runs:
             return
         leases = [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs]
-        run_of = {id(lease): run for lease, run in zip(leases, runs, strict=True)}
-        fenced, cancelled = await service.journal.renew(ORCHESTRATOR_GROUP, service.instance, leases)
-        for lease in fenced:
-            service.fence_out(run_of[id(lease)])
-        for lease in cancelled:
-            service.cancel(run_of[id(lease)].completion_id)
+        fenced, cancelled = Leases(client, service.keys).renew(ORCHESTRATOR_GROUP, service.instance, leases)
+        if (fenced or cancelled) and self._loop is not None:
+            run_of = {id(lease): run for lease, run in zip(leases, runs, strict=True)}
+            self._loop.call_soon_threadsafe(
+                self._apply_renewal, [run_of[id(x)] for x in fenced], [run_of[id(x)] for x in cancelled]
+            )
+
+    def _apply_renewal(self, fenced: list[Any], cancelled: list[Any]) -> None:
+        for run in fenced:
+            self.service.fence_out(run)
+        for run in cancelled:
+            self.service.cancel(run.completion_id)
 
     # ----------------------------------------------------------------- janitor
 

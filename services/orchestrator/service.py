@@ -11,7 +11,9 @@ Reliability (see bus/journal.py and services/orchestrator/recovery.py):
   epoch, so an owner that lost the request (it stalled and another orchestrator claimed
   it) stops without writing again;
 - the requests it runs keep their claim (lease renewal every `claim_idle / 3` seconds),
-  so a long LLM call is not taken away while this process is alive;
+  so a long LLM call is not taken away while this process is alive; heartbeats and lease
+  renewal run on a thread of their own (bus/liveness.py), so a busy event loop is not
+  taken for a dead process;
 - a request another orchestrator left pending (it died, or it stalled for longer than
   `claim_idle`) is claimed: if it had started, only finalize_connection runs, with a 503
   `orchestrator_lost` error and `ctx.recovery = True`, and the client gets that error; if
@@ -36,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
@@ -64,7 +67,8 @@ from hookbus.bus.events import EventWriter
 from hookbus.bus.journal import Begun, Journal
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
-from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.liveness import Job, LivenessThread
+from hookbus.bus.periodic import cancel_and_wait
 from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from hookbus.bus.router import ReplyRouter
@@ -73,6 +77,7 @@ from hookbus.bus.trim import TRIM_EVERY
 from hookbus.services.bus_app import BusApp
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
+from hookbus.services.orchestrator.offload import is_large, off_loop
 from hookbus.skills import HookError
 from hookbus.skills.errors import as_hook_error
 
@@ -150,6 +155,7 @@ class OrchestratorService(BusApp):
         self.journal: Journal | None = None
         self.recovery = Recovery(self)
         self._tasks: list[asyncio.Task[Any]] = []
+        self.liveness: LivenessThread | None = None
         self._running: dict[str, Running] = {}
         self._by_cid: dict[str, Running] = {}
         self._started_at = time.monotonic()
@@ -210,8 +216,17 @@ class OrchestratorService(BusApp):
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self._started_at = time.monotonic()
         self.steadiness.started()  # a fresh start: claim nothing before peers could be seen
+        self.liveness = LivenessThread(
+            self.redis_url,
+            [
+                Job("heartbeat", heartbeat_every(self.claim_idle, HEARTBEAT_EVERY), self._heartbeat),
+                Job("lease_renewal", self.claim_idle / 3, self.recovery.renew_once),
+            ],
+            name=f"hookbus-liveness-{self.instance}",
+            on_trouble=self.steadiness.trouble,
+        )
+        self.liveness.start()
         self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="hookbus-heartbeat"),
             asyncio.create_task(self._cancel_listener(), name="hookbus-cancel"),
             *self.recovery.start(),
         ]
@@ -229,6 +244,8 @@ class OrchestratorService(BusApp):
         await self.recovery.wait_recoveries(SHUTDOWN_WAIT)
         await cancel_and_wait(*self._tasks)
         self._tasks = []
+        if self.liveness is not None:
+            await self.liveness.stop()
         if self.runtime is not None:
             await self.runtime.router.stop()
             await self.runtime.registry.stop()
@@ -238,15 +255,10 @@ class OrchestratorService(BusApp):
                 await self._client.zrem(self.keys.orchestrators, self.instance)
         log.info("orchestrator_stopped", instance=self.instance, served=self.served)
 
-    async def _heartbeat_loop(self) -> None:
-        await repeat(
-            heartbeat_every(self.claim_idle, HEARTBEAT_EVERY), self._heartbeat,
-            what="heartbeat", on_trouble=self.steadiness.trouble,
-        )
-
-    async def _heartbeat(self) -> None:
+    def _heartbeat(self, client: redis.Redis) -> None:
+        """On the liveness thread (bus/liveness.py), so a busy loop is not taken for dead."""
         began = time.monotonic()
-        await self.client.zadd(self.keys.orchestrators, {self.instance: time.time()})
+        client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self.steadiness.heartbeat_ok(began)
 
     def uptime(self) -> float:
@@ -287,14 +299,14 @@ class OrchestratorService(BusApp):
         if raw is not None:
             limits = self.limits.for_envelope()
             try:
-                check_document(parse_json(raw, limits), limits)
+                await off_loop(is_large(size=len(raw)), _check_limits, raw, limits)
             except LimitExceeded as refused:
                 await self._refuse(entry_id, fields, _peek_completion_id(raw, parse=False), refused)
                 return None
             except InvalidJSON:
                 pass  # decode says why, below
         try:
-            return decode(fields, RequestEnvelope)
+            return await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
         except DecodeError as exc:
             error = HookError(400, "invalid_request", f"the request could not be read: {exc}")
             await self._refuse(entry_id, fields, _peek_completion_id(raw), error)
@@ -525,6 +537,10 @@ class OrchestratorService(BusApp):
         finally:
             with contextlib.suppress(Exception):
                 await reader.aclose()
+
+
+def _check_limits(raw: bytes, limits: RequestLimits) -> None:
+    check_document(parse_json(raw, limits), limits)
 
 
 def _peek_completion_id(raw: bytes | None, *, parse: bool = True) -> str | None:

@@ -17,6 +17,7 @@ import pytest
 from hookbus.services.gateway.auth import API_KEYS_ENV, load_api_keys
 from tests.gateway.conftest import BROKE_KEY, bearer
 from tests.gateway.server import running_gateway
+from tests.integration.processes import free_port
 from tests.waiting import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -158,12 +159,6 @@ def test_api_keys_load_from_a_file_or_the_environment(tmp_path, monkeypatch):
         path.write_text(bad)
         with pytest.raises(ValueError, match="keys.json"):
             load_api_keys(str(path))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_serve_warns_when_auth_is_off_and_stops_gracefully_on_sigterm(redis_url, prefix, tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,11 +27,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import redis.asyncio as aredis
 
 from hookbus.bus.keys import Keys
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -141,6 +149,38 @@ class Processes:
             "--max-deliveries", str(max_deliveries), *extra,
         ]
         return self._spawn("orchestrator", instance, None, args)
+
+    def gateway(self, *, port: int, api_keys: Path, name: str = "gateway") -> Proc:
+        """`hookbus gateway` on 127.0.0.1:`port` (wait with `wait_http`)."""
+        args = ["gateway", "--port", str(port), "--api-keys", str(api_keys)]
+        return self._spawn("gateway", name, None, args)
+
+    def offline_model(self, *, port: int, name: str = "offline-model") -> Proc:
+        """The offline model on http://127.0.0.1:`port`/v1, in its own process."""
+        count = self._spawned.get(name, 0)
+        self._spawned[name] = count + 1
+        log_path = self.log_dir / f"{name}.log"
+        full = [sys.executable, "-m", "tests.integration.offline_model_process", str(port)]
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen(full, env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = Proc(name, "http", None, full, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    async def wait_http(self, proc: Proc, url: str, timeout: float = 30.0) -> None:
+        """Until `url` answers at all (any status)."""
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=2) as http:
+            while True:
+                if not proc.alive:
+                    raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}\n{proc.log_tail()}")
+                try:
+                    await http.get(url)
+                    return
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{proc.name} not answering {url}\n{proc.log_tail()}") from None
+                    await asyncio.sleep(0.1)
 
     def restart(self, proc: Proc) -> Proc:
         """The same command again (same name), as a supervisor would after a crash."""

@@ -205,6 +205,7 @@ def test_security_configuration_from_arguments_and_environment(monkeypatch):
     )
     assert skill.violation({"function": {"name": "x", "arguments": "not json: Secret"}})
     monkeypatch.setenv("HOOKBUS_BLOCKED_PATTERNS", "")
+    monkeypatch.setenv("HOOKBUS_SECURITY_SHELL_CHECKS", "0")
     assert (
         SecuritySkill(blocked_tools="").violation(
             {"function": {"name": "shell", "arguments": '{"cmd": "rm -rf /"}'}}
