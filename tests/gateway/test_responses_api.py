@@ -100,9 +100,11 @@ async def strictly(client: openai.AsyncOpenAI, **request: Any) -> Response:
     return Response.model_validate(json.loads(raw.http_response.text))
 
 
-async def finalized(sessions, session: str) -> dict[str, Any]:
+async def finalized(sessions, session: str, owner: str = "alice") -> dict[str, Any]:
+    """The session's data once finalize ran (sessions belong to their principal)."""
+
     async def done() -> dict[str, Any] | None:
-        data = await sessions.load(session)
+        data = await sessions.load(owner, session)
         return data if data.get("finalized") else None
 
     return await wait_for(done, timeout=10) or {}
@@ -242,7 +244,7 @@ async def test_an_error_after_streaming_started_is_an_error_event_then_response_
     assert failed.type == "response.failed" and failed.response.status == "failed"
     assert failed.response.error is not None and failed.response.error.code == "server_error"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    data = await finalized(sessions, session)
+    data = await finalized(sessions, session, owner="carol")
     assert data["error"] == 503 and data["seen"][-1] == "finalize_connection"
 
 
@@ -265,7 +267,7 @@ async def test_a_disconnect_mid_stream_cancels_the_run_and_finalize_runs_once(ga
     data = await finalized(sessions, session)
     assert data["error"] == 499 and data["completion_id"] == response_id
     await asyncio.sleep(1.0)
-    assert (await sessions.load(session))["finalized"] == 1, "finalize_connection ran more than once"
+    assert (await sessions.load("alice", session))["finalized"] == 1, "finalize_connection ran more than once"
 
 
 async def test_a_client_that_gives_up_on_a_non_streamed_response_cancels_it(gateway, sessions):
