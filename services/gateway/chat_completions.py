@@ -35,6 +35,7 @@ from hookbus.services.gateway.errors import GatewayError, error_body, invalid_bo
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
 from hookbus.services.gateway.request_body import read_json_body
 from hookbus.services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
+from hookbus.services.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, HookError
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ async def chat_completions(request: Request) -> Response:
     body = await read_body_or_gone(request, gw)
     if body is None:
         return Response(status_code=499)
-    payload = parse_body(body, ChatCompletionRequest)
+    payload = await off_loop(is_large(size=len(body)), parse_body, body, ChatCompletionRequest)
     submitted = await submit_chat(request, gw, auth, payload)
     if payload.stream:
         return await _streamed(request, gw, submitted, payload, started)
@@ -84,7 +85,7 @@ async def submit_chat(
     metadata = {k: v for k, v in (payload.metadata or {}).items() if k not in RESERVED_METADATA}
     try:
         submitted = await gw.client.submit(
-            payload.message_dicts(),
+            await off_loop(is_large(payload.messages), payload.message_dicts),
             stream=bool(payload.stream),
             session_id=session_id,
             auth=auth,

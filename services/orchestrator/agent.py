@@ -32,12 +32,12 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
+from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.llm import LLM, ContextTooLong
-from hookbus.services.orchestrator.offload import is_large, off_loop
 from hookbus.services.orchestrator.plan import HookPlan
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime

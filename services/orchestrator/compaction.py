@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from hookbus.services.orchestrator.offload import is_large, off_loop_async, on_this_loop
+from hookbus.services.offload import is_large, off_loop_async, on_this_loop
 from hookbus.services.orchestrator.tokens import (
     count_content,
     count_message,

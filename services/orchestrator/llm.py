@@ -17,7 +17,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
-from hookbus.services.orchestrator.offload import is_large, off_loop
+from hookbus.services.offload import is_large, off_loop
 from hookbus.skills.errors import HookError
 
 

@@ -75,9 +75,9 @@ from hookbus.bus.router import ReplyRouter
 from hookbus.bus.sessions import SessionStore
 from hookbus.bus.trim import TRIM_EVERY
 from hookbus.services.bus_app import BusApp
+from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
-from hookbus.services.orchestrator.offload import is_large, off_loop
 from hookbus.skills import HookError
 from hookbus.skills.errors import as_hook_error
 

@@ -1,8 +1,9 @@
 """CPU-heavy steps of a request, off the event loop: a small bounded thread pool.
 
-One request's Python work on a large conversation (decoding it, the openai client's
-per-field transform and JSON encoding, compaction's token counting and copying) used to
-hold the orchestrator's event loop for over a minute, and with it every other request.
+One request's Python work on a large conversation (parsing and decoding it, the openai
+client's per-field transform and JSON encoding, compaction's token counting and copying)
+used to hold the orchestrator's event loop for over a minute, and the gateway's for
+seconds, and with them every other request.
 Such steps run here instead. They still share the GIL with the loop, but the loop gets
 its turn every switch interval (5 ms), so other requests, heartbeats and leases go on.
 Small inputs stay on the loop: a thread hop costs more than their work.
