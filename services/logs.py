@@ -2,7 +2,9 @@
 
 JSON lines when the output is not a terminal (services, CI), readable colour on a
 terminal; lines carry `completion_id` wherever the code has one (bound explicitly or
-through structlog's contextvars).
+through structlog's contextvars). In JSON mode the standard-library loggers (FastStream,
+uvicorn, redis) write JSON lines too: a container's log is then one JSON object per line,
+which is what log collectors parse.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
     )
+    if as_json:
+        _stdlib_as_json(renderer, level_no)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -35,3 +39,28 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+# FastStream's own logger does not propagate and prints coloured text to stderr.
+_NON_PROPAGATING = ("faststream",)
+
+
+def _stdlib_as_json(renderer: structlog.typing.Processor, level_no: int) -> None:
+    """One JSON handler on the root logger and in place of FastStream's coloured one."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        processor=renderer,
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    handler.set_name("hookbus-json")
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if h.get_name() != "hookbus-json"] + [handler]
+    root.setLevel(level_no)
+    for name in _NON_PROPAGATING:
+        logger = logging.getLogger(name)
+        logger.handlers = [h for h in logger.handlers if not isinstance(h, logging.StreamHandler)] + [handler]
