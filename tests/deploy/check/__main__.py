@@ -62,6 +62,7 @@ def main() -> int:
             report.step("docker kill mid-load", lambda: scenarios.kill_mid_load(stack))
             report.step("docker stop drains", lambda: scenarios.drain_on_stop(stack))
             report.step("restart redis", lambda: scenarios.restart_redis(stack))
+            report.step("container logs are JSON", lambda: scenarios.json_logs(stack))
         finally:
             if report.failed:
                 keep_logs(stack)

@@ -7,6 +7,7 @@ Every expectation is checked on what a user or operator sees: the openai client'
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 
@@ -193,6 +194,24 @@ def restart_redis(stack: Stack) -> str:
     expect(groups_before <= groups_after, f"groups before {groups_before}, after {groups_after}")
     healthy = stack.wait_healthy()
     return f"first answer {recovered:.1f} s after the restart; 12 of 12 after it; groups kept: {sorted(groups_after)}; all healthy {healthy} s later"
+
+
+def json_logs(stack: Stack) -> str:
+    """Every line every hookbus container logged, through all the faults above, is JSON."""
+    counted, bad = 0, []
+    for service in SERVICES:
+        if service == "redis":
+            continue
+        for line in stack.logs(service):
+            if not line.strip():
+                continue
+            counted += 1
+            try:
+                json.loads(line)
+            except ValueError:
+                bad.append(f"{service}: {line[:120]}")
+    expect(not bad, f"{len(bad)} of {counted} log lines are not JSON, e.g. {bad[:3]}")
+    return f"{counted} lines from the hookbus containers, all JSON"
 
 
 def teardown(stack: Stack) -> str:
