@@ -45,7 +45,9 @@ SCRAPE_TIMEOUT = 2.0
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 HOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
-KNOWN_PATHS = ("/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/openapi.json")
+AGENT_PATHS = ("/v1/chat/completions", "/v1/responses")
+"""Where a request runs the agent (counted in flight while it is answered)."""
+KNOWN_PATHS = (*AGENT_PATHS, "/v1/models", "/healthz", "/metrics", "/openapi.json")
 
 
 def path_label(path: str) -> str:
@@ -54,6 +56,8 @@ def path_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{response_id}"
     return "other"
 
 
@@ -82,7 +86,7 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.in_flight = Gauge(
-            "hookbus_gateway_in_flight_requests", "Chat completions being answered now.", registry=r
+            "hookbus_gateway_in_flight_requests", "Agent requests (chat completions, responses) being answered now.", registry=r
         )
         self.disconnects = Counter(
             "hookbus_gateway_client_disconnects",
@@ -293,13 +297,13 @@ class MetricsMiddleware:
                 status = message["status"]
             await send(message)
 
-        chat = scope["path"] == "/v1/chat/completions"
-        if chat:
+        agent = scope["path"] in AGENT_PATHS
+        if agent:
             self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_status)
         finally:
-            if chat:
+            if agent:
                 self.metrics.in_flight.dec()
             override = scope.get("state", {}).get("final_status")
             path = path_label(scope["path"])

@@ -34,6 +34,7 @@ from tests.gateway.conftest import (
     Tripwire,
     bearer,
 )
+from tests.gateway.test_ops import sample
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
 
@@ -342,4 +343,20 @@ async def test_a_stored_response_expires_and_belongs_to_its_principal_in_redis(g
     assert stored["messages"] == [
         {"role": "user", "content": "[[echo]] ttl"}, {"role": "assistant", "content": "ttl"},
     ]
+
+
+async def test_responses_are_counted_by_route_template_not_by_id(gateway):
+    async with client_for(gateway) as client:
+        created = await client.responses.create(model="offline", input="[[echo]] count me")
+        await client.responses.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve("resp_missing")
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        text = (await http.get("/metrics")).text
+    assert sample(text, "hookbus_gateway_requests_total", method="POST", path="/v1/responses", status="200") >= 1
+    template = "/v1/responses/{response_id}"
+    assert sample(text, "hookbus_gateway_requests_total", method="GET", path=template, status="200") >= 1
+    assert sample(text, "hookbus_gateway_requests_total", method="GET", path=template, status="404") >= 1
+    assert created.id not in text
+    assert sample(text, "hookbus_gateway_in_flight_requests") == 0
 
