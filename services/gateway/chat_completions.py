@@ -56,10 +56,9 @@ async def chat_completions(request: Request) -> Response:
     gw = gateway_of(request)
     started = time.perf_counter()
     auth = gw.authenticate(request)
-    body = await read_body_or_gone(request, gw)
-    if body is None:
+    payload = await read_payload(request, gw, ChatCompletionRequest)
+    if payload is None:
         return Response(status_code=499)
-    payload = await off_loop(is_large(size=len(body)), parse_body, body, ChatCompletionRequest)
     submitted = await submit_chat(request, gw, auth, payload)
     if payload.stream:
         return await _streamed(request, gw, submitted, payload, started)
@@ -112,6 +111,15 @@ async def read_body_or_gone(request: Request, gw: Gateway) -> dict[str, Any] | N
     except ClientDisconnect:
         request.state.final_status = 499
         return None
+
+
+async def read_payload(request: Request, gw: Gateway, model: type[Body]) -> Body | None:
+    """The body read and validated as `model` (a large one off the event loop); None if
+    the client left while sending it."""
+    body = await read_body_or_gone(request, gw)
+    if body is None:
+        return None
+    return await off_loop(is_large(size=len(body)), parse_body, body, model)
 
 
 def parse_body(document: dict[str, Any], model: type[Body]) -> Body:

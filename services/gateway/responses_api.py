@@ -41,8 +41,7 @@ from hookbus.services.gateway.chat_completions import (
     final_completion,
     gateway_of,
     open_stream,
-    parse_body,
-    read_body_or_gone,
+    read_payload,
     relay_response,
     submit_chat,
 )
@@ -80,10 +79,9 @@ async def create_response(request: Request) -> Response:
     gw = gateway_of(request)
     started = time.perf_counter()
     auth = gw.authenticate(request)
-    body = await read_body_or_gone(request, gw)
-    if body is None:
+    payload = await read_payload(request, gw, ResponsesRequest)
+    if payload is None:
         return Response(status_code=499)
-    payload = parse_body(body, ResponsesRequest)
     history = await _history(gw.responses, auth, payload.previous_response_id)
     new_input = input_messages(payload)
     chat = chat_request(payload, history, new_input)
