@@ -36,7 +36,7 @@ from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, de
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
-from hookbus.skills import AuthInfo, HookError
+from hookbus.skills import AuthInfo, BusUnavailable, DeadlineExceeded, HookError
 
 log = structlog.get_logger("hookbus.client")
 
@@ -114,7 +114,7 @@ class HookbusClient:
         try:
             await self._client.xadd(self.keys.requests_for(request.completion_id), fields)  # type: ignore[arg-type]
         except RECONNECT_ERRORS as exc:
-            raise HookError(503, "bus_unavailable", f"could not queue the request: {exc}") from exc
+            raise BusUnavailable(f"could not queue the request: {exc}") from exc
         return request
 
     # ------------------------------------------------------------------ reading
@@ -128,7 +128,7 @@ class HookbusClient:
         while True:
             remaining = deadline - time.time()
             if remaining <= 0:
-                raise HookError(504, "deadline_exceeded", f"no answer for {request.completion_id} before its deadline")
+                raise DeadlineExceeded(f"no answer for {request.completion_id} before its deadline")
             try:
                 response: Any = await self._reader.xread(
                     {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))

@@ -6,22 +6,39 @@
 from hookbus.skills.context import AuthInfo, Context, HookCall, Metadata, Session
 from hookbus.skills.data import HookData
 from hookbus.skills.decorators import hook, tool
-from hookbus.skills.errors import HookError, PaymentRequired
+from hookbus.skills.errors import (
+    BusUnavailable,
+    Cancelled,
+    ContextTooLong,
+    DeadlineExceeded,
+    DuplicateCompletionId,
+    HookError,
+    OrchestratorLost,
+    PaymentRequired,
+    UpstreamError,
+)
 from hookbus.skills.lifecycle import LIFECYCLES, Lifecycle
 from hookbus.skills.skill import Skill
 
 __all__ = [
     "LIFECYCLES",
     "AuthInfo",
+    "BusUnavailable",
+    "Cancelled",
+    "ContextTooLong",
     "Context",
+    "DeadlineExceeded",
+    "DuplicateCompletionId",
     "HookCall",
     "HookData",
     "HookError",
     "Lifecycle",
     "Metadata",
+    "OrchestratorLost",
     "PaymentRequired",
     "Session",
     "Skill",
+    "UpstreamError",
     "hook",
     "tool",
 ]

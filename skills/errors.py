@@ -1,4 +1,11 @@
-"""Structured errors a hook raises to abort a request with an HTTP-style status."""
+"""hookbus's errors: one hierarchy under `HookError`, the structured error with an HTTP-style
+status that aborts a request.
+
+A hook raises `HookError` (or `PaymentRequired`) itself; hookbus raises the subclasses
+below for what goes wrong around the hooks. Each error's class travels with it over the bus
+(`to_dict()["type"]`), so a client or a worker gets the same subclass back from
+`HookError.from_dict` (an unknown or missing type rebuilds as a plain `HookError`).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ class HookError(Exception):
     def to_dict(self) -> dict[str, Any]:
         """The plain form that travels over the bus and rebuilds with `from_dict`."""
         return {
+            "type": _wire_type(self),
             "status_code": self.status_code,
             "code": self.code,
             "message": self.message,
@@ -35,14 +43,19 @@ class HookError(Exception):
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> HookError:
-        if value.get("status_code") == 402:
-            return PaymentRequired(value.get("message", "payment required"), value.get("details"))
-        return cls(
+        """The error `to_dict` described, as its own class when it is one of hookbus's."""
+        kind = _KINDS.get(str(value.get("type")))
+        if kind is None:
+            kind = PaymentRequired if value.get("status_code") == 402 else HookError
+        error = Exception.__new__(kind)
+        HookError.__init__(
+            error,
             int(value["status_code"]),
             str(value.get("code", "error")),
             str(value.get("message", "")),
             value.get("details"),
         )
+        return error
 
     def to_openai_body(self) -> dict[str, Any]:
         """The error body an OpenAI client expects: {"error": {message, type, code, param}}."""
@@ -60,7 +73,12 @@ class HookError(Exception):
         return f"{type(self).__name__}({self.status_code}, {self.code!r}, {self.message!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, HookError) and self.to_dict() == other.to_dict()
+        """Same status, code, message and details (whatever the class that carries them)."""
+        if not isinstance(other, HookError):
+            return False
+        mine, theirs = self.to_dict(), other.to_dict()
+        del mine["type"], theirs["type"]
+        return mine == theirs
 
     __hash__ = Exception.__hash__
 
@@ -72,6 +90,74 @@ class PaymentRequired(HookError):
         self, message: str = "payment required", details: dict[str, Any] | None = None
     ) -> None:
         super().__init__(402, "payment_required", message, details)
+
+
+class Cancelled(HookError):
+    """499: the client cancelled the request or stopped reading (`code` says which)."""
+
+    def __init__(self, message: str = "the request was cancelled", code: str = "cancelled") -> None:
+        super().__init__(499, code, message)
+
+
+class DeadlineExceeded(HookError):
+    """504: the request did not finish before its deadline."""
+
+    def __init__(self, message: str = "the request did not finish before its deadline") -> None:
+        super().__init__(504, "deadline_exceeded", message)
+
+
+class BusUnavailable(HookError):
+    """503: Redis (the request queue or a response stream) could not be reached."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, "bus_unavailable", message)
+
+
+class OrchestratorLost(HookError):
+    """503: the orchestrator running the request stopped; another one finalized it."""
+
+    def __init__(
+        self,
+        message: str = (
+            "the orchestrator running this request stopped; the run was lost and has been "
+            "finalized by another orchestrator. Retry the request."
+        ),
+    ) -> None:
+        super().__init__(503, "orchestrator_lost", message)
+
+
+class DuplicateCompletionId(HookError):
+    """409: another request already uses this completion id."""
+
+    def __init__(self, completion_id: str) -> None:
+        super().__init__(409, "duplicate_completion_id", f"completion id {completion_id!r} is already in use")
+
+
+class ContextTooLong(HookError):
+    """400: the endpoint refused the prompt as longer than the model's context window."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, "context_length_exceeded", message)
+
+
+class UpstreamError(HookError):
+    """The LLM endpoint failed: it answered an error (502, or 404 for an unknown model, with
+    its own code), timed out (504) or could not be reached (502)."""
+
+
+_KINDS: dict[str, type[HookError]] = {
+    kind.__name__: kind
+    for kind in (
+        HookError, PaymentRequired, Cancelled, DeadlineExceeded, BusUnavailable,
+        OrchestratorLost, DuplicateCompletionId, ContextTooLong, UpstreamError,
+    )
+}
+"""The classes an error may come back as from the bus; never a class named by the sender."""
+
+
+def _wire_type(error: HookError) -> str:
+    """The nearest of hookbus's own classes (a skill's subclass travels as its hookbus base)."""
+    return next(k.__name__ for k in type(error).__mro__ if k.__name__ in _KINDS and _KINDS[k.__name__] is k)
 
 
 def _error_type(status_code: int) -> str:

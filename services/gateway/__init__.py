@@ -8,8 +8,7 @@ it under uvicorn until SIGTERM. The gateway runs no agent code; run as many as y
 """
 
 from hookbus.services.gateway.app import create_app
-from hookbus.services.gateway.cancel import cancel_channel, cancel_key
 from hookbus.services.gateway.openapi import openapi_document
 from hookbus.services.gateway.server import serve
 
-__all__ = ["cancel_channel", "cancel_key", "create_app", "openapi_document", "serve"]
+__all__ = ["create_app", "openapi_document", "serve"]

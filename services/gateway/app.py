@@ -15,7 +15,6 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
@@ -30,13 +29,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hookbus.bus.client import HookbusClient
-from hookbus.bus.keys import Keys
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.registry import REPLICA_TTL
 from hookbus.bus.settings import get_settings
 from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
-from hookbus.services.gateway.chat_completions import chat_completions, gateway_of
+from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.errors import (
     GatewayError,
     on_hook_error,
@@ -57,27 +55,12 @@ from hookbus.services.gateway.responses_api import (
     delete_response,
     retrieve_response,
 )
+from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")
 
 HEALTH_TIMEOUT = 2.0
-
-
-@dataclass
-class Gateway:
-    """What the handlers share."""
-
-    client: HookbusClient
-    keys: Keys
-    authenticate: Authenticator
-    models: list[str]
-    limits: RequestLimits
-    body_timeout: float
-    metrics: GatewayMetrics
-    started: int
-    probe: aredis.Redis  # no retries: a probe or a scrape answers at once when Redis is down
-    responses: StoredResponses
 
 
 def default_models() -> list[str]:

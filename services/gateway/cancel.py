@@ -29,24 +29,14 @@ CLIENT_DISCONNECTED = "client_disconnected"
 GATEWAY_STOPPED = "gateway_stopped"
 
 
-def cancel_key(keys: Keys, completion_id: str) -> str:
-    """String key whose existence means "cancel this request"; its value is the reason."""
-    return keys.cancel(completion_id)
-
-
-def cancel_channel(keys: Keys) -> str:
-    """Pub/sub channel; each message is the completion id of a request to cancel."""
-    return keys.cancel_channel
-
-
 async def request_cancel(
     client: aredis.Redis, keys: Keys, completion_id: str, reason: str = CLIENT_DISCONNECTED
 ) -> bool:
     """Write the cancel marker and publish it; False if Redis could not be reached."""
     try:
         async with client.pipeline(transaction=False) as pipe:
-            pipe.set(cancel_key(keys, completion_id), reason, ex=CANCEL_TTL)
-            pipe.publish(cancel_channel(keys), completion_id)
+            pipe.set(keys.cancel(completion_id), reason, ex=CANCEL_TTL)
+            pipe.publish(keys.cancel_channel, completion_id)
             await pipe.execute()
     except RECONNECT_ERRORS as exc:
         log.warning("cancel_not_sent", completion_id=completion_id, error=str(exc))

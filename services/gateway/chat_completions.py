@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -35,21 +35,15 @@ from hookbus.services.gateway.errors import GatewayError, error_body, invalid_bo
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
 from hookbus.services.gateway.request_body import read_json_body
 from hookbus.services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
+from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.offload import is_large, off_loop
-from hookbus.skills import AuthInfo, HookError
-
-if TYPE_CHECKING:
-    from hookbus.services.gateway.app import Gateway
+from hookbus.skills import AuthInfo, BusUnavailable, HookError
 
 log = structlog.get_logger("hookbus.gateway")
 
 COMPLETION_ID_HEADER = "x-hookbus-completion-id"
 RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
 Body = TypeVar("Body", bound=BaseModel)
-
-
-def gateway_of(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
 
 
 async def chat_completions(request: Request) -> Response:
@@ -214,7 +208,7 @@ class Relay:
                     self._end(exc)
                     return
                 except RECONNECT_ERRORS as exc:
-                    self._end(HookError(503, "bus_unavailable", f"lost the request queue: {exc}"))
+                    self._end(BusUnavailable(f"lost the request queue: {exc}"))
                     return
             self._end(HookError(502, "bad_response", "the response stream ended early"))
 

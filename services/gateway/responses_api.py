@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from pydantic import BaseModel
@@ -39,7 +39,6 @@ from hookbus.services.gateway.chat_completions import (
     COMPLETION_ID_HEADER,
     Relay,
     final_completion,
-    gateway_of,
     open_stream,
     read_payload,
     relay_response,
@@ -61,10 +60,8 @@ from hookbus.services.gateway.responses_translate import (
     new_response_id,
 )
 from hookbus.services.gateway.sse import sse_event
+from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.skills import AuthInfo
-
-if TYPE_CHECKING:
-    from hookbus.services.gateway.app import Gateway
 
 log = structlog.get_logger("hookbus.gateway")
 

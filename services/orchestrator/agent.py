@@ -37,13 +37,13 @@ from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
-from hookbus.services.orchestrator.llm import LLM, ContextTooLong
+from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.plan import HookPlan
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
 from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
 from hookbus.skills.context import Metadata, Session
-from hookbus.skills.errors import as_hook_error
+from hookbus.skills.errors import Cancelled, ContextTooLong, as_hook_error
 from hookbus.skills.runner import run_hooks
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
 
@@ -273,10 +273,10 @@ class Agent:
             state.error = exc
             raise
         except asyncio.CancelledError:
-            state.error = HookError(499, "cancelled", "the request was cancelled")
+            state.error = Cancelled()
             raise
         except GeneratorExit:
-            state.error = HookError(499, "client_closed", "the client stopped reading")
+            state.error = Cancelled("the client stopped reading", code="client_closed")
             raise
         except Exception as exc:
             state.error = as_hook_error(exc)
@@ -433,7 +433,7 @@ class Agent:
             except asyncio.CancelledError:
                 cancelled = True
         if cancelled and state.error is None:
-            state.error = HookError(499, "cancelled", "the request was cancelled")
+            state.error = Cancelled()
 
     async def _finalize(self, state: RunState) -> None:
         data = HookData.model_construct(

@@ -20,10 +20,10 @@ import structlog
 
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
-from hookbus.services.orchestrator.llm import LLM, ContextTooLong
+from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.runtime import Runtime
 from hookbus.services.orchestrator.tokens import context_window, count_messages
-from hookbus.skills import Context, Skill
+from hookbus.skills import Context, ContextTooLong, Skill
 
 log = structlog.get_logger("hookbus.agent")
 

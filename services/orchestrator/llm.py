@@ -18,14 +18,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
 from hookbus.services.offload import is_large, off_loop
-from hookbus.skills.errors import HookError
-
-
-class ContextTooLong(HookError):
-    """The endpoint refused the prompt as longer than the model's context window."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(400, "context_length_exceeded", message)
+from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
 
 
 class LLM:
@@ -140,15 +133,15 @@ def llm_error(exc: openai.APIError) -> HookError:
         if code == "context_length_exceeded":
             return ContextTooLong(exc.message)
         status = 404 if exc.status_code == 404 else 502
-        return HookError(
+        return UpstreamError(
             status,
             code or "llm_error",
             f"the LLM endpoint answered {exc.status_code}: {exc.message}",
             {"upstream_status": exc.status_code},
         )
     if isinstance(exc, openai.APITimeoutError):
-        return HookError(504, "llm_timeout", "the LLM endpoint did not answer in time")
-    return HookError(502, "llm_unreachable", f"the LLM endpoint could not be reached: {exc.message}")
+        return UpstreamError(504, "llm_timeout", "the LLM endpoint did not answer in time")
+    return UpstreamError(502, "llm_unreachable", f"the LLM endpoint could not be reached: {exc.message}")
 
 
 def _error_code(body: object) -> str | None:

@@ -27,28 +27,64 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
+import redis.asyncio as aredis
 import structlog
 
-from hookbus.bus.claims import Claimed, claim, claim_forever, find_orphans
+from hookbus.bus.claims import Claimed, Steadiness, claim, claim_forever, find_orphans
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import add_dead_letter, entry_id_text
-from hookbus.bus.journal import Lease, Leases
-from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.envelopes import RequestEnvelope
+from hookbus.bus.journal import Journal, Lease, Leases
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.trim import FORGET_AFTER, prune_consumers, trim_acked
-from hookbus.skills import HookError
-
-if TYPE_CHECKING:
-    from hookbus.services.orchestrator.service import OrchestratorService
+from hookbus.services.orchestrator.run_table import Running, RunTable
+from hookbus.skills import DuplicateCompletionId, HookError, OrchestratorLost
 
 log = structlog.get_logger("hookbus.recovery")
 
 
+class RecoveryHost(Protocol):
+    """What recovery needs of the orchestrator service: its settings, its run table, and
+    the three steps of a request (admit, refuse, execute)."""
+
+    keys: Keys
+    instance: str
+    concurrency: int
+    claim_idle: float
+    max_deliveries: int
+    trim_every: float
+    steadiness: Steadiness
+    runs: RunTable
+    journal: Journal | None
+
+    @property
+    def client(self) -> aredis.Redis: ...
+
+    def uptime(self) -> float: ...
+
+    async def admit(self, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
+
+    async def refuse(
+        self, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+    ) -> None: ...
+
+    async def execute(
+        self,
+        run: Running,
+        request: RequestEnvelope,
+        mode: str,
+        *,
+        first_seq: int = 0,
+        error: HookError | None = None,
+    ) -> bool: ...
+
+
 class Recovery:
-    def __init__(self, service: OrchestratorService) -> None:
+    def __init__(self, service: RecoveryHost) -> None:
         self.service = service
         self._claim_task: asyncio.Task[None] | None = None
         self._recoveries: set[asyncio.Task[Any]] = set()
@@ -85,8 +121,8 @@ class Recovery:
         orphans = await find_orphans(
             service.client, keys.requests, ORCHESTRATOR_GROUP, me=service.instance,
             heartbeats=keys.orchestrators, claim_idle=service.claim_idle,
-            uptime=service.uptime(), busy=service._running,
-            spare=len(service._running) < service.concurrency, count=max(100, service.concurrency * 4),
+            uptime=service.uptime(), busy=service.runs,
+            spare=len(service.runs) < service.concurrency, count=max(100, service.concurrency * 4),
         )
         service.steadiness.call_took(began)
         if not orphans or not service.steadiness.steady():
@@ -113,14 +149,11 @@ class Recovery:
         if request is None:
             return
         cid = request.completion_id
-        run = service._register(entry.entry_id, cid)
+        run = service.runs.register(entry.entry_id, cid)
         try:
             outcome = await service.journal.claim(cid, entry.entry_id, service.instance, now=time.time())
             if outcome.outcome == "duplicate":
-                await service._refuse(
-                    entry.entry_id, entry.fields, None,
-                    HookError(409, "duplicate_completion_id", f"completion id {cid!r} is already in use"),
-                )
+                await service.refuse(entry.entry_id, entry.fields, None, DuplicateCompletionId(cid))
                 return
             if outcome.outcome == "done":
                 await service.client.xack(service.keys.requests, ORCHESTRATOR_GROUP, entry.entry_id)
@@ -139,14 +172,14 @@ class Recovery:
                 "request_recovering", completion_id=cid, previous_owner=entry.previous_owner,
                 stage=outcome.stage, epoch=outcome.epoch, mode=mode,
             )
-            if await service.execute(run, request, mode, first_seq=-1, error=_lost()):
+            if await service.execute(run, request, mode, first_seq=-1, error=OrchestratorLost()):
                 self.recovered += 1
         except RECONNECT_ERRORS as exc:
             log.warning("recovery_failed", completion_id=cid, error=str(exc))
         finally:
-            service._unregister(run)
+            service.runs.unregister(run)
 
-    async def _give_up(self, entry: Claimed, request: Any, run: Any) -> None:
+    async def _give_up(self, entry: Claimed, request: RequestEnvelope, run: Running) -> None:
         service = self.service
         error = HookError(
             500, "request_failed",
@@ -168,7 +201,7 @@ class Recovery:
         """On the liveness thread (bus/liveness.py): a busy event loop does not stop it.
         What it finds (fenced out, cancelled) is handed to the loop."""
         service = self.service
-        runs = [r for r in service.running() if r.epoch and not r.fenced]
+        runs = [r for r in service.runs.running() if r.epoch and not r.fenced]
         if not runs:
             return
         leases = [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs]
@@ -181,9 +214,9 @@ class Recovery:
 
     def _apply_renewal(self, fenced: list[Any], cancelled: list[Any]) -> None:
         for run in fenced:
-            self.service.fence_out(run)
+            self.service.runs.fence_out(run)
         for run in cancelled:
-            self.service.cancel(run.completion_id)
+            self.service.runs.cancel(run.completion_id)
 
     # ----------------------------------------------------------------- janitor
 
@@ -204,8 +237,3 @@ class Recovery:
         )
         return removed
 
-
-def _lost() -> HookError:
-    from hookbus.services.orchestrator.service import lost_error
-
-    return lost_error()

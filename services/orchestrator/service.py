@@ -35,7 +35,6 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -78,8 +77,10 @@ from hookbus.services.bus_app import BusApp
 from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
+from hookbus.services.orchestrator.recovery import Recovery
+from hookbus.services.orchestrator.run_table import Running, RunTable
 from hookbus.skills import HookError
-from hookbus.skills.errors import as_hook_error
+from hookbus.skills.errors import Cancelled, DeadlineExceeded, DuplicateCompletionId, as_hook_error
 
 log = structlog.get_logger("hookbus.orchestrator")
 
@@ -88,28 +89,6 @@ DEFAULT_CLAIM_IDLE = 10.0
 DEFAULT_MAX_DELIVERIES = 5
 SHUTDOWN_WAIT = 30.0
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
-
-
-def lost_error() -> HookError:
-    return HookError(
-        503, "orchestrator_lost",
-        "the orchestrator running this request stopped; the run was lost and has been "
-        "finalized by another orchestrator. Retry the request.",
-    )
-
-
-@dataclass
-class Running:
-    """One request this process is running (or finalizing)."""
-
-    entry_id: str
-    completion_id: str
-    epoch: int = 0
-    stage: str = ""
-    task: asyncio.Task[ResponseItem] | None = None
-    fenced: bool = False
-    cancel_reason: str | None = None
-    started: float = field(default_factory=time.perf_counter)
 
 
 class _StageNotingRuntime(BusRuntime):
@@ -138,8 +117,6 @@ class OrchestratorService(BusApp):
         limits: RequestLimits | None = None,
         trim_every: float = TRIM_EVERY,
     ) -> None:
-        from hookbus.services.orchestrator.recovery import Recovery
-
         self.agent = agent
         self.redis_url = redis_url
         super().__init__(redis_url, graceful_timeout=60.0)
@@ -156,8 +133,7 @@ class OrchestratorService(BusApp):
         self.recovery = Recovery(self)
         self._tasks: list[asyncio.Task[Any]] = []
         self.liveness: LivenessThread | None = None
-        self._running: dict[str, Running] = {}
-        self._by_cid: dict[str, Running] = {}
+        self.runs = RunTable()
         self._started_at = time.monotonic()
         self.steadiness = Steadiness(claim_idle)
         self.served = 0
@@ -206,7 +182,7 @@ class OrchestratorService(BusApp):
             self.keys, router, registry, SessionStore(client, self.keys), events,
             instance=self.instance,
         )
-        runtime.on_stage = self._note_stage
+        runtime.on_stage = self.runs.note_stage
         self.runtime = runtime
         self.journal = Journal(client, self.keys)
         await router.start()
@@ -271,7 +247,7 @@ class OrchestratorService(BusApp):
         request = await self.admit(entry_id, fields)
         if request is None:
             return
-        run = self._register(entry_id, request.completion_id)
+        run = self.runs.register(entry_id, request.completion_id)
         try:
             assert self.journal is not None
             try:
@@ -290,7 +266,7 @@ class OrchestratorService(BusApp):
                 run.cancel_reason = "cancelled before it started"
             await self.execute(run, request, "run")
         finally:
-            self._unregister(run)
+            self.runs.unregister(run)
 
     async def admit(self, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None:
         """The request, or None when it was refused (dead-lettered, acked, and the client
@@ -301,7 +277,7 @@ class OrchestratorService(BusApp):
             try:
                 await off_loop(is_large(size=len(raw)), _check_limits, raw, limits)
             except LimitExceeded as refused:
-                await self._refuse(entry_id, fields, _peek_completion_id(raw, parse=False), refused)
+                await self.refuse(entry_id, fields, _peek_completion_id(raw, parse=False), refused)
                 return None
             except InvalidJSON:
                 pass  # decode says why, below
@@ -309,10 +285,10 @@ class OrchestratorService(BusApp):
             return await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
         except DecodeError as exc:
             error = HookError(400, "invalid_request", f"the request could not be read: {exc}")
-            await self._refuse(entry_id, fields, _peek_completion_id(raw), error)
+            await self.refuse(entry_id, fields, _peek_completion_id(raw), error)
             return None
 
-    async def _refuse(
+    async def refuse(
         self, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
     ) -> None:
         def set_aside(pipe: Any) -> None:
@@ -344,11 +320,11 @@ class OrchestratorService(BusApp):
             # Another orchestrator claimed it while it waited in our prefetch buffer.
             log.info("request_taken_over", completion_id=cid, owner=begun.owner)
             return
-        error = HookError(409, "duplicate_completion_id", f"completion id {cid!r} is already in use")
+        error = DuplicateCompletionId(cid)
         if begun.done:  # the first one is over: its client is gone, tell this one
-            await self._refuse(entry_id, fields, cid, error)
+            await self.refuse(entry_id, fields, cid, error)
         else:  # the first one still runs: do not disturb its response stream
-            await self._refuse(entry_id, fields, None, error)
+            await self.refuse(entry_id, fields, None, error)
 
     async def execute(
         self,
@@ -367,11 +343,11 @@ class OrchestratorService(BusApp):
         writer = ResponseWriter(
             self.client, self.keys.responses(cid),
             fence=Fence(self.journal, cid, run.epoch),
-            on_fenced=lambda: self.fence_out(run),
+            on_fenced=lambda: self.runs.fence_out(run),
             first_seq=first_seq,
         )
         if run.cancel_reason is not None and mode == "run":
-            mode, error = "cancelled", HookError(499, "cancelled", f"the request was {run.cancel_reason}")
+            mode, error = "cancelled", Cancelled(f"the request was {run.cancel_reason}")
         task = asyncio.create_task(self._produce(request, writer, mode, error), name=f"request-{cid}")
         run.task = task
         try:
@@ -390,7 +366,7 @@ class OrchestratorService(BusApp):
             reason = run.cancel_reason or "cancelled"
             terminal = ResponseItem(
                 kind="error", completion_id=cid,
-                error=HookError(499, "cancelled", f"the request was {reason}").to_dict(),
+                error=Cancelled(f"the request was {reason}").to_dict(),
             )
         else:
             terminal = task.result()
@@ -446,7 +422,7 @@ class OrchestratorService(BusApp):
             async with asyncio.timeout(remaining):
                 return await self._run(request, writer)
         except TimeoutError as exc:
-            raise HookError(504, "deadline_exceeded", "the request did not finish before its deadline") from exc
+            raise DeadlineExceeded() from exc
 
     def _metadata(self, request: RequestEnvelope) -> dict[str, Any]:
         return {k: v for k, v in request.metadata.items() if k not in RESERVED_METADATA}
@@ -466,51 +442,6 @@ class OrchestratorService(BusApp):
             writer.add(ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)))
         return ResponseItem(kind="done", completion_id=cid)
 
-    # ------------------------------------------------------ running requests
-
-    def _register(self, entry_id: str, completion_id: str) -> Running:
-        run = Running(entry_id, completion_id)
-        self._running[entry_id] = run
-        self._by_cid.setdefault(completion_id, run)  # a duplicate never shadows the original
-        return run
-
-    def _unregister(self, run: Running) -> None:
-        if self._running.get(run.entry_id) is run:
-            del self._running[run.entry_id]
-        if self._by_cid.get(run.completion_id) is run:
-            del self._by_cid[run.completion_id]
-
-    def running(self) -> list[Running]:
-        return list(self._running.values())
-
-    def is_busy(self, entry_id: str) -> bool:
-        return entry_id in self._running
-
-    def _note_stage(self, completion_id: str, lifecycle: str) -> None:
-        run = self._by_cid.get(completion_id)
-        if run is not None:
-            run.stage = lifecycle
-
-    def fence_out(self, run: Running) -> None:
-        """Another orchestrator owns this request now: stop it, write nothing more."""
-        if run.fenced:
-            return
-        run.fenced = True
-        log.warning("request_lost_to_another_orchestrator", completion_id=run.completion_id, epoch=run.epoch)
-        if run.task is not None and not run.task.done():
-            run.task.cancel()
-
-    def cancel(self, completion_id: str, reason: str = "cancelled by the client") -> bool:
-        run = self._by_cid.get(completion_id)
-        if run is None or run.fenced:
-            return False
-        if run.cancel_reason is None:
-            run.cancel_reason = reason
-            log.info("request_cancel_received", completion_id=completion_id)
-        if run.task is not None and not run.task.done():
-            run.task.cancel()
-        return True
-
     async def _cancel_listener(self) -> None:
         """Cancel signals published by gateways; missed ones are caught by the marker
         check at the start of a run and at each lease renewal."""
@@ -526,7 +457,7 @@ class OrchestratorService(BusApp):
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if message and message.get("type") == "message":
                             data = message["data"]
-                            self.cancel(data.decode() if isinstance(data, bytes) else str(data))
+                            self.runs.cancel(data.decode() if isinstance(data, bytes) else str(data))
                 except RECONNECT_ERRORS as exc:
                     log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
                     await asyncio.sleep(backoff)

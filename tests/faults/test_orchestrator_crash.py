@@ -10,6 +10,7 @@ import pytest
 
 from hookbus.bus.journal import Journal
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.skills import HookError, OrchestratorLost
 from tests.faults.helpers import (
     finalize_log,
     items_after_terminal,
@@ -59,6 +60,7 @@ async def test_a_killed_orchestrators_request_is_finalized_by_another(procs, red
     assert outcome.terminal is not None, procs.logs()
     assert outcome.error is not None and outcome.error["status_code"] == 503, outcome.terminal
     assert outcome.error["code"] == "orchestrator_lost"
+    assert type(HookError.from_dict(outcome.error)) is OrchestratorLost  # what a client raises
     assert sum(i.kind == "chunk" for i in outcome.items) >= 3  # what the client saw before the crash
     # finalize ran once, in the survivor, flagged as a recovery, in-process and remote
     local = await finalize_log(redis, prefix, cid)

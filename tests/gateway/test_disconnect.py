@@ -14,7 +14,6 @@ import uuid
 import httpx
 import pytest
 
-from hookbus.services.gateway import cancel_key
 from tests.gateway.conftest import bearer
 from tests.waiting import wait_for
 
@@ -44,7 +43,7 @@ async def stream_a_little_then_hang_up(gateway, session_id: str, chunks: int = 5
 async def test_a_disconnect_mid_stream_writes_the_cancel_marker(gateway, stack):
     client = stack[0]
     completion_id = await stream_a_little_then_hang_up(gateway, f"disc-{uuid.uuid4().hex[:8]}")
-    key = cancel_key(client.keys, completion_id)
+    key = client.keys.cancel(completion_id)
     assert key == f"{client.keys.prefix}cancel:{completion_id}"
     assert await wait_for(lambda: client.redis.get(key), timeout=3) == b"client_disconnected"
     assert 0 < await client.redis.ttl(key) <= 3600
@@ -55,7 +54,7 @@ async def test_a_disconnect_mid_stream_cancels_the_request_and_finalize_runs_onc
     client = stack[0]
     session_id = f"disc-{uuid.uuid4().hex[:8]}"
     completion_id = await stream_a_little_then_hang_up(gateway, session_id)
-    assert await wait_for(lambda: client.redis.exists(cancel_key(client.keys, completion_id)), timeout=3)
+    assert await wait_for(lambda: client.redis.exists(client.keys.cancel(completion_id)), timeout=3)
 
     async def finalized():
         return (await sessions.load("alice", session_id)).get("finalized")
@@ -70,7 +69,7 @@ async def test_a_disconnect_mid_stream_cancels_the_request_and_finalize_runs_onc
 
 async def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it(gateway, stack):
     client = stack[0]
-    pattern = cancel_key(client.keys, "*")
+    pattern = client.keys.cancel("*")
     before = set(await client.redis.keys(pattern))
     request = {"model": "offline", "messages": [{"role": "user", "content": "[[delay:3000]] slow answer"}]}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=0.5) as http:

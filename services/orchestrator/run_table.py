@@ -1,0 +1,86 @@
+"""The requests one orchestrator process runs (or finalizes) right now, by entry and by
+completion id; shared by the service (which runs them) and recovery (which claims, renews
+and fences them), so neither reaches into the other."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("hookbus.orchestrator")
+
+
+@dataclass
+class Running:
+    """One request this process is running (or finalizing)."""
+
+    entry_id: str
+    completion_id: str
+    epoch: int = 0
+    stage: str = ""
+    task: asyncio.Task[Any] | None = None
+    fenced: bool = False
+    cancel_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+
+class RunTable:
+    """Running requests; a duplicate completion id never shadows the original's entry."""
+
+    def __init__(self) -> None:
+        self._by_entry: dict[str, Running] = {}
+        self._by_cid: dict[str, Running] = {}
+
+    def register(self, entry_id: str, completion_id: str) -> Running:
+        run = Running(entry_id, completion_id)
+        self._by_entry[entry_id] = run
+        self._by_cid.setdefault(completion_id, run)
+        return run
+
+    def unregister(self, run: Running) -> None:
+        if self._by_entry.get(run.entry_id) is run:
+            del self._by_entry[run.entry_id]
+        if self._by_cid.get(run.completion_id) is run:
+            del self._by_cid[run.completion_id]
+
+    def running(self) -> list[Running]:
+        return list(self._by_entry.values())
+
+    def entry_ids(self) -> set[str]:
+        return set(self._by_entry)
+
+    def __len__(self) -> int:
+        return len(self._by_entry)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._by_entry
+
+    def note_stage(self, completion_id: str, lifecycle: str) -> None:
+        run = self._by_cid.get(completion_id)
+        if run is not None:
+            run.stage = lifecycle
+
+    def fence_out(self, run: Running) -> None:
+        """Another orchestrator owns this request now: stop it, write nothing more."""
+        if run.fenced:
+            return
+        run.fenced = True
+        log.warning("request_lost_to_another_orchestrator", completion_id=run.completion_id, epoch=run.epoch)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+
+    def cancel(self, completion_id: str, reason: str = "cancelled by the client") -> bool:
+        """Cancel the run of `completion_id`; False when this process does not run it."""
+        run = self._by_cid.get(completion_id)
+        if run is None or run.fenced:
+            return False
+        if run.cancel_reason is None:
+            run.cancel_reason = reason
+            log.info("request_cancel_received", completion_id=completion_id)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+        return True
