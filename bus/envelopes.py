@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from hookbus.skills.context import AuthInfo
+from hookbus.skills.outcome import Outcome
 
 VERSION = 1
 SPLIT_VERSION = 2
@@ -98,7 +99,7 @@ class HopEvent(Envelope):
 class HookTiming(BaseModel):
     hook: str
     duration_ms: float
-    outcome: str
+    outcome: Outcome
     error: str | None = None
 
 
@@ -159,7 +160,7 @@ class MonitorRecord(Envelope):
     group: str | None = None
     replica: str | None = None
     duration_ms: float = 0.0
-    outcome: str = "ok"
+    outcome: Outcome = Outcome.OK
     error: str | None = None
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hookbus.bus.client import HookbusClient
     from hookbus.services.orchestrator.agent import Agent
-    from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
+    from hookbus.services.orchestrator.compaction import CompactionPolicy
     from hookbus.skills import (
         AuthInfo,
         Context,
@@ -32,11 +32,12 @@ if TYPE_CHECKING:
         hook,
         tool,
     )
+    from hookbus.skills.compaction_outcome import Compaction
 
 _HOME = {
     "Agent": "hookbus.services.orchestrator.agent",
     "AuthInfo": "hookbus.skills",
-    "Compaction": "hookbus.services.orchestrator.compaction",
+    "Compaction": "hookbus.skills.compaction_outcome",
     "CompactionPolicy": "hookbus.services.orchestrator.compaction",
     "Context": "hookbus.skills",
     "HookData": "hookbus.skills",

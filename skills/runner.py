@@ -1,12 +1,18 @@
-"""Runs an ordered list of hooks over one stage's data, with hookbus's error semantics.
+"""Runs an ordered list of hooks over one stage's data, with hookbus's failure rules.
 
-The same function runs hooks in the orchestrator's process and in a worker replica, so a
-hook behaves the same wherever the deployment puts it:
+The rules are written here once and used for in-process hooks, for hooks in a worker
+replica, and (through `fail_unanswered`) for a hop that failed as a whole, so a hook
+behaves the same wherever the deployment puts it:
 
 - a `HookError` aborts the run (except in `finalize_connection`, where every hook runs);
-- a plain exception (or a timeout) in `before_toolcall` blocks that tool call;
-- elsewhere it is logged, the hook's changes are discarded and the chain goes on,
-  unless the hook is `critical`, which turns it into a 500 that aborts the run.
+- a failure (a plain exception, a timeout, a hook that returns something other than
+  `HookData` or None, or a hop nobody answered) aborts the run as a 500 when the hook is
+  `critical`; in `before_toolcall` it blocks that tool call; elsewhere the data is left
+  unchanged and the chain goes on;
+- on every failure path the hook's changes to the data and to `ctx.state` are undone.
+
+`on_compaction` listeners run through `run_listeners` with the same calling and timeout
+rules; a listener's failure is only recorded, never aborts or blocks anything.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import asyncio
 import copy
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,11 +30,13 @@ import structlog
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
 from hookbus.skills.errors import HookError
+from hookbus.skills.outcome import Outcome
 from hookbus.skills.skill import BoundHook
 
 log = structlog.get_logger("hookbus.hooks")
 
-Outcome = Literal["ok", "error", "timeout", "blocked", "aborted"]
+
+Effect = Literal["abort", "block", "unchanged"]
 
 
 @dataclass(slots=True)
@@ -51,6 +59,16 @@ class ChainResult:
     blocked: bool = False
 
 
+def failure_effect(lifecycle: str, critical: bool, *, called: bool = True) -> Effect:
+    """What a failed hook does to the run. `called=False`: it never ran (no worker), so a
+    tool call is not blocked for it, only a critical hook still stops the run."""
+    if critical and lifecycle != "finalize_connection":
+        return "abort"
+    if lifecycle == "before_toolcall" and called:
+        return "block"
+    return "unchanged"
+
+
 async def run_hooks(
     hooks: Sequence[BoundHook],
     data: HookData,
@@ -61,48 +79,69 @@ async def run_hooks(
 ) -> ChainResult:
     """Run `hooks` in order; each sees the previous one's output."""
     result = ChainResult(data)
+    lifecycle = data.lifecycle
     for bound in hooks:
-        ctx.call.idempotency_key = f"{ctx.metadata.completion_id}:{stage_key or data.lifecycle}:{bound.key}"
+        ctx.call.idempotency_key = f"{ctx.metadata.completion_id}:{stage_key or lifecycle}:{bound.key}"
         ctx.call.attempt = attempt
         saved_fields, saved_state = _snapshot(result.data), copy.deepcopy(ctx.state)
         started = time.perf_counter()
         try:
-            returned = await _call(bound, result.data, ctx)
+            returned = await _call(bound.fn, (result.data, ctx), bound.spec.timeout)
+            if returned is not None and not isinstance(returned, HookData):
+                raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
         except HookError as exc:
-            result.outcomes.append(_outcome(bound, started, "aborted", exc.message))
-            if data.lifecycle == "finalize_connection":
+            _restore(result.data, saved_fields, ctx, saved_state)
+            result.outcomes.append(_outcome(bound.key, started, Outcome.ABORTED, exc.message))
+            if lifecycle == "finalize_connection":
                 log.warning("finalize_hook_error", hook=bound.key, error=repr(exc), completion_id=ctx.completion_id)
                 continue
             result.abort = exc
             return result
         except Exception as exc:  # noqa: BLE001 - a hook's failure is data, not a crash
-            kind: Outcome = "timeout" if isinstance(exc, TimeoutError) else "error"
-            message = _describe(exc, bound)
-            _restore(result.data, saved_fields)
-            ctx.state.clear()
-            ctx.state.update(saved_state)
-            log.warning("hook_failed", hook=bound.key, lifecycle=data.lifecycle, error=message, completion_id=ctx.completion_id)
-            if bound.spec.critical and data.lifecycle != "finalize_connection":
-                result.outcomes.append(_outcome(bound, started, "aborted", message))
-                result.abort = HookError(500, "hook_failed", f"critical hook {bound.key} failed: {message}")
-                return result
-            if data.lifecycle == "before_toolcall":
-                result.outcomes.append(_outcome(bound, started, "blocked", message))
-                block_tool_call(result.data, bound.key, message)
-                result.blocked = True
-                return result
-            result.outcomes.append(_outcome(bound, started, kind, message))
-            continue
-        if returned is not None:
-            if not isinstance(returned, HookData):
-                message = f"returned {type(returned).__name__}, expected HookData or None"
-                _restore(result.data, saved_fields)
-                result.outcomes.append(_outcome(bound, started, "error", message))
-                log.warning("hook_failed", hook=bound.key, error=message, completion_id=ctx.completion_id)
+            _restore(result.data, saved_fields, ctx, saved_state)
+            message = _describe(exc, bound.spec.timeout)
+            log.warning("hook_failed", hook=bound.key, lifecycle=lifecycle, error=message, completion_id=ctx.completion_id)
+            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.ERROR
+            if _fail(result, lifecycle, bound.key, bound.spec.critical, message) == "unchanged":
+                result.outcomes.append(_outcome(bound.key, started, kind, message))
                 continue
+            result.outcomes.append(
+                _outcome(bound.key, started, Outcome.ABORTED if result.abort else Outcome.BLOCKED, message)
+            )
+            return result
+        if returned is not None:
             result.data = returned
-        result.outcomes.append(_outcome(bound, started, "ok"))
+        result.outcomes.append(_outcome(bound.key, started, Outcome.OK))
     return result
+
+
+def fail_unanswered(
+    data: HookData,
+    hooks: Sequence[tuple[str, bool]],
+    reason: str,
+    outcome: Outcome,
+) -> ChainResult:
+    """Hooks (key, critical) whose hop failed as a whole: the same rules as a hook that
+    failed, with the data unchanged. `Outcome.SKIPPED` (no worker) never blocks a tool
+    call, and a critical hook then fails the run with a 503 `no_worker`."""
+    result = ChainResult(data, [HookOutcome(key, 0.0, outcome, reason) for key, _ in hooks])
+    critical = next((key for key, is_critical in hooks if is_critical), None)
+    key = critical or hooks[0][0]
+    _fail(result, data.lifecycle, key, critical is not None, reason, called=outcome != Outcome.SKIPPED)
+    return result
+
+
+def _fail(
+    result: ChainResult, lifecycle: str, hook_key: str, critical: bool, reason: str, *, called: bool = True
+) -> Effect:
+    effect = failure_effect(lifecycle, critical, called=called)
+    if effect == "abort":
+        status, code = (500, "hook_failed") if called else (503, "no_worker")
+        result.abort = HookError(status, code, f"critical hook {hook_key} failed: {reason}")
+    elif effect == "block":
+        block_tool_call(result.data, hook_key, reason)
+        result.blocked = True
+    return effect
 
 
 def block_tool_call(data: HookData, hook_key: str, reason: str) -> None:
@@ -110,16 +149,44 @@ def block_tool_call(data: HookData, hook_key: str, reason: str) -> None:
     data.set_internal(tool_skipped=True, tool_result=f"Tool call blocked by {hook_key}: {reason}")
 
 
-async def _call(bound: BoundHook, data: HookData, ctx: Context) -> Any:
-    timeout = bound.spec.timeout
-    if inspect.iscoroutinefunction(bound.fn):
+async def run_listeners(
+    listeners: Sequence[tuple[str, Callable[..., Any]]],
+    args: tuple[Any, ...],
+    *,
+    timeout: float | None = None,
+    completion_id: str | None = None,
+) -> list[HookOutcome]:
+    """Call each (key, fn) with `args`, one after another, each bounded by `timeout`; a
+    failure is logged and recorded, never raised, and the others still run."""
+    outcomes = []
+    for key, fn in listeners:
+        started = time.perf_counter()
+        try:
+            await _call(fn, args, timeout)
+        except Exception as exc:  # noqa: BLE001 - a listener never breaks anything
+            message = _describe(exc, timeout)
+            log.warning("listener_failed", hook=key, error=message, completion_id=completion_id)
+            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.ERROR
+            outcomes.append(_outcome(key, started, kind, message))
+            continue
+        outcomes.append(_outcome(key, started, Outcome.OK))
+    return outcomes
+
+
+class _WrongReturn(TypeError):
+    """A hook returned something that is neither HookData nor None."""
+
+
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> Any:
+    if inspect.iscoroutinefunction(fn):
         if timeout is None:
-            return await bound.fn(data, ctx)
-        return await asyncio.wait_for(bound.fn(data, ctx), timeout)
+            return await fn(*args)
+        return await asyncio.wait_for(fn(*args), timeout)
     if timeout is None:
-        return bound.fn(data, ctx)
+        returned = fn(*args)
+        return await returned if inspect.isawaitable(returned) else returned
     # A sync hook can only be bounded in time from outside its thread.
-    return await asyncio.wait_for(asyncio.to_thread(bound.fn, data, ctx), timeout)
+    return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
 
 
 def _snapshot(data: HookData) -> dict[str, Any]:
@@ -135,15 +202,19 @@ def _snapshot(data: HookData) -> dict[str, Any]:
     return saved
 
 
-def _restore(data: HookData, saved: dict[str, Any]) -> None:
+def _restore(data: HookData, saved: dict[str, Any], ctx: Context, saved_state: dict[str, Any]) -> None:
     data.__dict__.update(saved)
+    ctx.state.clear()
+    ctx.state.update(saved_state)
 
 
-def _describe(exc: BaseException, bound: BoundHook) -> str:
+def _describe(exc: BaseException, timeout: float | None) -> str:
     if isinstance(exc, TimeoutError):
-        return f"timed out after {bound.spec.timeout}s"
+        return f"timed out after {timeout}s"
+    if isinstance(exc, _WrongReturn):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
-def _outcome(bound: BoundHook, started: float, outcome: Outcome, error: str | None = None) -> HookOutcome:
-    return HookOutcome(bound.key, (time.perf_counter() - started) * 1000, outcome, error)
+def _outcome(key: str, started: float, outcome: Outcome, error: str | None = None) -> HookOutcome:
+    return HookOutcome(key, (time.perf_counter() - started) * 1000, outcome, error)

@@ -474,7 +474,7 @@ class Agent:
             else:
                 result = await self.runtime.hop(segment, data, state.ctx, stage_key or lifecycle)
             self.runtime.record_stage(
-                state.ctx, lifecycle, segment.group, result.outcomes,
+                state.completion_id, lifecycle, segment.group, result.outcomes,
                 (time.perf_counter() - started) * 1000,
             )
             data = result.data

@@ -1,9 +1,8 @@
 """The runtime an orchestrator service gives its agent: hops to worker groups over Redis.
 
-Error semantics of a hop that fails as a whole (no reply in time, no live replica, a
-reply in the wrong shape, a dead-lettered event) follow DESIGN.md: it counts as a plain
-exception of the segment's hooks, so a critical hook turns it into an abort, a
-before_toolcall hop blocks the call, and anything else keeps the data unchanged.
+A hop that fails as a whole (no reply in time, no live replica, a reply in the wrong shape,
+a dead-lettered event) counts as a failure of the segment's hooks, under the one set of
+failure rules in hookbus.skills.runner (`fail_unanswered`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from hookbus.bus.router import HopTimeout, ReplyRouter
 from hookbus.bus.sessions import SessionStore
 from hookbus.services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
 from hookbus.skills import Context, HookData, HookError
-from hookbus.skills.runner import ChainResult, HookOutcome, block_tool_call
+from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
 
 log = structlog.get_logger("hookbus.bus_runtime")
 
@@ -105,7 +105,7 @@ class BusRuntime:
         assert group is not None
         keys = [h.key for h in segment.hooks]
         if not self.registry.is_live(group):
-            return failed_segment(segment, data, f"no live replica in worker group {group!r}", "skipped", no_worker=True)
+            return _unanswered(segment, data, f"no live replica in worker group {group!r}", Outcome.SKIPPED)
         timeout = self._segment_timeout(segment)
         event = HopEvent(
             hop_id=uuid.uuid4().hex,
@@ -126,14 +126,14 @@ class BusRuntime:
                 self.keys.hooks_for(group, ctx.completion_id), event, timeout + HOP_GRACE, fields
             )
         except HopTimeout as exc:
-            return failed_segment(segment, data, str(exc), "timeout")
+            return _unanswered(segment, data, str(exc), Outcome.TIMEOUT)
         if reply.failure:
-            return failed_segment(segment, data, f"worker group {group!r}: {reply.failure}", "error")
+            return _unanswered(segment, data, f"worker group {group!r}: {reply.failure}", Outcome.ERROR)
         try:
             return self._apply(reply, data, ctx)
         except (ValidationError, ValueError, KeyError) as exc:
             log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
-            return failed_segment(segment, data, f"reply in the wrong shape: {exc}", "error")
+            return _unanswered(segment, data, f"reply in the wrong shape: {exc}", Outcome.ERROR)
 
     def _apply(self, reply: HopReply, data: HookData, ctx: Context) -> ChainResult:
         """A reply without data (the split format's "the hooks left it unchanged") keeps
@@ -150,7 +150,7 @@ class BusRuntime:
         ctx.session.data = reply.session
         return ChainResult(
             new_data,
-            [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes],  # type: ignore[arg-type]
+            [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes],
             HookError.from_dict(reply.abort) if reply.abort else None,
             reply.blocked,
         )
@@ -187,65 +187,62 @@ class BusRuntime:
 
     # ---------------------------------------------------------------- compaction
 
-    async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
+    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         """One `on_compaction` hop to each live group announcing skills that handle it, in
-        registry order, awaited. A failure (no replica, timeout, a skill raising) is logged
-        and recorded as an event, never raised. Inside a run, the reply's state and session
-        are applied to `ctx` as after any hop."""
+        registry order, awaited. Each group's outcomes are recorded like a stage's (a
+        group without a live replica: `skipped`; no reply in time: `timeout`); a failure is
+        logged, never raised. Inside a run, the reply's state and session are applied to
+        `ctx` as after any hop."""
         groups = [(g, a.compaction) for g, a in self.registry.groups.items() if a.compaction]
-        if not groups:
-            return
-        data = outcome.model_dump(mode="json")
         completion_id = ctx.completion_id if ctx is not None else f"compaction-{outcome.id}"
         for group, skills in groups:
-            hooks = [f"{skill}.{COMPACTION_LIFECYCLE}" for skill in skills]
             started = time.perf_counter()
-            reply: HopReply | None = None
-            if not self.registry.is_live(group):
-                problem: str | None = f"no live replica in worker group {group!r}"
-            else:
-                event = HopEvent(
-                    hop_id=uuid.uuid4().hex,
-                    completion_id=completion_id,
-                    lifecycle=COMPACTION_LIFECYCLE,
-                    stage_key=f"{COMPACTION_LIFECYCLE}:{outcome.id}",
-                    hooks=[HookRef(skill=skill, method=COMPACTION_LIFECYCLE) for skill in skills],
-                    data=data,
-                    ctx=ctx.model_dump(mode="json") if ctx is not None else {},
-                    reply_to=self.router.reply_stream,
-                    deadline=time.time() + self.default_timeout,
-                    epoch=self.epoch,
-                )
-                self.hops += 1
-                try:
-                    reply = await self.router.call(
-                        self.keys.hooks_for(group, completion_id), event, self.default_timeout
-                    )
-                    problem = reply.failure
-                except HopTimeout as exc:
-                    problem = str(exc)
-            bad = next((o for o in reply.outcomes if o.outcome != "ok"), None) if reply else None
-            if problem or bad:
+            outcomes = await self._compaction_hop(group, skills, outcome, completion_id, ctx)
+            bad = next((o for o in outcomes if o.outcome != Outcome.OK), None)
+            if bad is not None:
                 log.warning(
-                    "on_compaction_failed", group=group, hooks=hooks, completion_id=completion_id,
-                    error=problem or (bad.error if bad else None),
+                    "on_compaction_failed", group=group, hooks=[o.hook for o in outcomes],
+                    completion_id=completion_id, error=bad.error,
                 )
-            if reply is not None and not problem and ctx is not None:
-                ctx.state = reply.state
-                ctx.session.data = reply.session
-            self.events.emit(
-                MonitorRecord(
-                    kind="stage",
-                    completion_id=completion_id,
-                    lifecycle=COMPACTION_LIFECYCLE,
-                    hooks=hooks,
-                    group=group,
-                    replica=self.instance,
-                    duration_ms=(time.perf_counter() - started) * 1000,
-                    outcome="error" if problem else (bad.outcome if bad else "ok"),
-                    error=problem or (bad.error if bad else None),
-                )
+            self.record_stage(
+                completion_id, COMPACTION_LIFECYCLE, group, outcomes, (time.perf_counter() - started) * 1000
             )
+
+    async def _compaction_hop(
+        self, group: str, skills: list[str], outcome: Compaction, completion_id: str, ctx: Context | None
+    ) -> list[HookOutcome]:
+        hooks = [f"{skill}.{COMPACTION_LIFECYCLE}" for skill in skills]
+
+        def unanswered(reason: str, kind: Outcome) -> list[HookOutcome]:
+            return [HookOutcome(hook, 0.0, kind, reason) for hook in hooks]
+
+        if not self.registry.is_live(group):
+            return unanswered(f"no live replica in worker group {group!r}", Outcome.SKIPPED)
+        event = HopEvent(
+            hop_id=uuid.uuid4().hex,
+            completion_id=completion_id,
+            lifecycle=COMPACTION_LIFECYCLE,
+            stage_key=f"{COMPACTION_LIFECYCLE}:{outcome.id}",
+            hooks=[HookRef(skill=skill, method=COMPACTION_LIFECYCLE) for skill in skills],
+            data=outcome.model_dump(mode="json"),
+            ctx=ctx.model_dump(mode="json") if ctx is not None else {},
+            reply_to=self.router.reply_stream,
+            deadline=time.time() + self.default_timeout,
+            epoch=self.epoch,
+        )
+        self.hops += 1
+        try:
+            reply = await self.router.call(
+                self.keys.hooks_for(group, completion_id), event, self.default_timeout
+            )
+        except HopTimeout as exc:
+            return unanswered(str(exc), Outcome.TIMEOUT)
+        if reply.failure:
+            return unanswered(f"worker group {group!r}: {reply.failure}", Outcome.ERROR)
+        if ctx is not None:
+            ctx.state = reply.state
+            ctx.session.data = reply.session
+        return [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes]
 
     # ------------------------------------------------------------ sessions, events
 
@@ -257,41 +254,27 @@ class BusRuntime:
 
     def record_stage(
         self,
-        ctx: Context,
+        completion_id: str,
         lifecycle: str,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
-        bad = next((o for o in outcomes if o.outcome != "ok"), None)
+        bad = next((o for o in outcomes if o.outcome != Outcome.OK), None)
         self.events.emit(
             MonitorRecord(
                 kind="stage",
-                completion_id=ctx.completion_id,
+                completion_id=completion_id,
                 lifecycle=lifecycle,
                 hooks=[o.hook for o in outcomes],
                 group=group,
                 replica=self.instance,
                 duration_ms=duration_ms,
-                outcome=bad.outcome if bad else "ok",
+                outcome=bad.outcome if bad else Outcome.OK,
                 error=bad.error if bad else None,
             )
         )
 
 
-def failed_segment(
-    segment: Segment, data: HookData, reason: str, outcome: str, *, no_worker: bool = False
-) -> ChainResult:
-    """A segment that failed as a whole, with the same semantics as a hook that raised."""
-    started_outcomes = [HookOutcome(h.key, 0.0, outcome, reason) for h in segment.hooks]  # type: ignore[arg-type]
-    critical = next((h for h in segment.hooks if h.critical), None)
-    if critical is not None and data.lifecycle != "finalize_connection":
-        status, code = (503, "no_worker") if no_worker else (500, "hook_failed")
-        return ChainResult(
-            data, started_outcomes,
-            HookError(status, code, f"critical hook {critical.key} failed: {reason}"),
-        )
-    if data.lifecycle == "before_toolcall" and not no_worker:
-        block_tool_call(data, segment.hooks[0].key, reason)
-        return ChainResult(data, started_outcomes, blocked=True)
-    return ChainResult(data, started_outcomes)
+def _unanswered(segment: Segment, data: HookData, reason: str, outcome: Outcome) -> ChainResult:
+    return fail_unanswered(data, [(h.key, h.critical) for h in segment.hooks], reason, outcome)

@@ -41,11 +41,9 @@ import copy
 import itertools
 import math
 import re
-import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -56,9 +54,9 @@ from hookbus.services.orchestrator.tokens import (
     count_messages,
     truncate_text,
 )
+from hookbus.skills.compaction_outcome import AUTO_OFF, Compaction, Stage
 
 Message = dict[str, Any]
-Stage = Literal["none", "cleared", "summarized", "dropped"]
 
 Summarizer = Callable[[list[Message]], Awaitable[str]]
 """``async def summarize(request_messages) -> str``: one LLM call, no hooks.
@@ -74,7 +72,6 @@ SUMMARY_HEADER = "Summary of the earlier conversation:"
 SUMMARY_MARKER = "[[summarize]]"
 SETTLE = 0.75
 """After compacting, the conversation is at most this share of ``at``."""
-AUTO_OFF = "automatic compaction is off"
 CLEAR_MIN_TOKENS = 200
 """Tool outputs at most this large are not worth clearing: the note saves little."""
 
@@ -190,61 +187,6 @@ def _tokens(value: float, window: int) -> int:
 
 
 # ---------------------------------------------------------------- outcome
-
-
-class Compaction(BaseModel):
-    """What a compaction did. ``before``/``after`` are token counts of the
-    input and of ``messages``; ``summarized`` counts messages folded into the
-    summary, ``kept`` the messages carried over besides the system prompt,
-    ``cleared`` the tool outputs replaced by a note, ``dropped`` the turns
-    dropped. ``target`` is the count compaction aimed at; ``reason`` says
-    why it fell short (the summary failed, automatic compaction is off).
-
-    ``id`` and ``created`` (unix time) name this one compaction: a consumer
-    that may see it twice (a redelivered ``on_compaction`` hop) stores it once."""
-
-    model_config = ConfigDict(frozen=True)
-
-    stage: Stage
-    messages: list[Message]
-    before: int
-    after: int
-    window: int
-    target: int
-    summary: str | None = None
-    summarized: int = 0
-    kept: int = 0
-    cleared: int = 0
-    dropped: int = 0
-    reason: str | None = None
-    focus: str | None = None
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    created: float = Field(default_factory=time.time)
-
-    def sentence(self) -> str:
-        """One line for a person: what was done and how full the context is now."""
-        cleared = f", cleared {_plural(self.cleared, 'tool output')}" if self.cleared else ""
-        failed = f"Summary failed ({self.reason})"
-        if self.stage == "summarized":
-            text = f"Compacted the conversation: summarized {self.summarized} messages, kept {self.kept}{cleared}."
-        elif self.stage == "dropped":
-            turns = "the oldest turn" if self.dropped == 1 else f"the {self.dropped} oldest turns"
-            text = f"{failed}; dropped {turns}{cleared}."
-        elif self.stage == "cleared":
-            text = f"Cleared {_plural(self.cleared, 'old tool output')}"
-            text += f"; {failed[0].lower()}{failed[1:]}." if self.reason else "."
-        elif self.reason == AUTO_OFF:
-            text = f"Nothing compacted: {AUTO_OFF}."
-        else:
-            text = f"{failed}; nothing was changed." if self.reason else "No compaction needed."
-        if self.stage != "none" and self.after > self.target:
-            text += f" Still above the target of {self.target} tokens."
-        percent = round(100 * self.after / self.window) if self.window else 0
-        return f"{text} Context {percent}% full."
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # ---------------------------------------------------------------- entry points

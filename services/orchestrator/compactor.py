@@ -11,19 +11,21 @@ hears of each compaction that changed something; `ctx` is None between turns.
 
 from __future__ import annotations
 
-import inspect
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
+from hookbus.bus.envelopes import COMPACTION_LIFECYCLE
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.runtime import Runtime
 from hookbus.services.orchestrator.tokens import context_window, count_messages
 from hookbus.skills import Context, ContextTooLong, Skill
+from hookbus.skills.runner import run_listeners
 
 log = structlog.get_logger("hookbus.agent")
 
@@ -156,28 +158,31 @@ class Compactor:
         return summarize
 
     async def _announce(self, outcome: Compaction, ctx: Context | None, runtime: Runtime) -> None:
-        """Record a compaction and tell every skill that handles it; failures are only logged."""
+        """Record a compaction and tell every skill that handles it, in-process through the
+        runner's listener rules and in worker groups through the runtime; each round's
+        outcomes are recorded like a stage's, failures are logged, never raised."""
         if outcome.stage == "none":
             return
         self.last = outcome
-        completion_id = ctx.completion_id if ctx is not None else None
+        completion_id = ctx.completion_id if ctx is not None else f"compaction-{outcome.id}"
         log.info(
             "compacted", completion_id=completion_id, stage=outcome.stage,
             before=outcome.before, after=outcome.after, window=outcome.window,
         )
-        for skill in self._listeners:
-            try:
-                result = skill.on_compaction(outcome, ctx)  # type: ignore[attr-defined]
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:  # noqa: BLE001 - a listener never breaks the run
-                log.exception("on_compaction_failed", skill=skill.name, completion_id=completion_id)
-        notify = getattr(runtime, "notify_compaction", None)
-        if notify is not None:
-            try:
-                await notify(outcome, ctx)
-            except Exception:  # noqa: BLE001
-                log.exception("on_compaction_failed", group="*", completion_id=completion_id)
+        if self._listeners:
+            started = time.perf_counter()
+            outcomes = await run_listeners(
+                [(f"{skill.name}.{COMPACTION_LIFECYCLE}", skill.on_compaction) for skill in self._listeners],  # type: ignore[attr-defined]
+                (outcome, ctx),
+                completion_id=completion_id,
+            )
+            runtime.record_stage(
+                completion_id, COMPACTION_LIFECYCLE, None, outcomes, (time.perf_counter() - started) * 1000
+            )
+        try:
+            await runtime.notify_compaction(outcome, ctx)
+        except Exception:  # noqa: BLE001 - a listener never breaks the run
+            log.exception("on_compaction_failed", group="*", completion_id=completion_id)
 
 
 def _turn_start(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -16,6 +16,8 @@ import structlog
 
 from hookbus.services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
 from hookbus.skills import Context, HookData
+from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import ChainResult, HookOutcome
 
 log = structlog.get_logger("hookbus.runtime")
@@ -43,17 +45,17 @@ class Runtime(Protocol):
 
     def record_stage(
         self,
-        ctx: Context,
+        completion_id: str,
         lifecycle: str,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
-        """A monitor record for one segment of one stage."""
+        """A monitor record for one segment of one stage (or one round of on_compaction)."""
 
-    async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
-        """Call `on_compaction(outcome, ctx)` of the skills hosted remotely (optional: the
-        agent skips a runtime without it). Failures are logged, never raised."""
+    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
+        """Call `on_compaction(outcome, ctx)` of the skills hosted remotely, recording each
+        group's outcomes with `record_stage`. Failures are logged, never raised."""
 
 
 class LocalRuntime:
@@ -85,22 +87,22 @@ class LocalRuntime:
     async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None:
         self._sessions[(owner, session_id)] = copy.deepcopy(data)
 
-    async def notify_compaction(self, outcome: Any, ctx: Context | None) -> None:
+    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         """No worker groups in-process: the agent calls its own skills directly."""
 
     def record_stage(
         self,
-        ctx: Context,
+        completion_id: str,
         lifecycle: str,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
         for outcome in outcomes:
-            if outcome.outcome != "ok":
+            if outcome.outcome != Outcome.OK:
                 log.info(
                     "hook_outcome",
-                    completion_id=ctx.completion_id,
+                    completion_id=completion_id,
                     lifecycle=lifecycle,
                     hook=outcome.hook,
                     outcome=outcome.outcome,

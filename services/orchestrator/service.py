@@ -81,6 +81,7 @@ from hookbus.services.orchestrator.recovery import Recovery
 from hookbus.services.orchestrator.run_table import Running, RunTable
 from hookbus.skills import HookError
 from hookbus.skills.errors import Cancelled, DeadlineExceeded, DuplicateCompletionId, as_hook_error
+from hookbus.skills.outcome import Outcome
 
 log = structlog.get_logger("hookbus.orchestrator")
 
@@ -97,10 +98,10 @@ class _StageNotingRuntime(BusRuntime):
 
     on_stage: Callable[[str, str], None] | None = None
 
-    def record_stage(self, ctx, lifecycle, group, outcomes, duration_ms) -> None:  # type: ignore[no-untyped-def]
-        super().record_stage(ctx, lifecycle, group, outcomes, duration_ms)
+    def record_stage(self, completion_id, lifecycle, group, outcomes, duration_ms) -> None:  # type: ignore[no-untyped-def]
+        super().record_stage(completion_id, lifecycle, group, outcomes, duration_ms)
         if self.on_stage is not None:
-            self.on_stage(ctx.completion_id, lifecycle)
+            self.on_stage(completion_id, lifecycle)
 
 
 class OrchestratorService(BusApp):
@@ -388,7 +389,7 @@ class OrchestratorService(BusApp):
                 kind="request", completion_id=cid,
                 lifecycle="request" if mode == "run" else f"request:{mode}",
                 replica=self.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
-                outcome="ok" if terminal.kind != "error" else "error",
+                outcome=Outcome.OK if terminal.kind != "error" else Outcome.ERROR,
                 error=(terminal.error or {}).get("message"),
             )
         )

@@ -6,8 +6,6 @@ Pure of Redis: a hop goes in, a reply comes out. The hooks run through the same
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import time
 from collections.abc import Sequence
 
@@ -16,7 +14,8 @@ import structlog
 from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
 from hookbus.bus.registry import GroupAnnouncement, HookDescriptor, ToolDescriptor
 from hookbus.skills import Context, HookData, Skill
-from hookbus.skills.runner import run_hooks
+from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills.runner import run_hooks, run_listeners
 from hookbus.skills.skill import BoundHook, BoundTool
 from hookbus.skills.toolcall import ToolProblem, invoke_tool
 
@@ -122,39 +121,25 @@ class GroupHost:
         ]
 
     async def _on_compaction(self, event: HopEvent, reply: HopReply) -> None:
-        """Call `on_compaction(outcome, ctx)` of each named skill; one failing is recorded in
-        `reply.outcomes` (and logged), never fails the hop or stops the others."""
-        from hookbus.services.orchestrator.compaction import Compaction
-
-        skills = []
+        """Call `on_compaction(outcome, ctx)` of each named skill through the runner's
+        listener rules; one failing is recorded in `reply.outcomes` (and logged), never
+        fails the hop or stops the others."""
+        listeners = []
         for ref in event.hooks:
             skill = self.compaction.get(ref.skill)
             if skill is None:
                 raise UnknownHook(f"group {self.group!r} has no on_compaction of skill {ref.skill!r}")
-            skills.append(skill)
+            listeners.append((ref.key, skill.on_compaction))  # type: ignore[attr-defined]
         outcome = Compaction.model_validate(event.data or {})
         ctx = Context.model_validate(event.ctx) if event.ctx else None
-        for skill in skills:
-            began = time.perf_counter()
-            result, error = "ok", None
-            try:
-                async with asyncio.timeout(max(0.1, event.deadline - time.time())):
-                    called = skill.on_compaction(outcome, ctx)  # type: ignore[attr-defined]
-                    if inspect.isawaitable(called):
-                        await called
-            except TimeoutError:
-                result, error = "timeout", "on_compaction did not finish before the hop's deadline"
-            except Exception as exc:  # noqa: BLE001 - a listener never breaks anything
-                result, error = "error", f"{type(exc).__name__}: {exc}"
-                log.exception("on_compaction_failed", skill=skill.name, completion_id=event.completion_id)
-            reply.outcomes.append(
-                HookTiming(
-                    hook=f"{skill.name}.on_compaction",
-                    duration_ms=(time.perf_counter() - began) * 1000,
-                    outcome=result,
-                    error=error,
-                )
-            )
+        outcomes = await run_listeners(
+            listeners, (outcome, ctx), timeout=max(0.1, event.deadline - time.time()),
+            completion_id=event.completion_id,
+        )
+        reply.outcomes = [
+            HookTiming(hook=o.hook, duration_ms=o.duration_ms, outcome=o.outcome, error=o.error)
+            for o in outcomes
+        ]
         if ctx is not None:
             reply.state = ctx.state
             reply.session = ctx.session.data

@@ -74,6 +74,7 @@ from hookbus.bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.services.bus_app import BusApp
 from hookbus.services.worker.host import GroupHost
+from hookbus.skills.outcome import Outcome
 
 log = structlog.get_logger("hookbus.worker")
 
@@ -284,7 +285,7 @@ class WorkerReplica(BusApp):
             return
         if event.deadline < time.time():
             await client.xack(self.stream, self.group, entry_id)
-            self._record(event, None, "expired", f"deadline passed before attempt {attempt}")
+            self._record(event, None, Outcome.EXPIRED, f"deadline passed before attempt {attempt}")
             return
         self._in_flight[entry_id] = time.monotonic()
         try:
@@ -293,7 +294,7 @@ class WorkerReplica(BusApp):
         finally:
             self._in_flight.pop(entry_id, None)
         self.processed += 1
-        self._record(event, reply, "failed" if reply.failure else "ok", reply.failure)
+        self._record(event, reply, Outcome.FAILED if reply.failure else Outcome.OK, reply.failure)
 
     async def _reply(self, entry_id: str, event: HopEvent, reply: HopReply) -> None:
         """Reply and ack (batched with the other replies of this loop turn); through an
@@ -324,13 +325,13 @@ class WorkerReplica(BusApp):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
 
-    def _record(self, event: HopEvent, reply: HopReply | None, outcome: str, error: str | None) -> None:
+    def _record(self, event: HopEvent, reply: HopReply | None, outcome: Outcome, error: str | None) -> None:
         if self._events is None:
             return
-        if reply is not None and outcome == "ok":
-            bad = [o for o in reply.outcomes if o.outcome != "ok"]
+        if reply is not None and outcome == Outcome.OK:
+            bad = [o for o in reply.outcomes if o.outcome != Outcome.OK]
             if reply.abort or bad:
-                outcome = "aborted" if reply.abort else bad[0].outcome
+                outcome = Outcome.ABORTED if reply.abort else bad[0].outcome
                 error = (reply.abort or {}).get("message") or bad[0].error
         self._events.emit(
             MonitorRecord(
@@ -368,7 +369,7 @@ class WorkerReplica(BusApp):
         self.dead_lettered += 1
         log.warning("dead_lettered", stream=self.stream, entry_id=entry_id, reason=reason)
         if event is not None:
-            self._record(event, None, "dead_letter", reason)
+            self._record(event, None, Outcome.DEAD_LETTER, reason)
 
     # --------------------------------------------------------------- read loop
 

@@ -6,9 +6,10 @@
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
-Benches: hop, peer, full, streaming, scaleout, inprocess, tokens; experiments (the
-measured effect of each proposed fix): fixes-codec, fixes-hop, fixes-streaming,
-fixes-scaleout.
+Benches: hop, peer, full, streaming, scaleout, inprocess, tokens; one experiment,
+fixes-streaming (on_chunk pipelining on and off, with the production Agent). The other
+experiments were removed once their fixes were in production; RESULTS.md keeps their
+figures.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
 embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
 """
@@ -37,13 +38,7 @@ def _with_redis(measure: Callable[[str], Awaitable[list[Row]]]) -> Callable[[], 
 
 def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
     from tests.bench import full, hop, inprocess, peer, scaleout, streaming, tokens
-    from tests.bench.experiments import codec_micro, hop_matrix, streaming_matrix
-
-    async def scaleout_lean(url: str) -> list[Row]:
-        rows = await scaleout.measure(url, "lean", label="lean worker")
-        for row in rows:
-            row.bench = "fixes"
-        return rows
+    from tests.bench.experiments import streaming_matrix
 
     return {
         "hop": _with_redis(hop.measure),
@@ -53,10 +48,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         "scaleout": _with_redis(scaleout.measure),
         "inprocess": inprocess.measure,
         "tokens": tokens.measure,
-        "fixes-codec": codec_micro.measure,
-        "fixes-hop": _with_redis(hop_matrix.measure),
         "fixes-streaming": _with_redis(streaming_matrix.measure),
-        "fixes-scaleout": _with_redis(scaleout_lean),
     }
 
 

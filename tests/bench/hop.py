@@ -83,7 +83,7 @@ def _ops(runtime, segment, kind: str, concurrency: int, caller: FloorCaller, pay
         ctx = contexts[next(turn) % concurrency]
         started = time.perf_counter()
         result = await runtime.hop(segment, data, ctx, kind)
-        runtime.record_stage(ctx, kind, GROUP, result.outcomes, (time.perf_counter() - started) * 1000)
+        runtime.record_stage(ctx.completion_id, kind, GROUP, result.outcomes, (time.perf_counter() - started) * 1000)
         if result.outcomes[0].outcome != "ok":
             raise RuntimeError(result.outcomes[0].error)
 

@@ -98,7 +98,7 @@ async def hookbus_chain(redis_url: str, prefix: str, procs: Any, groups: dict[st
         for segment in segments:
             began = time.perf_counter()
             result = await runtime.hop(segment, data, ctx, "before_llm_call#0")
-            runtime.record_stage(ctx, "before_llm_call", segment.group, result.outcomes, (time.perf_counter() - began) * 1000)
+            runtime.record_stage(ctx.completion_id, "before_llm_call", segment.group, result.outcomes, (time.perf_counter() - began) * 1000)
             if any(o.outcome != "ok" for o in result.outcomes):
                 raise RuntimeError(result.outcomes[0].error)
             data = result.data

@@ -2,15 +2,14 @@
 py-spy on the orchestrator side (this process), under a steady hop load.
 
     python -m tests.bench.profile_hop [--kind on_chunk|before_llm_call] [--concurrency 32]
-        [--seconds 8] [--worker faststream|lean] [--orchestrator classic|fast] [--cprofile]
+        [--seconds 8] [--cprofile]
 
 Both sides are sampled with py-spy (`--idle`, so idle time shows as epoll wait); prints,
 for each side, the share of samples under each part of the hop path (inclusive), own
 time by library and the top functions; writes the raw collapsed stacks to --out
 (default /tmp/hookbus-profile). `--cprofile` adds a cProfile of this process (it slows
-the orchestrator side down, so rates drop). `--worker lean` / `--orchestrator fast`
-profile the experiment variants. Not part of `python -m
-tests.bench` (py-spy needs ptrace); RESULTS.md quotes its output.
+the orchestrator side down, so rates drop). Not part of `python -m tests.bench` (py-spy
+needs ptrace); RESULTS.md quotes its output.
 """
 
 from __future__ import annotations
@@ -45,9 +44,9 @@ GROUP = "hop"
 WORKER_PARTS = [
     ("FastStream dispatch (subscriber loop -> handler)", ["SubscriberUsecase.process_message (faststream"]),
     ("fast_depends Context injection in a thread", ["run_in_threadpool (fast_depends"]),
-    ("hookbus WorkerReplica.process", ["WorkerReplica.process (services/worker/replica.py)", "LeanReplica.process (tests/bench"]),
+    ("hookbus WorkerReplica.process", ["WorkerReplica.process (services/worker/replica.py)"]),
     ("  decode HopEvent", ["decode (bus/envelopes.py)"]),
-    ("  GroupHost.answer", ["GroupHost.answer (services/worker/host.py)", "answer_split (tests/bench"]),
+    ("  GroupHost.answer", ["GroupHost.answer (services/worker/host.py)"]),
     ("    run_hooks", ["run_hooks (skills/runner.py)"]),
     ("  encode HopReply", ["encode (bus/envelopes.py)"]),
     ("  reply + ack pipeline", ["Pipeline.execute (redis", "ReplyBatcher._flush"]),
@@ -56,7 +55,7 @@ WORKER_PARTS = [
 ]
 
 ORCHESTRATOR_PARTS = [
-    ("BusRuntime.hop (all)", ["BusRuntime.hop (services/orchestrator/bus_runtime.py)", "FastBusRuntime.hop ("]),
+    ("BusRuntime.hop (all)", ["BusRuntime.hop (services/orchestrator/bus_runtime.py)"]),
     ("  HookData/Context model_dump", ["BaseModel.model_dump (pydantic"]),
     ("  HopEvent build + encode", ["encode (bus/envelopes.py)", "encode_hop (tests/bench", "BaseModel.__init__ (pydantic"]),
     ("  XADD of the hop (redis-py)", ["execute_command (redis/asyncio/client.py)"]),
@@ -130,29 +129,15 @@ def summarize_collapsed(path: Path, parts: list[tuple[str, list[str]]] = WORKER_
 
 
 async def profile(
-    kind: str, concurrency: int, seconds: float, out: Path, worker: str, orchestrator: str, use_cprofile: bool
+    kind: str, concurrency: int, seconds: float, out: Path, use_cprofile: bool
 ) -> None:
     quiet_logs()
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
     with bench_redis() as redis_url:
         prefix = new_prefix("prof")
         async with processes() as procs:
-            if worker == "lean":
-                from tests.bench.common import PYTHON, bench_env
-
-                child = procs.spawn(
-                    [PYTHON, "-m", "tests.bench.experiments.lean_worker", "--group", GROUP,
-                     "tests.bench.skills:HopNoop", "--concurrency", "32"],
-                    bench_env(redis_url, prefix), "lean-worker",
-                )
-            else:
-                child = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
-            if orchestrator == "fast":
-                from tests.bench.experiments.fast_runtime import fast_bus_side
-
-                side = await fast_bus_side(redis_url, prefix)
-            else:
-                side = await bus_side(redis_url, prefix)
+            child = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
+            side = await bus_side(redis_url, prefix)
             await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
             runtime = side.runtime
             await runtime.registry.refresh()
@@ -170,12 +155,12 @@ async def profile(
                 while time.perf_counter() < stop:
                     began = time.perf_counter()
                     result = await runtime.hop(segment, data, ctx, kind)
-                    runtime.record_stage(ctx, kind, GROUP, result.outcomes, (time.perf_counter() - began) * 1000)
+                    runtime.record_stage(ctx.completion_id, kind, GROUP, result.outcomes, (time.perf_counter() - began) * 1000)
                     count += 1
 
             spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-            raw = out / f"worker-{worker}-{kind}-c{concurrency}.txt"
-            raw_orch = out / f"orchestrator-{orchestrator}-{kind}-c{concurrency}.txt"
+            raw = out / f"worker-{kind}-c{concurrency}.txt"
+            raw_orch = out / f"orchestrator-{kind}-c{concurrency}.txt"
             recorders = [
                 subprocess.Popen(  # noqa: ASYNC220
                     [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "500",
@@ -195,7 +180,7 @@ async def profile(
             for recorder in recorders:
                 await asyncio.to_thread(recorder.wait)
             await side.close()
-    print(f"\n### {kind} c={concurrency} worker={worker} orchestrator={orchestrator}: "
+    print(f"\n### {kind} c={concurrency}: "
           f"{count} hops in {wall:.1f}s = {count / wall:.0f} hops/s")
     for title, path, parts in (("worker", raw, WORKER_PARTS), ("orchestrator", raw_orch, ORCHESTRATOR_PARTS)):
         print(f"\n-- {title} side (py-spy --idle, main thread, wall-clock samples):")
@@ -216,13 +201,11 @@ def main() -> None:
     parser.add_argument("--kind", default="on_chunk", choices=list(payloads.KINDS))
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8)
-    parser.add_argument("--worker", default="faststream", choices=["faststream", "lean"])
-    parser.add_argument("--orchestrator", default="classic", choices=["classic", "fast"])
     parser.add_argument("--cprofile", action="store_true", help="also cProfile this process (slows it)")
     parser.add_argument("--out", default="/tmp/hookbus-profile")
     args = parser.parse_args()
     asyncio.run(
-        profile(args.kind, args.concurrency, args.seconds, Path(args.out), args.worker, args.orchestrator, args.cprofile)
+        profile(args.kind, args.concurrency, args.seconds, Path(args.out), args.cprofile)
     )
 
 

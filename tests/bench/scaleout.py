@@ -7,22 +7,18 @@ BusRuntime.hop of an on_chunk segment from this process with 2 x (replicas x 4) 
 flight, so there is always work queued for every replica. Efficiency = throughput(n) /
 (n x throughput(1)); the ideal (n x 4 / 20 ms) is printed alongside.
 
-Run alone: `python -m tests.bench.scaleout`. `--worker lean` runs the experiment's lean
-replicas (tests.bench.experiments.lean_worker) instead.
+Run alone: `python -m tests.bench.scaleout`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Sequence
 
 from tests.bench import payloads
 from tests.bench.common import (
-    PYTHON,
     Row,
-    bench_env,
     bench_redis,
     bus_side,
     cpu_seconds,
@@ -51,14 +47,14 @@ def _hop(runtime, segment):  # type: ignore[no-untyped-def]
         ctx = contexts[next(turn) % 64]
         began = time.perf_counter()
         result = await runtime.hop(segment, data, ctx, "on_chunk")
-        runtime.record_stage(ctx, "on_chunk", GROUP, result.outcomes, (time.perf_counter() - began) * 1000)
+        runtime.record_stage(ctx.completion_id, "on_chunk", GROUP, result.outcomes, (time.perf_counter() - began) * 1000)
         if result.outcomes[0].outcome != "ok":
             raise RuntimeError(result.outcomes[0].error)
 
     return hop
 
 
-async def measure(redis_url: str, worker: str = "hookbus", steps: Sequence[int] = STEPS, label: str = "") -> list[Row]:
+async def measure(redis_url: str, steps: Sequence[int] = STEPS, label: str = "hookbus") -> list[Row]:
     quiet_logs()
     prefix = new_prefix("scale")
     rates: dict[int, float] = {}
@@ -74,15 +70,8 @@ async def measure(redis_url: str, worker: str = "hookbus", steps: Sequence[int] 
             for n in steps:
                 while running < n:
                     running += 1
-                    if worker == "lean":
-                        procs.spawn(
-                            [PYTHON, "-m", "tests.bench.experiments.lean_worker", "--group", GROUP,
-                             "tests.bench.skills:Sleeper", "--concurrency", str(PER_REPLICA)],
-                            bench_env(redis_url, prefix), f"lean-{running}",
-                        )
-                    else:
-                        procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:Sleeper"],
-                                     concurrency=PER_REPLICA, replica=f"sleepy-{running}")
+                    procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:Sleeper"],
+                                 concurrency=PER_REPLICA, replica=f"sleepy-{running}")
                 await wait_for_replicas(redis_url, prefix, {GROUP: n}, procs)
                 await runtime.registry.refresh()
                 plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
@@ -99,30 +88,28 @@ async def measure(redis_url: str, worker: str = "hookbus", steps: Sequence[int] 
                 after = (time.process_time(), sum(cpu_seconds(p) for p in pids), cpu_seconds(server))
                 busy = [(a - b) / stats.wall * 100 for a, b in zip(after, before, strict=True)]
                 rates[n] = stats.rate
-                print(stats.line(f"{label or worker} {n} replica(s), {concurrency} in flight", "hops/s")
+                print(stats.line(f"{label} {n} replica(s), {concurrency} in flight", "hops/s")
                       + f"  ideal {ideal:.0f}/s  cpu%: caller {busy[0]:.0f} replicas {busy[1]:.0f} redis {busy[2]:.0f}")
                 efficiency = stats.rate / (n * rates[steps[0]] / steps[0])
-                rows.append(Row("scale-out", f"{label or worker} {n} replicas throughput", stats.rate, "hops/s",
+                rows.append(Row("scale-out", f"{label} {n} replicas throughput", stats.rate, "hops/s",
                                 ideal, "ideal n*4/20ms"))
                 if n != steps[0]:
-                    rows.append(Row("scale-out", f"{label or worker} {n} replicas efficiency vs linear",
+                    rows.append(Row("scale-out", f"{label} {n} replicas efficiency vs linear",
                                     efficiency * 100, "%", target=">=85" if n == 8 else ""))
                 if stats.failures:
-                    rows.append(Row("scale-out", f"{label or worker} {n} replicas failures", stats.failures, "count",
+                    rows.append(Row("scale-out", f"{label} {n} replicas failures", stats.failures, "count",
                                     note=str(stats.errors)))
         finally:
             await side.close()
     return rows
 
 
-async def main(worker: str = "hookbus") -> list[Row]:
+async def main() -> list[Row]:
     with bench_redis() as url:
-        rows = await measure(url, worker)
+        rows = await measure(url)
     print_rows("scale-out", rows)
     return rows
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", choices=["hookbus", "lean"], default="hookbus")
-    asyncio.run(main(parser.parse_args().worker))
+    asyncio.run(main())

@@ -1,0 +1,27 @@
+"""The one vocabulary for what happened to a hook call or a hop, shared by the runner, the
+bus envelopes (replies, monitor records), logs and metrics."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Outcome(enum.StrEnum):
+    """What happened to one hook call (or hop): the one vocabulary of logs, events, metrics."""
+
+    OK = "ok"
+    ERROR = "error"
+    """It failed: raised, returned the wrong type, or its hop's reply was unusable."""
+    FAILED = "failed"
+    """The hop failed as a whole in the worker (an unknown hook, unreadable data)."""
+    TIMEOUT = "timeout"
+    BLOCKED = "blocked"
+    """It failed in `before_toolcall`, so the tool call was blocked."""
+    ABORTED = "aborted"
+    """It raised a HookError, or failed while critical: the run stops."""
+    SKIPPED = "skipped"
+    """Not called: no live replica in its worker group."""
+    EXPIRED = "expired"
+    """Its hop reached the worker after the hop's deadline: not run, the caller gave up."""
+    DEAD_LETTER = "dead_letter"
+    """Its hop was set aside on the dead-letter stream."""
