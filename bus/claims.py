@@ -35,8 +35,8 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from hookbus.bus.deadletter import entry_id_text
 from hookbus.bus.periodic import repeat
+from hookbus.bus.redis_values import text
 
 MIN_LONG_IDLE = 60.0
 RETRY_CAP = 1.0
@@ -151,17 +151,17 @@ async def find_orphans(
     if not pending:
         return []
     long_ms = int((long_idle or long_idle_for(claim_idle)) * 1000)
-    others = sorted({entry_id_text(p["consumer"]) for p in pending} - {me})
+    others = sorted({text(p["consumer"]) for p in pending} - {me})
     scores = await client.zmscore(heartbeats, others) if others else []
     now = time.time()
     alive = {c for c, s in zip(others, scores, strict=True) if s is not None and now - float(s) < claim_idle}
     uptime_ms = uptime * 1000
     orphans = []
     for p in pending:
-        entry_id = entry_id_text(p["message_id"])
+        entry_id = text(p["message_id"])
         if entry_id in busy:
             continue
-        consumer = entry_id_text(p["consumer"])
+        consumer = text(p["consumer"])
         idle = int(p["time_since_delivered"])
         if consumer == me:
             orphan = spare or idle > uptime_ms or idle > long_ms
@@ -191,9 +191,9 @@ async def claim(
     for entry_id, fields in entries:
         if entry_id is None:  # deleted from the stream while pending (XDEL): nothing to run
             continue
-        text = entry_id_text(entry_id)
-        orphan = by_id.get(text)
+        claimed_id = text(entry_id)
+        orphan = by_id.get(claimed_id)
         if orphan is None:
             continue
-        claimed.append(Claimed(text, fields, orphan.deliveries + 1, orphan.consumer))
+        claimed.append(Claimed(claimed_id, fields, orphan.deliveries + 1, orphan.consumer))
     return claimed

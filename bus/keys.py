@@ -26,18 +26,12 @@ hookbus.bus.cluster refuses it on a cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote
 
 from hookbus.bus.shards import shard_of, shard_tags
 
 ORCHESTRATOR_GROUP = "orchestrators"
 REGISTRY_TAG = "{registry}"
-
-
-def text(value: Any) -> str:
-    """A Redis reply value as text (replies are bytes; redis-py types them loosely)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ShardedStreamError(LookupError):
@@ -176,11 +170,6 @@ class Keys:
     @property
     def registry_version(self) -> str:
         return self._control("registry:version")
-
-    @property
-    def registry_channel(self) -> str:
-        """Pub/sub channel that tells orchestrators the registry changed."""
-        return self._control("registry:changed")
 
     def replicas(self, group: str) -> str:
         """Sorted set: replica name -> last heartbeat (unix seconds)."""

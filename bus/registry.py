@@ -20,8 +20,9 @@ from pydantic import BaseModel, Field
 
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import Envelope
-from hookbus.bus.keys import Keys, text
+from hookbus.bus.keys import Keys
 from hookbus.bus.periodic import cancel_and_wait
+from hookbus.bus.redis_values import text
 
 log = structlog.get_logger("hookbus.registry")
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import redis.asyncio as aredis
 import structlog
 
 from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.deadletter import entry_id_text, send_dead_letter
+from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
+from hookbus.bus.redis_values import text
 
 log = structlog.get_logger("hookbus.router")
 
@@ -135,7 +135,7 @@ class ReplyRouter:
             self.bad_replies += 1
             log.warning("bad_reply_dropped", reason=str(exc), stream=self.reply_stream)
             if self.dead_letter is not None:
-                task = asyncio.create_task(self._dead_letter(entry_id_text(entry_id), fields, str(exc)))
+                task = asyncio.create_task(self._dead_letter(text(entry_id), fields, str(exc)))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             return
@@ -153,7 +153,3 @@ class ReplyRouter:
                 self._client, self.dead_letter, source=self.reply_stream, entry_id=entry_id,
                 reason=reason, fields=fields, consumer=self.reply_stream,
             )
-
-
-def hop_deadline(timeout: float) -> float:
-    return time.time() + timeout

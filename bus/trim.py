@@ -22,6 +22,8 @@ import time
 
 import redis.asyncio as aredis
 
+from hookbus.bus.redis_values import text
+
 TRIM_EVERY = 30.0
 FORGET_AFTER = 600.0
 
@@ -77,7 +79,7 @@ async def trim_acked(client: aredis.Redis, stream: str) -> tuple[int, str]:
     """Trim what every consumer group of `stream` has acknowledged; (entries removed,
     the MINID used or "" when nothing could be trimmed)."""
     removed, minid = await client.eval(_TRIM, 1, stream)
-    return int(removed), minid.decode() if isinstance(minid, bytes) else str(minid)
+    return int(removed), text(minid)
 
 
 async def prune_consumers(
@@ -94,7 +96,7 @@ async def prune_consumers(
         consumers = await client.xinfo_consumers(stream, group)
     except aredis.ResponseError:
         return 0  # no such stream or group yet
-    names = [c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in consumers]
+    names = [text(c["name"]) for c in consumers]
     if not names:
         return 0
     scores = await client.zmscore(heartbeats, names)

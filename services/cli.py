@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
+from hookbus.services import defaults
 
 RUN_STATE = Path(".hookbus")
 
@@ -241,18 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run one replica of a hook-worker group")
     worker.add_argument("--group", required=True, help="worker group name (its stream is hooks:NAME)")
     worker.add_argument("skills", nargs="+", metavar="pkg.module:SkillClass", help="skills this group hosts")
-    worker.add_argument("--concurrency", type=int, default=16, help="hops in flight (and prefetched) at most")
+    worker.add_argument("--concurrency", type=int, default=defaults.WORKER_CONCURRENCY, help="hops in flight (and prefetched) at most")
     worker.add_argument("--replica", default=None, help="consumer name (default: worker-GROUP-HOST-PID)")
-    worker.add_argument("--claim-idle", type=float, default=5.0, help="seconds before a dead sibling's entry is claimed")
-    worker.add_argument("--max-deliveries", type=int, default=3, help="deliveries before an entry is dead-lettered")
+    worker.add_argument("--claim-idle", type=float, default=defaults.WORKER_CLAIM_IDLE, help="seconds before a dead sibling's entry is claimed")
+    worker.add_argument("--max-deliveries", type=int, default=defaults.WORKER_MAX_DELIVERIES, help="deliveries before an entry is dead-lettered")
     worker.set_defaults(func=cmd_worker)
 
     orchestrator = commands.add_parser("orchestrator", help="run one orchestrator instance")
     orchestrator.add_argument("--agent", required=True, metavar="pkg.module:agent", help="the Agent to run")
-    orchestrator.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
+    orchestrator.add_argument("--concurrency", type=int, default=defaults.ORCHESTRATOR_CONCURRENCY, help="requests in flight at most")
     orchestrator.add_argument("--instance", default=None, help="instance name (default: orchestrator-HOST-PID)")
-    orchestrator.add_argument("--claim-idle", type=float, default=10.0, help="seconds before a dead orchestrator's request is claimed")
-    orchestrator.add_argument("--max-deliveries", type=int, default=5, help="deliveries before a request is set aside")
+    orchestrator.add_argument("--claim-idle", type=float, default=defaults.ORCHESTRATOR_CLAIM_IDLE, help="seconds before a dead orchestrator's request is claimed")
+    orchestrator.add_argument("--max-deliveries", type=int, default=defaults.ORCHESTRATOR_MAX_DELIVERIES, help="deliveries before a request is set aside")
     add_limit_options(orchestrator)
     orchestrator.set_defaults(func=cmd_orchestrator)
 

@@ -13,7 +13,7 @@ import redis.asyncio as aredis
 
 from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import connect
-from hookbus.bus.keys import text
+from hookbus.bus.redis_values import text
 from hookbus.bus.registry import REPLICA_TTL
 
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 
 from hookbus.bus.cluster import latest_ids, xread_streams
 from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
-from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys, text
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.redis_values import text
 from hookbus.bus.registry import REPLICA_TTL, GroupAnnouncement
 
 LAG_SCAN_LIMIT = 10_000

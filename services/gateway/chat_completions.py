@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import RequestEnvelope, ResponseItem
-from hookbus.services.gateway.cancel import request_cancel
+from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
 from hookbus.services.gateway.request_body import read_json_body
@@ -149,7 +149,7 @@ async def final_completion(request: Request, gw: Gateway, submitted: RequestEnve
     try:
         item = await watcher.race(_terminal_item(gw, submitted))
     except ClientGone:
-        await client_gone(request, gw, submitted.completion_id, "client_disconnected")
+        await client_gone(request, gw, submitted.completion_id, CLIENT_DISCONNECTED)
         return None
     finally:
         await watcher.close()
@@ -229,7 +229,7 @@ async def open_stream(
         first = await watcher.race(_first_item(items))
     except ClientGone:
         await watcher.close()
-        await client_gone(request, gw, submitted.completion_id, "client_disconnected")
+        await client_gone(request, gw, submitted.completion_id, CLIENT_DISCONNECTED)
         return None
     except BaseException:
         await watcher.close()

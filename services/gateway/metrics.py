@@ -33,6 +33,7 @@ from hookbus.bus.cluster import latest_ids, xread_streams
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.redis_values import text_or_none
 from hookbus.bus.registry import REPLICA_TTL
 from hookbus.skills import HookError
 
@@ -180,7 +181,7 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
     async def _refresh_queues(self, client: aredis.Redis, keys: Keys) -> None:
-        groups = sorted(str(_text(g)) for g in await client.hkeys(keys.registry))
+        groups = sorted(str(text_or_none(g)) for g in await client.hkeys(keys.registry))
         streams = [("requests", s, ORCHESTRATOR_GROUP) for s in keys.request_streams] + [
             (f"hooks:{g}", s, g) for g in groups for s in keys.hook_streams(g)
         ]
@@ -200,12 +201,12 @@ class GatewayMetrics:
         for (label, stream, group), info in zip(streams, infos, strict=True):
             if isinstance(info, Exception):
                 continue  # the stream does not exist yet
-            entry = next((g for g in info if _text(g.get("name")) == group), None)
+            entry = next((g for g in info if text_or_none(g.get("name")) == group), None)
             if entry is None:
                 continue
             lag = entry.get("lag")
             if lag is None:  # Redis < 7 has no lag field: count what is after last-delivered-id
-                last = _text(entry.get("last-delivered-id")) or "0-0"
+                last = text_or_none(entry.get("last-delivered-id")) or "0-0"
                 lag = len(await client.xrange(stream, f"({last}", "+", count=LAG_COUNT_CAP) or [])
             total = totals.setdefault((label, group), [0, 0, 0])
             total[0] += int(lag)
@@ -220,12 +221,6 @@ class GatewayMetrics:
                 self.replicas.labels(group).set(int(count))
         if not isinstance(counts[-1], Exception):
             self.orchestrators.set(int(counts[-1]))
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode()
-    return value
 
 
 class EventsFollower:
@@ -268,7 +263,7 @@ class EventsFollower:
                 continue
             for stream, entries in response:
                 for entry_id, fields in entries:
-                    positions[str(_text(stream))] = entry_id
+                    positions[str(text_or_none(stream))] = entry_id
                     try:
                         record = decode(fields, MonitorRecord)
                     except DecodeError:

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, GATEWAY_STOPPED
+
 T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
@@ -100,7 +102,7 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         finished = False
-        reason = "client_disconnected"
+        reason = CLIENT_DISCONNECTED
         pump = asyncio.create_task(self._pump(send), name="hookbus-gateway-sse")
         gone = asyncio.ensure_future(self.watcher.gone.wait())
         try:
@@ -112,7 +114,7 @@ class SSEResponse(Response):
                 elif not isinstance(exc, OSError | ClientGone):
                     raise exc
         except asyncio.CancelledError:
-            reason = "gateway_stopped"
+            reason = GATEWAY_STOPPED
             raise
         finally:
             gone.cancel()

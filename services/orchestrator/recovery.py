@@ -35,11 +35,12 @@ import structlog
 
 from hookbus.bus.claims import Claimed, Steadiness, claim, claim_forever, find_orphans
 from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.deadletter import add_dead_letter, entry_id_text
+from hookbus.bus.deadletter import add_dead_letter
 from hookbus.bus.envelopes import RequestEnvelope
 from hookbus.bus.journal import Journal, Lease, Leases
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.redis_values import text
 from hookbus.bus.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.services.orchestrator.run_table import Running, RunTable
 from hookbus.skills import DuplicateCompletionId, HookError, OrchestratorLost
@@ -231,7 +232,7 @@ class Recovery:
         self.trimmed += removed
         gone = await client.zrangebyscore(keys.orchestrators, "-inf", time.time() - forget_after)
         if gone:
-            await client.delete(*(keys.replies(entry_id_text(g)) for g in gone))  # type: ignore[arg-type]
+            await client.delete(*(keys.replies(text(g)) for g in gone))  # type: ignore[arg-type]
         await prune_consumers(
             client, keys.requests, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after
         )

@@ -52,7 +52,7 @@ from hookbus.bus.connection import (
     instance_name,
     raw_entry_parser,
 )
-from hookbus.bus.deadletter import add_dead_letter, entry_id_text
+from hookbus.bus.deadletter import add_dead_letter
 from hookbus.bus.envelopes import (
     FIELD,
     DecodeError,
@@ -68,12 +68,18 @@ from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
 from hookbus.bus.liveness import Job, LivenessThread
 from hookbus.bus.periodic import cancel_and_wait
+from hookbus.bus.redis_values import text
 from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from hookbus.bus.router import ReplyRouter
 from hookbus.bus.sessions import SessionStore
 from hookbus.bus.trim import TRIM_EVERY
 from hookbus.services.bus_app import BusApp
+from hookbus.services.defaults import (
+    ORCHESTRATOR_CLAIM_IDLE,
+    ORCHESTRATOR_CONCURRENCY,
+    ORCHESTRATOR_MAX_DELIVERIES,
+)
 from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
@@ -86,8 +92,6 @@ from hookbus.skills.outcome import Outcome
 log = structlog.get_logger("hookbus.orchestrator")
 
 RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
-DEFAULT_CLAIM_IDLE = 10.0
-DEFAULT_MAX_DELIVERIES = 5
 SHUTDOWN_WAIT = 30.0
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 
@@ -111,10 +115,10 @@ class OrchestratorService(BusApp):
         redis_url: str,
         *,
         prefix: str = "hookbus:",
-        concurrency: int = 64,
+        concurrency: int = ORCHESTRATOR_CONCURRENCY,
         instance: str | None = None,
-        claim_idle: float = DEFAULT_CLAIM_IDLE,
-        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        claim_idle: float = ORCHESTRATOR_CLAIM_IDLE,
+        max_deliveries: int = ORCHESTRATOR_MAX_DELIVERIES,
         limits: RequestLimits | None = None,
         trim_every: float = TRIM_EVERY,
     ) -> None:
@@ -158,7 +162,7 @@ class OrchestratorService(BusApp):
             description="Agent requests (RequestEnvelope); answers go to responses:{completion_id}.",
         )
         async def on_request(msg: RedisStreamMessage) -> None:
-            entry_id = entry_id_text(msg.raw_message["message_ids"][0])
+            entry_id = text(msg.raw_message["message_ids"][0])
             await self.process(entry_id, msg.raw_message["data"])
 
     # ---------------------------------------------------------------- lifecycle
@@ -458,7 +462,7 @@ class OrchestratorService(BusApp):
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if message and message.get("type") == "message":
                             data = message["data"]
-                            self.runs.cancel(data.decode() if isinstance(data, bytes) else str(data))
+                            self.runs.cancel(text(data))
                 except RECONNECT_ERRORS as exc:
                     log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
                     await asyncio.sleep(backoff)

@@ -57,7 +57,7 @@ from hookbus.bus.connection import (
     instance_name,
     raw_entry_parser,
 )
-from hookbus.bus.deadletter import add_dead_letter, entry_id_text
+from hookbus.bus.deadletter import add_dead_letter
 from hookbus.bus.envelopes import (
     DecodeError,
     HopEvent,
@@ -70,9 +70,11 @@ from hookbus.bus.envelopes import (
 )
 from hookbus.bus.events import EventWriter
 from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.redis_values import text
 from hookbus.bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.services.bus_app import BusApp
+from hookbus.services.defaults import WORKER_CLAIM_IDLE, WORKER_CONCURRENCY, WORKER_MAX_DELIVERIES
 from hookbus.services.worker.host import GroupHost
 from hookbus.skills.outcome import Outcome
 
@@ -140,10 +142,10 @@ class WorkerReplica(BusApp):
         redis_url: str,
         *,
         prefix: str = "hookbus:",
-        concurrency: int = 16,
+        concurrency: int = WORKER_CONCURRENCY,
         replica: str | None = None,
-        claim_idle: float = 5.0,
-        max_deliveries: int = 3,
+        claim_idle: float = WORKER_CLAIM_IDLE,
+        max_deliveries: int = WORKER_MAX_DELIVERIES,
         trim_every: float = TRIM_EVERY,
     ) -> None:
         self.host = host
@@ -200,7 +202,7 @@ class WorkerReplica(BusApp):
             ),
         )
         async def on_hop(msg: RedisStreamMessage) -> None:
-            entry_id = entry_id_text(msg.raw_message["message_ids"][0])
+            entry_id = text(msg.raw_message["message_ids"][0])
             await self.process(entry_id, msg.raw_message["data"], attempt=1)
 
     # ---------------------------------------------------------------- lifecycle
@@ -411,7 +413,7 @@ class WorkerReplica(BusApp):
                 continue
             for _stream, entries in response or ():
                 for raw_id, fields in entries:
-                    entry_id = entry_id_text(raw_id)
+                    entry_id = text(raw_id)
                     self._in_flight[entry_id] = time.monotonic()
                     task = asyncio.create_task(self._run_read(entry_id, fields))
                     self._hop_tasks.add(task)
