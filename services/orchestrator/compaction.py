@@ -61,15 +61,17 @@ Message = dict[str, Any]
 Summarizer = Callable[[list[Message]], Awaitable[str]]
 """``async def summarize(request_messages) -> str``: one LLM call, no hooks.
 
-It gets the chat messages to send (a system message carrying the
-``[[summarize]]`` marker and the instructions, and a user message holding the
+It gets the chat messages to send (a system message with the instructions,
+beginning with :data:`SUMMARY_INSTRUCTION`, and a user message holding the
 transcript) and returns the summary text. The caller picks the model
 (``policy.model`` or the agent's own). Raising, or returning an empty text,
 counts as a failed summary: the oldest turns are then dropped instead.
 """
 
 SUMMARY_HEADER = "Summary of the earlier conversation:"
-SUMMARY_MARKER = "[[summarize]]"
+SUMMARY_INSTRUCTION = "You compact a conversation between a user and an AI assistant."
+"""How the summary request's system prompt begins (a real model reads it as the task; the
+offline stand-in model recognises a summary request by it)."""
 SETTLE = 0.75
 """After compacting, the conversation is at most this share of ``at``."""
 CLEAR_MIN_TOKENS = 200
@@ -298,10 +300,8 @@ def summary_request(
 ) -> list[Message]:
     """The chat messages that ask for a summary of ``messages`` in at most ``limit`` tokens."""
     lines = [
-        SUMMARY_MARKER,
-        "You compact a conversation between a user and an AI assistant. The assistant will "
-        "continue from your summary alone, without the original messages, so keep everything "
-        "needed to go on:",
+        f"{SUMMARY_INSTRUCTION} The assistant will continue from your summary alone, without "
+        "the original messages, so keep everything needed to go on:",
         "- what the user asked for, with every constraint and preference they stated;",
         "- what was decided, and why;",
         "- what was done: tools called and what they returned, files, commands, results;",

@@ -64,13 +64,16 @@ class Compactor:
             raise TypeError(
                 f"compaction_policy must be a CompactionPolicy, not {type(policy).__name__}"
             )
-        policy.resolve(context_window(self._model))  # refuse one that cannot work for this model
+        policy.resolve(self._model_window())  # refuse one that cannot work for this model
         self._policy = policy
 
     @property
     def window(self) -> int:
         """Tokens compaction budgets against: the policy's `window`, else the model's."""
-        return self._policy.window or context_window(self._model)
+        return self._policy.window or self._model_window()
+
+    def _model_window(self) -> int:
+        return context_window(self._model, self._llm.context_windows())
 
     async def between_turns(
         self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int, runtime: Runtime

@@ -1,6 +1,6 @@
 """The LLM adapter: the official `openai` async client against any compatible endpoint.
 
-With no endpoint configured, the built-in offline model (hookbus.services.orchestrator.
+With no endpoint configured, the built-in offline model (hookbus.services.testing.
 offline_model) is started on loopback and reached through the very same client and
 HTTP path, so tests and demos exercise the production code path.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import openai
@@ -52,6 +52,15 @@ class LLM:
 
             return shared_offline_base_url()
         return self._base_url
+
+    def context_windows(self) -> Mapping[str, int]:
+        """Context windows this endpoint is known to have, by model name (the offline
+        model's own; none for a configured endpoint: the production table applies)."""
+        if self._base_url is None:
+            from hookbus.services.testing.offline_model import MODEL_WINDOWS
+
+            return MODEL_WINDOWS
+        return {}
 
     def client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()

@@ -195,9 +195,6 @@ def truncate_text(text: str, max_tokens: int) -> str:
 # Input context windows by model-name prefix; the longest matching prefix wins.
 # gpt-5 has a 400k window of which 272k are input: compaction budgets the input.
 CONTEXT_WINDOWS: Mapping[str, int] = {
-    "offline": 128_000,
-    "offline-small": 4_096,
-    "offline-tiny": 1_024,
     "gpt-5": 272_000,
     "gpt-5-chat": 128_000,
     "gpt-4.1": 1_047_576,

@@ -42,8 +42,9 @@ How the answer is chosen
 The *turn* is the last ``user`` message and everything after it; directives are read from
 that user message's text and hold for every call of the turn. In order:
 
-1. **Summary**: if a ``system`` (or ``developer``) message or the last user message contains
-   ``[[summarize]]``, the answer is ``"Summary: "`` followed by ``"<role>: <first 40 chars of
+1. **Summary**: if a ``system`` (or ``developer``) message begins with the instruction
+   hookbus's compaction sends (``compaction.SUMMARY_INSTRUCTION``), or a system message or
+   the last user message contains ``[[summarize]]``, the answer is ``"Summary: "`` followed by ``"<role>: <first 40 chars of
    its content>"`` for each non-system message, in order, joined by ``"; "`` (whitespace is
    collapsed; a message containing the marker is the instruction, not conversation, and is
    left out; an assistant message with only tool calls reads ``"[tool calls: a, b]"``). If a
@@ -113,6 +114,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from hookbus.services.openai_wire import Lenient, Message, StreamOptions, tool_pairing_problem
+from hookbus.services.orchestrator.compaction import SUMMARY_INSTRUCTION
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -545,6 +547,10 @@ def _summary_prompts(messages: Sequence[Message]) -> list[str]:
 
 
 def wants_summary(messages: Sequence[Message]) -> bool:
+    """A summary request: hookbus's compaction prompt (recognised by the instruction it
+    begins with, so production prompts carry no directive), or the `[[summarize]]` one."""
+    if any(m.role in _SYSTEM_ROLES and message_text(m).startswith(SUMMARY_INSTRUCTION) for m in messages):
+        return True
     return any(SUMMARY_MARKER in text for text in _summary_prompts(messages))
 
 

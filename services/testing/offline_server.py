@@ -19,9 +19,12 @@ import threading
 import time
 from types import TracebackType
 
+import structlog
 import uvicorn
 
 from hookbus.services.testing.offline_model import create_app
+
+log = structlog.get_logger("hookbus.offline_model")
 
 __all__ = ["OFFLINE_API_KEY", "OfflineModelServer", "shared_offline_base_url"]
 
@@ -154,6 +157,11 @@ def shared_offline_base_url() -> str:
             server = OfflineModelServer()
             server.start()
             _shared, _shared_pid = server, os.getpid()
+            log.warning(  # the one line that says answers come from a stand-in, not a model
+                "offline_model_in_use", base_url=server.base_url,
+                message="no OPENAI_BASE_URL set: answers come from hookbus's built-in offline "
+                "model, a deterministic stand-in for tests and demos (not an AI)",
+            )
         return _shared.base_url
 
 

@@ -22,7 +22,6 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from hookbus import Agent
-from hookbus.services.gateway import cancel_key
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.gateway.conftest import (
     BROKE_KEY,
@@ -264,7 +263,7 @@ async def test_a_disconnect_mid_stream_cancels_the_run_and_finalize_runs_once(ga
                 deltas += 1
                 if deltas >= 3:
                     break  # leaving the blocks closes the connection mid-stream
-    assert await wait_for(lambda: client.redis.exists(cancel_key(client.keys, response_id)), timeout=3)
+    assert await wait_for(lambda: client.redis.exists(client.keys.cancel(response_id)), timeout=3)
     data = await finalized(sessions, session)
     assert data["error"] == 499 and data["completion_id"] == response_id
     await asyncio.sleep(1.0)

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from hookbus import Agent, Compaction, CompactionPolicy
-from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_MARKER, is_summary
+from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_INSTRUCTION, is_summary
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.tokens import count_messages
 from hookbus.skills import HookError, Skill, hook, tool
@@ -55,7 +55,7 @@ class RecordingLLM(LLM):
 
 def _is_summary_request(messages: list[dict[str, Any]]) -> bool:
     first = messages[0] if messages else {}
-    return first.get("role") == "system" and SUMMARY_MARKER in str(first.get("content"))
+    return first.get("role") == "system" and SUMMARY_INSTRUCTION in str(first.get("content"))
 
 
 class Listener(Skill):
@@ -193,7 +193,7 @@ async def test_compact_if_needed_summarizes_the_older_part_exactly() -> None:
     )
     # one plain call, with the policy's summary model and no tools
     assert [(c["kind"], c["model"]) for c in llm.calls] == [("complete", "offline")]
-    assert SUMMARY_MARKER in llm.calls[0]["messages"][0]["content"]
+    assert SUMMARY_INSTRUCTION in llm.calls[0]["messages"][0]["content"]
     assert agent.last_compaction is outcome
     assert listener.calls == [(outcome, None)]
 

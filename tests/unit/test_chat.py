@@ -196,14 +196,13 @@ async def test_the_queue_chat_without_redis_says_how_to_get_one(monkeypatch, tmp
     assert "no Redis to talk to" in capsys.readouterr().err
 
 
-def test_the_chat_in_a_pseudo_terminal(redis_url, prefix, offline_llm_url) -> None:
+def test_the_chat_in_a_pseudo_terminal(redis_url, prefix) -> None:
     env = {
         key: value for key, value in os.environ.items()
-        if key not in ("HOOKBUS_LOG_LEVEL", "HOOKBUS_MEMORY_OWNER")
+        if key not in ("HOOKBUS_LOG_LEVEL", "HOOKBUS_MEMORY_OWNER", "OPENAI_BASE_URL")
     }
-    env.update(
+    env.update(  # no OPENAI_BASE_URL: the built-in offline model, which knows its window
         HOOKBUS_MODEL="offline-tiny",
-        OPENAI_BASE_URL=offline_llm_url,
         REDIS_URL=redis_url,
         HOOKBUS_PREFIX=prefix,
         PYTHONUNBUFFERED="1",

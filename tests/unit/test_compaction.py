@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from hookbus.services.orchestrator.compaction import (
     SUMMARY_HEADER,
-    SUMMARY_MARKER,
+    SUMMARY_INSTRUCTION,
     Compaction,
     CompactionPolicy,
     compact,
@@ -328,7 +328,8 @@ def test_summarizing_keeps_the_recent_part_verbatim() -> None:
 
     (request,) = summarize.requests
     system, user = request
-    assert system["role"] == "system" and SUMMARY_MARKER in system["content"]
+    assert system["role"] == "system" and system["content"].startswith(SUMMARY_INSTRUCTION)
+    assert "[[" not in system["content"]  # no offline-model directive reaches a real LLM
     assert "Keep file paths exact." in system["content"]
     assert "Focus:" not in system["content"]
     assert user["role"] == "user"
@@ -651,7 +652,7 @@ Summarize = Callable[[list[Message]], Awaitable[str]]
 def summarizers() -> st.SearchStrategy[Summarize]:
     def make(kind: str) -> Summarize:
         async def summarize(request: list[Message]) -> str:
-            assert SUMMARY_MARKER in request[0]["content"]
+            assert SUMMARY_INSTRUCTION in request[0]["content"]
             if kind == "raise":
                 raise ConnectionError("no route")
             return {"short": "A short summary.", "long": text(2_000, "long"), "empty": ""}[kind]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import threading
@@ -502,6 +503,19 @@ async def test_summary_from_system_marker(client: AsyncOpenAI) -> None:
     )
 
 
+async def test_the_compaction_prompt_is_a_summary_request_without_any_directive(client: AsyncOpenAI) -> None:
+    from hookbus.services.orchestrator.compaction import summary_request
+
+    conversation = [
+        {"role": "user", "content": "Plan a trip to Lisbon [[words:3]]"},
+        {"role": "assistant", "content": "Which dates?"},
+    ]
+    request = summary_request(conversation, limit=200, focus="the dates")
+    assert "[[" not in request[0]["content"]
+    completion = await ask(client, *request)
+    assert (completion.choices[0].message.content or "").startswith("Summary: Focus: the dates. user: ")
+
+
 async def test_summary_from_user_marker_leaves_the_instruction_out(client: AsyncOpenAI) -> None:
     question = user("[[tool:get_time]]")
     first = await ask(client, question, tools=[CLOCK_TOOL])
@@ -778,3 +792,24 @@ def test_shared_server_is_one_per_process_and_serves_any_event_loop() -> None:
 
 async def test_shared_server_from_the_running_loop() -> None:
     assert await _answer_via(shared_offline_base_url()) == "Offline model reply to: ping"
+
+
+def test_the_offline_model_is_announced_once_when_used() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio\n"
+        "from hookbus import Agent\n"
+        "async def main():\n"
+        "    for name in ('a', 'b'):\n"
+        "        await Agent(name).run('hello')\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_BASE_URL"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    output = done.stdout + done.stderr
+    assert output.count("offline_model_in_use") == 1, output
+    assert "not an AI" in output

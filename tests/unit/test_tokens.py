@@ -117,10 +117,6 @@ def test_truncate_text_keeps_a_prefix_within_the_limit() -> None:
         ("llama-2-7b", 4_096),
         ("mistral-large-latest", 131_072),
         ("qwen2.5-coder", 32_768),
-        ("offline", 128_000),
-        ("offline-small", 4_096),
-        ("offline-tiny", 1_024),
-        ("OFFLINE-TINY", 1_024),
         ("something-unheard-of", 128_000),
     ],
 )
@@ -248,3 +244,18 @@ def test_counting_a_long_conversation_again_is_fast() -> None:
     assert total > 90_000
     assert second < 0.2
     assert fresh < 0.2
+
+
+@pytest.mark.parametrize(
+    ("model", "window"), [("offline", 128_000), ("offline-small", 4_096), ("offline-tiny", 1_024), ("OFFLINE-TINY", 1_024)]
+)
+def test_the_offline_models_windows_come_from_the_offline_model_not_the_production_table(
+    model: str, window: int
+) -> None:
+    from hookbus import Agent
+    from hookbus.services.orchestrator.llm import LLM
+
+    assert context_window(model) == 128_000  # the production table knows no offline model
+    assert context_window(model, LLM().context_windows()) == window
+    assert Agent("a", model=model).context_window == window
+    assert LLM(base_url="http://127.0.0.1:1/v1").context_windows() == {}
