@@ -12,41 +12,23 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from typing import Any
 
 import redis.asyncio as aredis
 import structlog
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import Envelope
 from hookbus.bus.keys import Keys
 from hookbus.bus.periodic import cancel_and_wait
 from hookbus.bus.redis_values import text
+from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 
 log = structlog.get_logger("hookbus.registry")
 
 HEARTBEAT_EVERY = 2.0
 REPLICA_TTL = 10.0
 REFRESH_EVERY = 0.5
-
-
-class HookDescriptor(BaseModel):
-    skill: str
-    method: str
-    lifecycle: str
-    priority: int
-    scope: str = "all"
-    timeout: float | None = None
-    critical: bool = False
-
-
-class ToolDescriptor(BaseModel):
-    skill: str
-    name: str
-    parameters_schema: dict[str, Any] = Field(description="The OpenAI function tool schema.")
-    scope: str = "all"
-    timeout: float | None = None
 
 
 class GroupAnnouncement(Envelope):

@@ -1,7 +1,9 @@
 """The two decorators a skill author uses: `@hook` and `@tool`.
 
-Both only attach a small spec to the function; `Skill.__init_subclass__` collects them,
-so a mistake (an unknown lifecycle) fails when the class is defined, not at run time.
+Both only attach a descriptor (hookbus.skills.descriptors) to the function;
+`Skill.__init_subclass__` collects them, so a mistake (an unknown lifecycle) fails when the
+class is defined, not at run time. A tool also keeps the pydantic model its arguments are
+validated with.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 from hookbus.skills.lifecycle import check_lifecycle
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,37 +26,11 @@ TOOL_ATTR = "__hookbus_tool__"
 
 
 @dataclass(frozen=True)
-class HookSpec:
-    """How a hook method was declared."""
+class DeclaredTool:
+    """What `@tool` attaches: the tool's descriptor and the model its arguments are validated with."""
 
-    lifecycle: str
-    priority: int
-    scope: str
-    timeout: float | None
-    critical: bool
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """An OpenAI function tool built from a method's signature."""
-
-    name: str
-    description: str
-    scope: str
-    timeout: float | None
+    descriptor: ToolDescriptor
     arguments: type[BaseModel]
-
-    def openai_schema(self) -> dict[str, Any]:
-        parameters = self.arguments.model_json_schema()
-        parameters.pop("title", None)
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": parameters,
-            },
-        }
 
 
 def hook(
@@ -73,10 +50,12 @@ def hook(
     check_lifecycle(lifecycle)
     if timeout is not None and timeout <= 0:
         raise ValueError(f"hook timeout must be positive, got {timeout}")
-    spec = HookSpec(lifecycle, int(priority), scope, timeout, critical)
+    descriptor = HookDescriptor(
+        lifecycle=lifecycle, priority=int(priority), scope=scope, timeout=timeout, critical=critical
+    )
 
     def decorate(method: F) -> F:
-        setattr(method, HOOK_ATTR, spec)
+        setattr(method, HOOK_ATTR, descriptor)
         return method
 
     return decorate
@@ -97,19 +76,19 @@ def tool(
     """
 
     def decorate(fn: F) -> F:
-        setattr(fn, TOOL_ATTR, build_tool_spec(fn, name, description, scope, timeout))
+        setattr(fn, TOOL_ATTR, declare_tool(fn, name, description, scope, timeout))
         return fn
 
     return decorate(method) if method is not None else decorate
 
 
-def build_tool_spec(
+def declare_tool(
     fn: Callable[..., Any],
     name: str | None = None,
     description: str | None = None,
     scope: str = "all",
     timeout: float | None = None,
-) -> ToolSpec:
+) -> DeclaredTool:
     doc = inspect.getdoc(fn) or ""
     summary, arg_docs = _parse_docstring(doc)
     hints = get_type_hints(fn)
@@ -129,7 +108,19 @@ def build_tool_spec(
     arguments = create_model(  # type: ignore[call-overload]
         f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
     )
-    return ToolSpec(tool_name, description or summary or tool_name, scope, timeout, arguments)
+    parameters = arguments.model_json_schema()
+    parameters.pop("title", None)
+    schema = {
+        "type": "function",
+        "function": {
+            "name": tool_name,
+            "description": description or summary or tool_name,
+            "parameters": parameters,
+        },
+    }
+    return DeclaredTool(
+        ToolDescriptor(name=tool_name, parameters_schema=schema, scope=scope, timeout=timeout), arguments
+    )
 
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")

@@ -86,7 +86,7 @@ async def run_hooks(
         saved_fields, saved_state = _snapshot(result.data), copy.deepcopy(ctx.state)
         started = time.perf_counter()
         try:
-            returned = await _call(bound.fn, (result.data, ctx), bound.spec.timeout)
+            returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout)
             if returned is not None and not isinstance(returned, HookData):
                 raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
         except HookError as exc:
@@ -99,10 +99,10 @@ async def run_hooks(
             return result
         except Exception as exc:  # noqa: BLE001 - a hook's failure is data, not a crash
             _restore(result.data, saved_fields, ctx, saved_state)
-            message = _describe(exc, bound.spec.timeout)
+            message = _describe(exc, bound.descriptor.timeout)
             log.warning("hook_failed", hook=bound.key, lifecycle=lifecycle, error=message, completion_id=ctx.completion_id)
             kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.ERROR
-            if _fail(result, lifecycle, bound.key, bound.spec.critical, message) == "unchanged":
+            if _fail(result, lifecycle, bound.key, bound.descriptor.critical, message) == "unchanged":
                 result.outcomes.append(_outcome(bound.key, started, kind, message))
                 continue
             result.outcomes.append(

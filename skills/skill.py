@@ -12,30 +12,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hookbus.skills.decorators import HOOK_ATTR, TOOL_ATTR, HookSpec, ToolSpec
+from pydantic import BaseModel
+
+from hookbus.skills.decorators import HOOK_ATTR, TOOL_ATTR, DeclaredTool
+from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 
 
 @dataclass(frozen=True)
 class BoundHook:
-    """A hook method of one skill instance, ready to call."""
+    """A hook method of one skill instance, ready to call, with its descriptor."""
 
-    skill: str
-    method: str
-    spec: HookSpec
+    descriptor: HookDescriptor
     fn: Callable[..., Any]
 
     @property
     def key(self) -> str:
-        return f"{self.skill}.{self.method}"
+        return self.descriptor.key
 
 
 @dataclass(frozen=True)
 class BoundTool:
-    """A tool method of one skill instance, ready to call."""
+    """A tool method of one skill instance, ready to call, with its descriptor and the
+    model its arguments are validated with."""
 
-    skill: str
-    method: str
-    spec: ToolSpec
+    descriptor: ToolDescriptor
+    arguments: type[BaseModel]
     fn: Callable[..., Any]
     wants_ctx: bool
 
@@ -48,15 +49,15 @@ class Skill:
     """
 
     name: ClassVar[str] = ""
-    _hook_specs: ClassVar[tuple[tuple[str, HookSpec], ...]] = ()
-    _tool_specs: ClassVar[tuple[tuple[str, ToolSpec], ...]] = ()
+    _hook_specs: ClassVar[tuple[tuple[str, HookDescriptor], ...]] = ()
+    _tool_specs: ClassVar[tuple[tuple[str, DeclaredTool], ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not cls.__dict__.get("name"):
             cls.name = _kebab(cls.__name__)
-        hook_specs: dict[str, HookSpec] = {}
-        tool_specs: dict[str, ToolSpec] = {}
+        hook_specs: dict[str, HookDescriptor] = {}
+        tool_specs: dict[str, DeclaredTool] = {}
         for klass in reversed(cls.__mro__):
             for attr, value in vars(klass).items():
                 if (spec := getattr(value, HOOK_ATTR, None)) is not None:
@@ -68,7 +69,7 @@ class Skill:
 
     def bound_hooks(self) -> list[BoundHook]:
         return [
-            BoundHook(self.name, method, spec, getattr(self, method))
+            BoundHook(spec.model_copy(update={"skill": self.name, "method": method}), getattr(self, method))
             for method, spec in self._hook_specs
         ]
 
@@ -77,7 +78,8 @@ class Skill:
         for method, spec in self._tool_specs:
             fn = getattr(self, method)
             wants_ctx = "ctx" in inspect.signature(fn).parameters
-            bound.append(BoundTool(self.name, method, spec, fn, wants_ctx))
+            descriptor = spec.descriptor.model_copy(update={"skill": self.name})
+            bound.append(BoundTool(descriptor, spec.arguments, fn, wants_ctx))
         return bound
 
     @classmethod

@@ -34,27 +34,27 @@ def parse_arguments(name: str, raw: str | None) -> dict[str, Any]:
 async def invoke_tool(bound: BoundTool, arguments: dict[str, Any], ctx: Context) -> str:
     """Validate `arguments` against the tool's schema, call it, and render its result."""
     try:
-        validated = bound.spec.arguments.model_validate(arguments)
+        validated = bound.arguments.model_validate(arguments)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
             for err in exc.errors()
         )
-        raise ToolProblem(f"invalid arguments for tool {bound.spec.name!r}: {problems}") from exc
+        raise ToolProblem(f"invalid arguments for tool {bound.descriptor.name!r}: {problems}") from exc
     kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
     if bound.wants_ctx:
         kwargs["ctx"] = ctx
     try:
         if inspect.iscoroutinefunction(bound.fn):
-            result = await asyncio.wait_for(bound.fn(**kwargs), bound.spec.timeout)
-        elif bound.spec.timeout is None:
+            result = await asyncio.wait_for(bound.fn(**kwargs), bound.descriptor.timeout)
+        elif bound.descriptor.timeout is None:
             result = bound.fn(**kwargs)
         else:
-            result = await asyncio.wait_for(asyncio.to_thread(bound.fn, **kwargs), bound.spec.timeout)
+            result = await asyncio.wait_for(asyncio.to_thread(bound.fn, **kwargs), bound.descriptor.timeout)
     except TimeoutError as exc:
-        raise ToolProblem(f"tool {bound.spec.name!r} timed out after {bound.spec.timeout}s") from exc
+        raise ToolProblem(f"tool {bound.descriptor.name!r} timed out after {bound.descriptor.timeout}s") from exc
     except Exception as exc:  # noqa: BLE001 - the model hears about it instead
-        raise ToolProblem(f"tool {bound.spec.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ToolProblem(f"tool {bound.descriptor.name!r} failed: {type(exc).__name__}: {exc}") from exc
     return render_result(result)
 
 

@@ -407,7 +407,7 @@ class Agent:
         name = str(function.get("name", ""))
         tool = state.plan.tools.get(name)
         try:
-            if tool is None or not state.ctx.allows(tool.scope):
+            if tool is None or not state.ctx.allows(tool.descriptor.scope):
                 known = ", ".join(sorted(state.plan.tools)) or "none"
                 raise ToolProblem(f"unknown tool {name!r}; available tools: {known}")
             arguments = parse_arguments(name, function.get("arguments"))

@@ -29,7 +29,7 @@ from hookbus.bus.keys import Keys
 from hookbus.bus.registry import RegistryView
 from hookbus.bus.router import HopTimeout, ReplyRouter
 from hookbus.bus.sessions import SessionStore
-from hookbus.services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
+from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookData, HookError
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
@@ -63,36 +63,27 @@ class BusRuntime:
         self.default_timeout = default_timeout
         self.epoch = 0
         self.hops = 0
-        self._remote_cache: tuple[int, tuple[RemoteHook, ...], tuple[RemoteTool, ...]] | None = None
+        self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
 
     # ------------------------------------------------------------- registry view
 
     def remote_version(self) -> int:
         return self.registry.version
 
-    def remote_hooks(self) -> Sequence[RemoteHook]:
+    def remote_hooks(self) -> Sequence[PlannedHook]:
         return self._remote()[1]
 
-    def remote_tools(self) -> Sequence[RemoteTool]:
+    def remote_tools(self) -> Sequence[PlannedTool]:
         return self._remote()[2]
 
-    def _remote(self) -> tuple[int, tuple[RemoteHook, ...], tuple[RemoteTool, ...]]:
+    def _remote(self) -> tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]]:
         version = self.registry.version
         if self._remote_cache is None or self._remote_cache[0] != version:
-            hooks: list[RemoteHook] = []
-            tools: list[RemoteTool] = []
-            for rank, (group, announcement) in enumerate(self.registry.groups.items()):
-                hooks.extend(
-                    RemoteHook(
-                        group, h.skill, h.method, h.lifecycle, h.priority, h.scope, h.timeout,
-                        h.critical, rank, index,
-                    )
-                    for index, h in enumerate(announcement.hooks)
-                )
-                tools.extend(
-                    RemoteTool(group, t.name, t.parameters_schema, t.scope, t.timeout)
-                    for t in announcement.tools
-                )
+            hooks: list[PlannedHook] = []
+            tools: list[PlannedTool] = []
+            for group, announcement in self.registry.groups.items():  # registry order = tie-break
+                hooks.extend(PlannedHook(h, group) for h in announcement.hooks)
+                tools.extend(PlannedTool(t, group) for t in announcement.tools)
             self._remote_cache = (version, tuple(hooks), tuple(tools))
         return self._remote_cache
 
@@ -112,7 +103,7 @@ class BusRuntime:
             completion_id=ctx.completion_id,
             lifecycle=data.lifecycle,
             stage_key=stage_key,
-            hooks=[HookRef(skill=h.remote.skill, method=h.remote.method) for h in segment.hooks if h.remote],
+            hooks=[HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks],
             ctx={},
             reply_to=self.router.reply_stream,
             deadline=time.time() + timeout,

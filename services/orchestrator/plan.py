@@ -15,50 +15,30 @@ from itertools import groupby
 from typing import Any
 
 from hookbus.skills import LIFECYCLES
+from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 from hookbus.skills.skill import BoundHook, BoundTool
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteHook:
-    """A hook a worker group announced; enough to order it and address its hop."""
+class PlannedHook:
+    """A hook in the plan: its descriptor, and where it runs (`group` None: in this process,
+    through `local`)."""
 
-    group: str
-    skill: str
-    method: str
-    lifecycle: str
-    priority: int
-    scope: str = "all"
-    timeout: float | None = None
-    critical: bool = False
-    group_rank: int = 0
-    index: int = 0
+    descriptor: HookDescriptor
+    group: str | None = None
+    local: BoundHook | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.skill}.{self.method}"
+        return self.descriptor.key
 
+    @property
+    def critical(self) -> bool:
+        return self.descriptor.critical
 
-@dataclass(frozen=True, slots=True)
-class RemoteTool:
-    """A tool served by a worker group."""
-
-    group: str
-    name: str
-    schema: dict[str, Any]
-    scope: str = "all"
-    timeout: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedHook:
-    key: str
-    priority: int
-    scope: str
-    timeout: float | None
-    critical: bool
-    group: str | None
-    local: BoundHook | None
-    remote: RemoteHook | None
+    @property
+    def timeout(self) -> float | None:
+        return self.descriptor.timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +54,19 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class PlannedTool:
-    name: str
-    schema: dict[str, Any]
-    scope: str
-    group: str | None
-    local: BoundTool | None
-    timeout: float | None
+    """A tool in the catalogue: its descriptor, and where it runs (`group` None: `local`)."""
+
+    descriptor: ToolDescriptor
+    group: str | None = None
+    local: BoundTool | None = None
+
+    @property
+    def name(self) -> str:
+        return self.descriptor.name
+
+    @property
+    def timeout(self) -> float | None:
+        return self.descriptor.timeout
 
 
 @dataclass
@@ -95,39 +82,23 @@ class HookPlan:
         cls,
         local_hooks: Sequence[BoundHook],
         local_tools: Sequence[BoundTool],
-        remote_hooks: Iterable[RemoteHook] = (),
-        remote_tools: Iterable[RemoteTool] = (),
+        remote_hooks: Iterable[PlannedHook] = (),
+        remote_tools: Iterable[PlannedTool] = (),
     ) -> HookPlan:
-        ranked: list[tuple[tuple[int, int, int, int], str, PlannedHook]] = []
+        """`remote_hooks` in the order groups first registered, each group's in the order
+        it announced them (that order breaks priority ties after the in-process hooks)."""
+        ranked: list[tuple[tuple[int, int, int], PlannedHook]] = []
         for index, bound in enumerate(local_hooks):
-            spec = bound.spec
-            planned = PlannedHook(
-                bound.key, spec.priority, spec.scope, spec.timeout, spec.critical, None, bound, None
-            )
-            ranked.append(((spec.priority, 0, 0, index), spec.lifecycle, planned))
-        for remote in remote_hooks:
-            planned = PlannedHook(
-                remote.key, remote.priority, remote.scope, remote.timeout, remote.critical,
-                remote.group, None, remote,
-            )
-            rank = (remote.priority, 1, remote.group_rank, remote.index)
-            ranked.append((rank, remote.lifecycle, planned))
+            ranked.append(((bound.descriptor.priority, 0, index), PlannedHook(bound.descriptor, None, bound)))
+        for index, remote in enumerate(remote_hooks):
+            ranked.append(((remote.descriptor.priority, 1, index), remote))
         ranked.sort(key=lambda item: item[0])
         by_lifecycle = {
-            name: tuple(p for _, lc, p in ranked if lc == name) for name in LIFECYCLES
+            name: tuple(p for _, p in ranked if p.descriptor.lifecycle == name) for name in LIFECYCLES
         }
-        tools: dict[str, PlannedTool] = {}
-        for remote_tool in remote_tools:
-            tools[remote_tool.name] = PlannedTool(
-                remote_tool.name, remote_tool.schema, remote_tool.scope, remote_tool.group,
-                None, remote_tool.timeout,
-            )
+        tools = {tool.name: tool for tool in remote_tools}
         for bound_tool in local_tools:  # in-process tools win a name clash
-            tool_spec = bound_tool.spec
-            tools[tool_spec.name] = PlannedTool(
-                tool_spec.name, tool_spec.openai_schema(), tool_spec.scope, None, bound_tool,
-                tool_spec.timeout,
-            )
+            tools[bound_tool.descriptor.name] = PlannedTool(bound_tool.descriptor, None, bound_tool)
         return cls(by_lifecycle, tools)
 
     def segments(self, lifecycle: str, scopes: Sequence[str]) -> tuple[Segment, ...]:
@@ -136,7 +107,8 @@ class HookPlan:
         if cached is None:
             allowed = set(scopes)
             hooks = [
-                h for h in self.by_lifecycle[lifecycle] if h.scope == "all" or h.scope in allowed
+                h for h in self.by_lifecycle[lifecycle]
+                if h.descriptor.scope == "all" or h.descriptor.scope in allowed
             ]
             cached = tuple(
                 Segment(group, tuple(members))
@@ -148,5 +120,6 @@ class HookPlan:
     def tool_schemas(self, scopes: Sequence[str]) -> list[dict[str, Any]]:
         allowed = set(scopes)
         return [
-            t.schema for t in self.tools.values() if t.scope == "all" or t.scope in allowed
+            t.descriptor.parameters_schema for t in self.tools.values()
+            if t.descriptor.scope == "all" or t.descriptor.scope in allowed
         ]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from hookbus.services.orchestrator.plan import PlannedTool, RemoteHook, RemoteTool, Segment
+from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookData
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.outcome import Outcome
@@ -27,9 +27,9 @@ class Runtime(Protocol):
     def remote_version(self) -> int:
         """Changes whenever the set of remote hooks or tools changes."""
 
-    def remote_hooks(self) -> Sequence[RemoteHook]: ...
+    def remote_hooks(self) -> Sequence[PlannedHook]: ...
 
-    def remote_tools(self) -> Sequence[RemoteTool]: ...
+    def remote_tools(self) -> Sequence[PlannedTool]: ...
 
     async def hop(
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
@@ -67,10 +67,10 @@ class LocalRuntime:
     def remote_version(self) -> int:
         return 0
 
-    def remote_hooks(self) -> Sequence[RemoteHook]:
+    def remote_hooks(self) -> Sequence[PlannedHook]:
         return ()
 
-    def remote_tools(self) -> Sequence[RemoteTool]:
+    def remote_tools(self) -> Sequence[PlannedTool]:
         return ()
 
     async def hop(

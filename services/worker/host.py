@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import structlog
 
 from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
-from hookbus.bus.registry import GroupAnnouncement, HookDescriptor, ToolDescriptor
+from hookbus.bus.registry import GroupAnnouncement
 from hookbus.skills import Context, HookData, Skill
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.runner import run_hooks, run_listeners
@@ -36,7 +36,7 @@ class GroupHost:
             h.key: h for skill in self.skills for h in skill.bound_hooks()
         }
         self.tools: dict[str, BoundTool] = {
-            t.spec.name: t for skill in self.skills for t in skill.bound_tools()
+            t.descriptor.name: t for skill in self.skills for t in skill.bound_tools()
         }
         self.compaction: dict[str, Skill] = {
             skill.name: skill for skill in self.skills if skill.handles_compaction()
@@ -45,21 +45,8 @@ class GroupHost:
     def announcement(self) -> GroupAnnouncement:
         return GroupAnnouncement(
             group=self.group,
-            hooks=[
-                HookDescriptor(
-                    skill=h.skill, method=h.method, lifecycle=h.spec.lifecycle,
-                    priority=h.spec.priority, scope=h.spec.scope, timeout=h.spec.timeout,
-                    critical=h.spec.critical,
-                )
-                for h in self.hooks.values()
-            ],
-            tools=[
-                ToolDescriptor(
-                    skill=t.skill, name=t.spec.name, parameters_schema=t.spec.openai_schema(),
-                    scope=t.spec.scope, timeout=t.spec.timeout,
-                )
-                for t in self.tools.values()
-            ],
+            hooks=[h.descriptor for h in self.hooks.values()],
+            tools=[t.descriptor for t in self.tools.values()],
             compaction=list(self.compaction),
         )
 

@@ -11,9 +11,10 @@ from hookbus import Agent
 from hookbus.bus.envelopes import HopEvent, HopReply, MonitorRecord, decode, encode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.limits import RequestLimits
-from hookbus.bus.registry import GroupAnnouncement, HookDescriptor, announce, heartbeat
+from hookbus.bus.registry import GroupAnnouncement, announce, heartbeat
 from hookbus.services.monitor import recent_events
 from hookbus.skills import Context, HookData, Skill, hook
+from hookbus.skills.descriptors import HookDescriptor
 from tests.faults.helpers import pending, read_until_terminal
 from tests.integration.stack import running_stack, wait_for_groups
 

@@ -167,7 +167,7 @@ async def test_split_hops_reply_without_data_unless_the_hooks_changed_it():
     for skill, changed in ((Looker(), False), (Changer(), True)):
         event = HopEvent(
             hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0",
-            hooks=[HookRef(skill=skill.name, method=next(iter(skill.bound_hooks())).method)],
+            hooks=[HookRef(skill=skill.name, method=next(iter(skill.bound_hooks())).descriptor.method)],
             ctx={}, reply_to="r", deadline=time.time() + 5,
         )
         fields = encode_hop(event, data.model_dump_json().encode(), ctx.model_dump_json().encode())

@@ -188,7 +188,7 @@ async def test_without_redis_the_run_goes_on_and_the_tools_say_so(monkeypatch) -
 
 
 def test_the_tools_schemas_ask_the_model_only_for_query_and_limit() -> None:
-    tools = {t.spec.name: t.spec.openai_schema() for t in MemorySkill(redis_url="redis://x").bound_tools()}
+    tools = {t.descriptor.name: t.descriptor.parameters_schema for t in MemorySkill(redis_url="redis://x").bound_tools()}
     search = tools["search_memory"]["function"]["parameters"]
     assert set(search["properties"]) == {"query", "limit"} and search["required"] == ["query"]
     assert set(tools["list_memory"]["function"]["parameters"]["properties"]) == {"limit"}

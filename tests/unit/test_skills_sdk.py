@@ -57,8 +57,8 @@ class WeatherSkill(Skill):
 
 
 def test_tool_schema_comes_from_signature_hints_defaults_and_docstring():
-    (method, spec), = WeatherSkill._tool_specs
-    schema = spec.openai_schema()
+    (tool_descriptor,) = [t.descriptor for t in WeatherSkill().bound_tools()]
+    schema = tool_descriptor.parameters_schema
     function = schema["function"]
     assert schema["type"] == "function"
     assert function["name"] == "forecast"
@@ -83,9 +83,10 @@ def test_tool_name_scope_and_description_can_be_set():
         def find(self, key: str, ctx: Context) -> str:
             return key
 
-    (_, spec), = Named._tool_specs
-    assert (spec.name, spec.description, spec.scope) == ("lookup", "Look a thing up.", "admin")
-    assert "ctx" not in spec.openai_schema()["function"]["parameters"]["properties"]
+    (descriptor,) = [t.descriptor for t in Named().bound_tools()]
+    function = descriptor.parameters_schema["function"]
+    assert (descriptor.name, function["description"], descriptor.scope) == ("lookup", "Look a thing up.", "admin")
+    assert "ctx" not in function["parameters"]["properties"]
     assert Named().bound_tools()[0].wants_ctx is True
 
 
@@ -109,7 +110,7 @@ def test_hooks_are_collected_in_definition_order_with_inherited_first():
         def second(self, data, ctx):
             return data
 
-    assert [h.method for h in Child().bound_hooks()] == ["first", "second"]
+    assert [h.descriptor.method for h in Child().bound_hooks()] == ["first", "second"]
     assert Child().bound_hooks()[0].key == "child.first"
 
 
@@ -143,3 +144,36 @@ def test_hook_error_has_an_openai_style_body():
 def test_hook_rejects_a_non_positive_timeout():
     with pytest.raises(ValueError, match="timeout must be positive"):
         hook("on_message", timeout=0)
+
+
+def test_one_descriptor_type_from_the_decorator_through_the_announcement_to_the_plan():
+    from hookbus.bus.registry import GroupAnnouncement
+    from hookbus.services.orchestrator.plan import HookPlan, PlannedHook, PlannedTool
+    from hookbus.services.worker.host import GroupHost
+    from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
+
+    class Ledger(Skill):
+        name = "ledger"
+
+        @hook("on_connection", 7, scope="paid", timeout=2.0, critical=True)
+        async def check(self, data, ctx):
+            return None
+
+        @tool(scope="paid")
+        def balance(self, account: str) -> int:
+            """Look up a balance."""
+            return 1
+
+    skill = Ledger()
+    (bound,) = skill.bound_hooks()
+    (bound_tool,) = skill.bound_tools()
+    wire = GroupAnnouncement.model_validate_json(GroupHost("g", [skill]).announcement().model_dump_json())
+    assert wire.hooks == [bound.descriptor] and type(wire.hooks[0]) is HookDescriptor
+    assert wire.tools == [bound_tool.descriptor] and type(wire.tools[0]) is ToolDescriptor
+    assert bound.descriptor == HookDescriptor(
+        skill="ledger", method="check", lifecycle="on_connection", priority=7, scope="paid",
+        timeout=2.0, critical=True,
+    )
+    plan = HookPlan.build([], [], [PlannedHook(h, "g") for h in wire.hooks], [PlannedTool(t, "g") for t in wire.tools])
+    assert plan.by_lifecycle["on_connection"][0].descriptor is wire.hooks[0]
+    assert plan.tool_schemas(["paid"]) == [bound_tool.descriptor.parameters_schema]
