@@ -29,13 +29,12 @@ dropped for the same reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
 
-from hookbus.bus.periodic import repeat
 from hookbus.bus.redis_values import text
 
 MIN_LONG_IDLE = 60.0
@@ -92,20 +91,6 @@ class Steadiness:
         return now - self._since >= self.grace
 
 
-async def claim_forever(
-    claim_once: Callable[[], Awaitable[int]], claim_idle: float, steadiness: Steadiness
-) -> None:
-    """Call `claim_once` every `claim_idle / 2` seconds, while the connection is steady.
-
-    Just after trouble reaching Redis, live peers may not have refreshed their heartbeats
-    yet, so nothing is claimed until the grace has passed.
-    """
-    await repeat(
-        claim_idle / 2, claim_once, what="claim",
-        when=steadiness.steady, on_trouble=steadiness.trouble,
-    )
-
-
 @dataclass(frozen=True)
 class Orphan:
     entry_id: str
@@ -124,47 +109,59 @@ class Claimed:
     previous_owner: str
 
 
-async def find_orphans(
-    client: aredis.Redis,
-    stream: str,
-    group: str,
-    *,
-    me: str,
-    heartbeats: str,
-    claim_idle: float,
-    uptime: float,
-    busy: Container[str] = (),
-    spare: bool = False,
-    long_idle: float | None = None,
-    count: int = 1000,
-) -> list[Orphan]:
-    """Pending entries of `group` that should be taken over (see the module docstring).
+@dataclass(frozen=True)
+class OrphanRules:
+    """Which pending entries of one consumer group this consumer takes over (see the module
+    docstring): the group, who "me" is, where the heartbeats are, and the idle thresholds."""
 
-    `heartbeats` is the sorted set of consumer -> last heartbeat; `busy` the entries this
-    consumer is working on now; `spare` whether it could take more work right now (then
-    it holds no prefetched entry); `uptime` seconds since this process started consuming.
-    """
-    idle_ms = int(claim_idle * 1000)
+    stream: str
+    group: str
+    me: str
+    heartbeats: str
+    """The sorted set of consumer -> last heartbeat (unix seconds)."""
+    claim_idle: float
+    long_idle: float | None = None
+    count: int = 1000
+    """Pending entries looked at per pass."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What this consumer is doing right now, as the orphan rules need to know it."""
+
+    busy: Container[str]
+    """The entries it is working on."""
+    spare: bool
+    """Whether it could take more work now (then it holds no prefetched entry)."""
+    uptime: float
+    """Seconds since this process started consuming."""
+
+
+async def find_orphans(client: aredis.Redis, rules: OrphanRules, now: Workload) -> list[Orphan]:
+    """Pending entries of the group that should be taken over (see the module docstring)."""
+    idle_ms = int(rules.claim_idle * 1000)
     pending: list[dict[str, Any]] = await client.xpending_range(  # type: ignore[assignment]
-        stream, group, min="-", max="+", count=count, idle=idle_ms
+        rules.stream, rules.group, min="-", max="+", count=rules.count, idle=idle_ms
     )
     if not pending:
         return []
-    long_ms = int((long_idle or long_idle_for(claim_idle)) * 1000)
-    others = sorted({text(p["consumer"]) for p in pending} - {me})
-    scores = await client.zmscore(heartbeats, others) if others else []
-    now = time.time()
-    alive = {c for c, s in zip(others, scores, strict=True) if s is not None and now - float(s) < claim_idle}
-    uptime_ms = uptime * 1000
+    long_ms = int((rules.long_idle or long_idle_for(rules.claim_idle)) * 1000)
+    others = sorted({text(p["consumer"]) for p in pending} - {rules.me})
+    scores = await client.zmscore(rules.heartbeats, others) if others else []
+    wall = time.time()
+    alive = {
+        c for c, s in zip(others, scores, strict=True) if s is not None and wall - float(s) < rules.claim_idle
+    }
+    uptime_ms = now.uptime * 1000
     orphans = []
     for p in pending:
         entry_id = text(p["message_id"])
-        if entry_id in busy:
+        if entry_id in now.busy:
             continue
         consumer = text(p["consumer"])
         idle = int(p["time_since_delivered"])
-        if consumer == me:
-            orphan = spare or idle > uptime_ms or idle > long_ms
+        if consumer == rules.me:
+            orphan = now.spare or idle > uptime_ms or idle > long_ms
         else:
             orphan = consumer not in alive or idle > long_ms
         if orphan:
@@ -172,20 +169,13 @@ async def find_orphans(
     return orphans
 
 
-async def claim(
-    client: aredis.Redis,
-    stream: str,
-    group: str,
-    me: str,
-    orphans: list[Orphan],
-    claim_idle: float,
-) -> list[Claimed]:
+async def claim(client: aredis.Redis, rules: OrphanRules, orphans: list[Orphan]) -> list[Claimed]:
     """XCLAIM the orphans (those still idle: a racing claimer wins each entry only once)."""
     if not orphans:
         return []
     by_id = {o.entry_id: o for o in orphans}
     entries: list[Any] = await client.xclaim(  # type: ignore[assignment]
-        stream, group, me, int(claim_idle * 1000), list(by_id), idle=None  # type: ignore[arg-type]
+        rules.stream, rules.group, rules.me, int(rules.claim_idle * 1000), list(by_id), idle=None  # type: ignore[arg-type]
     )
     claimed = []
     for entry_id, fields in entries:

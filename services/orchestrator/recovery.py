@@ -1,7 +1,10 @@
 """Orchestrator crash recovery: claiming requests a lost orchestrator left pending,
 renewing the lease on the requests this one runs, and the `requests` janitor.
 
-Three background loops per orchestrator (the claims and the janitor on its event loop):
+The loops are the ones every consumer-group member runs (hookbus.bus.group_member, shared
+with the worker replicas); the heartbeat and the lease renewal run on the orchestrator's
+liveness thread (bus/liveness.py) instead of its event loop. What an orchestrator does in
+them:
 
 - **claims** (every `claim_idle / 2` s): pending `requests` entries whose orchestrator is
   dead (no heartbeat for `claim_idle` s), or idle far too long, are claimed (see
@@ -27,19 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Protocol
 
 import redis
 import redis.asyncio as aredis
 import structlog
 
-from hookbus.bus.claims import Claimed, Steadiness, claim, claim_forever, find_orphans
+from hookbus.bus.claims import Claimed, OrphanRules
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import add_dead_letter
 from hookbus.bus.envelopes import RequestEnvelope
+from hookbus.bus.group_member import GroupMember
 from hookbus.bus.journal import Journal, Lease, Leases
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
-from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.redis_values import text
 from hookbus.bus.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.services.orchestrator.run_table import Running, RunTable
@@ -58,14 +62,11 @@ class RecoveryHost(Protocol):
     claim_idle: float
     max_deliveries: int
     trim_every: float
-    steadiness: Steadiness
     runs: RunTable
     journal: Journal | None
 
     @property
     def client(self) -> aredis.Redis: ...
-
-    def uptime(self) -> float: ...
 
     async def admit(self, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
 
@@ -85,63 +86,54 @@ class RecoveryHost(Protocol):
 
 
 class Recovery:
+    """The orchestrator as a member of group `orchestrators`: its claim and janitor loops
+    (hookbus.bus.group_member), its lease renewal (run by the liveness thread), and what it
+    does with a claimed request."""
+
     def __init__(self, service: RecoveryHost) -> None:
         self.service = service
-        self._claim_task: asyncio.Task[None] | None = None
-        self._recoveries: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.claimed = 0
+        keys = service.keys
+        self.member = GroupMember(
+            OrphanRules(
+                keys.requests, ORCHESTRATOR_GROUP, service.instance, keys.orchestrators,
+                service.claim_idle, count=max(100, service.concurrency * 4),
+            ),
+            client=lambda: service.client, concurrency=service.concurrency,
+            trim_every=service.trim_every, busy=lambda: service.runs,
+            tidy=self.janitor_once, take_over=self._take_over,
+        )
         self.recovered = 0
         self.resumed = 0
         self.trimmed = 0
 
-    def start(self) -> list[asyncio.Task[Any]]:
-        """The loops to run; the claim loop is kept apart so shutdown can stop it first."""
+    @property
+    def claimed(self) -> int:
+        return self.member.claimed
+
+    def start(self) -> None:
+        """The claim and janitor loops, on this event loop."""
         self._loop = asyncio.get_running_loop()
-        self._claim_task = asyncio.create_task(self._claim_loop(), name="hookbus-claims")
-        return [asyncio.create_task(self._janitor_loop(), name="hookbus-janitor")]
+        self.member.start()
 
     async def stop_claiming(self) -> None:
-        await cancel_and_wait(self._claim_task)
-        self._claim_task = None
+        await self.member.stop("claim")
 
     async def wait_recoveries(self, timeout: float) -> None:
         await self.stop_claiming()
-        if self._recoveries:
-            await asyncio.wait(set(self._recoveries), timeout=timeout)
+        await self.member.wait_taken(timeout)
+
+    async def stop(self) -> None:
+        await self.member.stop()
 
     # ------------------------------------------------------------------ claims
 
-    async def _claim_loop(self) -> None:
-        await claim_forever(self.claim_once, self.service.claim_idle, self.service.steadiness)
-
-    async def claim_once(self) -> int:
-        service = self.service
-        keys = service.keys
-        began = time.monotonic()
-        orphans = await find_orphans(
-            service.client, keys.requests, ORCHESTRATOR_GROUP, me=service.instance,
-            heartbeats=keys.orchestrators, claim_idle=service.claim_idle,
-            uptime=service.uptime(), busy=service.runs,
-            spare=len(service.runs) < service.concurrency, count=max(100, service.concurrency * 4),
+    def _take_over(self, entry: Claimed) -> Awaitable[None]:
+        log.info(
+            "request_claimed", entry_id=entry.entry_id, previous_owner=entry.previous_owner,
+            attempt=entry.attempt,
         )
-        service.steadiness.call_took(began)
-        if not orphans or not service.steadiness.steady():
-            return 0
-        claimed = await claim(
-            service.client, keys.requests, ORCHESTRATOR_GROUP, service.instance,
-            orphans[: service.concurrency], service.claim_idle,
-        )
-        for entry in claimed:
-            log.info(
-                "request_claimed", entry_id=entry.entry_id, previous_owner=entry.previous_owner,
-                attempt=entry.attempt,
-            )
-            task = asyncio.create_task(self.recover(entry), name=f"recover-{entry.entry_id}")
-            self._recoveries.add(task)
-            task.add_done_callback(self._recoveries.discard)
-        self.claimed += len(claimed)
-        return len(claimed)
+        return self.recover(entry)
 
     async def recover(self, entry: Claimed) -> None:
         service = self.service
@@ -213,16 +205,13 @@ class Recovery:
                 self._apply_renewal, [run_of[id(x)] for x in fenced], [run_of[id(x)] for x in cancelled]
             )
 
-    def _apply_renewal(self, fenced: list[Any], cancelled: list[Any]) -> None:
+    def _apply_renewal(self, fenced: list[Running], cancelled: list[Running]) -> None:
         for run in fenced:
             self.service.runs.fence_out(run)
         for run in cancelled:
             self.service.runs.cancel(run.completion_id)
 
     # ----------------------------------------------------------------- janitor
-
-    async def _janitor_loop(self) -> None:
-        await repeat(self.service.trim_every, self.janitor_once, what="janitor")
 
     async def janitor_once(self, forget_after: float = FORGET_AFTER) -> int:
         service = self.service

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,9 @@ class RunTable:
 
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self._by_entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_entry)
 
     def note_stage(self, completion_id: str, lifecycle: str) -> None:
         run = self._by_cid.get(completion_id)

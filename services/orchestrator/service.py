@@ -43,7 +43,7 @@ import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 
-from hookbus.bus.claims import Steadiness, heartbeat_every
+from hookbus.bus.claims import heartbeat_every
 from hookbus.bus.cluster import in_order, keys_for
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
@@ -139,8 +139,6 @@ class OrchestratorService(BusApp):
         self._tasks: list[asyncio.Task[Any]] = []
         self.liveness: LivenessThread | None = None
         self.runs = RunTable()
-        self._started_at = time.monotonic()
-        self.steadiness = Steadiness(claim_idle)
         self.served = 0
         self.fenced = 0
         self.refused = 0
@@ -195,8 +193,8 @@ class OrchestratorService(BusApp):
         await events.start()
         self.agent.runtime = self.runtime
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
-        self._started_at = time.monotonic()
-        self.steadiness.started()  # a fresh start: claim nothing before peers could be seen
+        self.recovery.start()
+        steadiness = self.recovery.member.steadiness
         self.liveness = LivenessThread(
             self.redis_url,
             [
@@ -204,13 +202,10 @@ class OrchestratorService(BusApp):
                 Job("lease_renewal", self.claim_idle / 3, self.recovery.renew_once),
             ],
             name=f"hookbus-liveness-{self.instance}",
-            on_trouble=self.steadiness.trouble,
+            on_trouble=steadiness.trouble,
         )
         self.liveness.start()
-        self._tasks = [
-            asyncio.create_task(self._cancel_listener(), name="hookbus-cancel"),
-            *self.recovery.start(),
-        ]
+        self._tasks = [asyncio.create_task(self._cancel_listener(), name="hookbus-cancel")]
         log.info(
             "orchestrator_started", instance=self.instance, agent=self.agent.name,
             groups=list(registry.groups), claim_idle=self.claim_idle,
@@ -223,6 +218,7 @@ class OrchestratorService(BusApp):
     async def _after_shutdown(self) -> None:
         """After the broker drained its in-flight requests: stop everything else."""
         await self.recovery.wait_recoveries(SHUTDOWN_WAIT)
+        await self.recovery.stop()
         await cancel_and_wait(*self._tasks)
         self._tasks = []
         if self.liveness is not None:
@@ -240,10 +236,7 @@ class OrchestratorService(BusApp):
         """On the liveness thread (bus/liveness.py), so a busy loop is not taken for dead."""
         began = time.monotonic()
         client.zadd(self.keys.orchestrators, {self.instance: time.time()})
-        self.steadiness.heartbeat_ok(began)
-
-    def uptime(self) -> float:
-        return time.monotonic() - self._started_at
+        self.recovery.member.steadiness.heartbeat_ok(began)
 
     # ------------------------------------------------------------ one request
 

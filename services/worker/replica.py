@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import redis.asyncio as aredis
@@ -43,11 +44,7 @@ from redis.exceptions import ResponseError
 
 from hookbus.bus.claims import (
     Claimed,
-    Steadiness,
-    claim,
-    claim_forever,
-    find_orphans,
-    heartbeat_every,
+    OrphanRules,
 )
 from hookbus.bus.cluster import in_order, keys_for
 from hookbus.bus.connection import (
@@ -69,9 +66,9 @@ from hookbus.bus.envelopes import (
     hop_parts,
 )
 from hookbus.bus.events import EventWriter
-from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.group_member import GroupMember
 from hookbus.bus.redis_values import text
-from hookbus.bus.registry import HEARTBEAT_EVERY, announce, heartbeat, leave
+from hookbus.bus.registry import announce, heartbeat, leave
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.services.bus_app import BusApp
 from hookbus.services.defaults import WORKER_CLAIM_IDLE, WORKER_CONCURRENCY, WORKER_MAX_DELIVERIES
@@ -159,9 +156,6 @@ class WorkerReplica(BusApp):
         self.max_deliveries = max_deliveries
         self.trim_every = trim_every
         self._in_flight: dict[str, float] = {}
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._late_tasks: list[asyncio.Task[Any]] = []
-        self._claimed_tasks: set[asyncio.Task[Any]] = set()
         self._hop_tasks: set[asyncio.Task[Any]] = set()
         self._read_task: asyncio.Task[None] | None = None
         self._reader: aredis.Redis | None = None
@@ -171,10 +165,16 @@ class WorkerReplica(BusApp):
         self._redis_url = redis_url
         self._client: aredis.Redis | None = None
         self._events: EventWriter | None = None
-        self._started_at = time.monotonic()
-        self.steadiness = Steadiness(claim_idle)
+        self.member = GroupMember(
+            OrphanRules(
+                self.stream, self.group, self.replica, self.keys.replicas(self.group), claim_idle,
+                count=max(100, concurrency * 4),
+            ),
+            client=self._redis, concurrency=concurrency, trim_every=trim_every,
+            busy=lambda: self._in_flight, beat=self._heartbeat, renew=self._renew_leases,
+            tidy=self.janitor_once, take_over=self._take_over,
+        )
         self.processed = 0
-        self.claimed = 0
         self.dead_lettered = 0
         self.trimmed = 0
 
@@ -217,14 +217,7 @@ class WorkerReplica(BusApp):
         await self._events.start()
         await announce(self._client, self.keys, self.host.announcement())
         await heartbeat(self._client, self.keys, self.group, self.replica)
-        self._started_at = time.monotonic()
-        self.steadiness.started()  # a fresh start: claim nothing before siblings could be seen
-        self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="hookbus-heartbeat"),
-            asyncio.create_task(self._claim_loop(), name="hookbus-claim"),
-            asyncio.create_task(self._janitor_loop(), name="hookbus-janitor"),
-        ]
-        self._late_tasks = [asyncio.create_task(self._lease_loop(), name="hookbus-lease")]
+        self.member.start()
         self._batcher = ReplyBatcher(self._client, self.stream, self.group)
         self._reader = connect(self._redis_url, retries=0)
         self._stopping = False
@@ -238,12 +231,11 @@ class WorkerReplica(BusApp):
         """Read and claim nothing more, leave the registry, let in-flight hops finish
         (leases still renewed) for up to DRAIN_SECONDS."""
         await self._stop_reading()
-        await _cancel_all(self._tasks)
-        self._tasks = []
+        await self.member.stop("heartbeat", "claim", "janitor")
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await leave(self._client, self.keys, self.group, self.replica)
-        busy = self._hop_tasks | self._claimed_tasks
+        busy = self._hop_tasks | self.member.taken
         if busy:
             await asyncio.wait(busy, timeout=DRAIN_SECONDS)
 
@@ -262,10 +254,8 @@ class WorkerReplica(BusApp):
 
     async def _after_shutdown(self) -> None:
         """After in-flight hops finished: stop renewing leases and flush events."""
-        if self._claimed_tasks:
-            await asyncio.wait(set(self._claimed_tasks), timeout=DRAIN_SECONDS)
-        await _cancel_all(self._late_tasks)
-        self._late_tasks = []
+        await self.member.wait_taken(DRAIN_SECONDS)
+        await self.member.stop()
         if self._events is not None:
             await self._events.stop()
         log.info("worker_stopped", group=self.group, replica=self.replica, processed=self.processed)
@@ -432,57 +422,26 @@ class WorkerReplica(BusApp):
 
     # -------------------------------------------------------- background tasks
 
-    async def _heartbeat_loop(self) -> None:
-        await repeat(
-            heartbeat_every(self.claim_idle, HEARTBEAT_EVERY), self._heartbeat,
-            what="heartbeat", on_trouble=self.steadiness.trouble,
-        )
+    @property
+    def claimed(self) -> int:
+        return self.member.claimed
+
+    def _redis(self) -> aredis.Redis:
+        assert self._client is not None, "the replica is not started"
+        return self._client
 
     async def _heartbeat(self) -> None:
-        began = time.monotonic()
-        assert self._client is not None
-        await heartbeat(self._client, self.keys, self.group, self.replica)
-        self.steadiness.heartbeat_ok(began)
+        await heartbeat(self._redis(), self.keys, self.group, self.replica)
 
-    async def _lease_loop(self) -> None:
+    async def _renew_leases(self) -> None:
         """Keep claims on long-running hops fresh so siblings do not take them."""
-        while True:
-            await asyncio.sleep(self.claim_idle / 3)
-            ids = list(self._in_flight)
-            if not ids or self._client is None:
-                continue
-            with contextlib.suppress(*RECONNECT_ERRORS):
-                await self._client.xclaim(
-                    self.stream, self.group, self.replica, 0, ids, justid=True  # type: ignore[arg-type]
-                )
+        ids = list(self._in_flight)
+        if ids:
+            await self._redis().xclaim(self.stream, self.group, self.replica, 0, ids, justid=True)  # type: ignore[arg-type]
 
-    async def _claim_loop(self) -> None:
-        """Take over entries a dead sibling left pending longer than `claim_idle`."""
-        await claim_forever(self.claim_once, self.claim_idle, self.steadiness)
-
-    async def claim_once(self) -> int:
-        client = self._client
-        assert client is not None
-        began = time.monotonic()
-        orphans = await find_orphans(
-            client, self.stream, self.group, me=self.replica,
-            heartbeats=self.keys.replicas(self.group), claim_idle=self.claim_idle,
-            uptime=time.monotonic() - self._started_at, busy=self._in_flight,
-            spare=len(self._in_flight) < self.concurrency,
-            count=max(100, self.concurrency * 4),
-        )
-        self.steadiness.call_took(began)
-        room = max(0, self.concurrency - len(self._in_flight))
-        if not orphans or not room or not self.steadiness.steady():
-            return 0
-        claimed = await claim(client, self.stream, self.group, self.replica, orphans[:room], self.claim_idle)
-        for entry in claimed:
-            self._in_flight[entry.entry_id] = time.monotonic()  # leased from now on
-            task = asyncio.create_task(self._run_claimed(entry))
-            self._claimed_tasks.add(task)
-            task.add_done_callback(self._claimed_tasks.discard)
-        self.claimed += len(claimed)
-        return len(claimed)
+    def _take_over(self, entry: Claimed) -> Awaitable[None]:
+        self._in_flight[entry.entry_id] = time.monotonic()  # leased from now on
+        return self._run_claimed(entry)
 
     async def _run_claimed(self, entry: Claimed) -> None:
         log.info(
@@ -506,9 +465,6 @@ class WorkerReplica(BusApp):
             self._in_flight.pop(entry.entry_id, None)
             self._slot.set()
 
-    async def _janitor_loop(self) -> None:
-        await repeat(self.trim_every, self.janitor_once, what="janitor")
-
     async def janitor_once(self) -> int:
         client = self._client
         assert client is not None
@@ -516,7 +472,3 @@ class WorkerReplica(BusApp):
         self.trimmed += removed
         await prune_consumers(client, self.stream, self.group, self.keys.replicas(self.group))
         return removed
-
-
-async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
-    await cancel_and_wait(*tasks)

@@ -1,0 +1,139 @@
+"""One consumer of a consumer group, as an orchestrator (group `orchestrators` on `requests`)
+and every worker replica (group `{group}` on `hooks:{group}`) are: the four background
+loops that keep a group healthy, written once.
+
+- **heartbeat** (every `heartbeat_every(claim_idle)`): `beat()` writes this consumer's
+  heartbeat; a slow or missed one marks the connection unsteady. A consumer that writes
+  its heartbeat elsewhere (an orchestrator, on its liveness thread, bus/liveness.py)
+  passes no `beat` and reports each heartbeat to `steadiness.heartbeat_ok`.
+- **claim** (every `claim_idle / 2`, only while steady): the orphans of the group
+  (hookbus.bus.claims) are claimed, as many as this consumer has room for, and each one is
+  handed to `take_over` as a task of its own.
+- **lease** (every `claim_idle / 3`): `renew()` keeps the claims on what this consumer runs
+  fresh, so a sibling never takes over a long-running entry of a live consumer (no `renew`:
+  renewed elsewhere, as an orchestrator's liveness thread does).
+- **janitor** (every `trim_every`): `tidy()` trims the stream and forgets old consumers.
+
+What each service does in `beat`, `renew`, `tidy` and `take_over` is its own (a worker
+renews with XCLAIM JUSTID, an orchestrator through its fenced journal); when to stop which
+loop is its own too (`stop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Literal
+
+import redis.asyncio as aredis
+
+from hookbus.bus.claims import (
+    Claimed,
+    OrphanRules,
+    Steadiness,
+    Workload,
+    claim,
+    find_orphans,
+    heartbeat_every,
+)
+from hookbus.bus.periodic import cancel_and_wait, repeat
+from hookbus.bus.registry import HEARTBEAT_EVERY
+
+Loop = Literal["heartbeat", "claim", "lease", "janitor"]
+
+
+class GroupMember:
+    def __init__(
+        self,
+        rules: OrphanRules,
+        *,
+        client: Callable[[], aredis.Redis],
+        concurrency: int,
+        trim_every: float,
+        busy: Callable[[], Collection[str]],
+        tidy: Callable[[], Awaitable[Any]],
+        take_over: Callable[[Claimed], Awaitable[Any]],
+        beat: Callable[[], Awaitable[Any]] | None = None,
+        renew: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        self.rules = rules
+        self.steadiness = Steadiness(rules.claim_idle)
+        self.claimed = 0
+        self._client = client
+        self._concurrency = concurrency
+        self._trim_every = trim_every
+        self._busy = busy
+        self._beat = beat
+        self._renew = renew
+        self._tidy = tidy
+        self._take_over = take_over
+        self._started_at = time.monotonic()
+        self._loops: dict[Loop, asyncio.Task[None]] = {}
+        self.taken: set[asyncio.Task[Any]] = set()
+        """Claimed entries still being run."""
+
+    def start(self) -> None:
+        """A fresh start: claim nothing before the peers' heartbeats could be seen."""
+        self._started_at = time.monotonic()
+        self.steadiness.started()
+        claim_idle = self.rules.claim_idle
+        self._loops = {
+            "claim": asyncio.create_task(
+                repeat(claim_idle / 2, self.claim_once, what="claim", when=self.steadiness.steady,
+                       on_trouble=self.steadiness.trouble),
+                name="hookbus-claim",
+            ),
+            "janitor": asyncio.create_task(
+                repeat(self._trim_every, self._tidy, what="janitor"), name="hookbus-janitor"
+            ),
+        }
+        if self._beat is not None:
+            self._loops["heartbeat"] = asyncio.create_task(
+                repeat(heartbeat_every(claim_idle, HEARTBEAT_EVERY), self.heartbeat_once, what="heartbeat",
+                       on_trouble=self.steadiness.trouble),
+                name="hookbus-heartbeat",
+            )
+        if self._renew is not None:
+            self._loops["lease"] = asyncio.create_task(
+                repeat(claim_idle / 3, self._renew, what="lease_renewal"), name="hookbus-lease"
+            )
+
+    async def stop(self, *loops: Loop) -> None:
+        """Stop these loops (all of them when none is named)."""
+        names = loops or tuple(self._loops)
+        await cancel_and_wait(*(self._loops.pop(name, None) for name in names))
+
+    async def wait_taken(self, timeout: float) -> None:
+        """Let the claimed entries still running finish, for up to `timeout` seconds."""
+        if self.taken:
+            await asyncio.wait(set(self.taken), timeout=timeout)
+
+    def uptime(self) -> float:
+        return time.monotonic() - self._started_at
+
+    async def heartbeat_once(self) -> None:
+        assert self._beat is not None
+        began = time.monotonic()
+        await self._beat()
+        self.steadiness.heartbeat_ok(began)
+
+    async def claim_once(self) -> int:
+        """One claim pass: find the orphans, claim what there is room for, run each."""
+        client = self._client()
+        busy = self._busy()
+        began = time.monotonic()
+        orphans = await find_orphans(
+            client, self.rules, Workload(busy, len(busy) < self._concurrency, self.uptime())
+        )
+        self.steadiness.call_took(began)
+        room = max(0, self._concurrency - len(busy))
+        if not orphans or not room or not self.steadiness.steady():
+            return 0
+        claimed = await claim(client, self.rules, orphans[:room])
+        for entry in claimed:
+            task = asyncio.ensure_future(self._take_over(entry))
+            self.taken.add(task)
+            task.add_done_callback(self.taken.discard)
+        self.claimed += len(claimed)
+        return len(claimed)
