@@ -72,35 +72,50 @@ async def stream_chunks(
             yield chunk
 
 
+class _Assembly:
+    """The model's chunks as they come in (text so far) and the client's as they go out
+    (assembled into the call's completion); both paths of this module share it."""
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.completion_id = completion_id
+        self.assembler = ChunkAssembler(completion_id, model)
+        self._text: list[str] = []
+
+    def take_in(self, chunk: ChatCompletionChunk) -> tuple[str, str]:
+        """A chunk from the model: (its text, the model's text so far including it)."""
+        chunk.id = self.completion_id
+        if chunk.usage is not None:
+            self.assembler.usage = chunk.usage
+        content = chunk_text(chunk)
+        if content:
+            self._text.append(content)
+        return content, "".join(self._text)
+
+    def send_out(self, visible: ChatCompletionChunk | None) -> bool:
+        """Whether the hooks' result goes to the client (then it is part of the completion)."""
+        if visible is None or not visible.choices:
+            return False  # dropped by a hook, or the usage-only chunk (summed at the end)
+        visible.id = self.completion_id
+        self.assembler.add(visible)
+        return True
+
+
 async def _sequential(
     state: RunState,
     source: AsyncGenerator[ChatCompletionChunk, None],
     model: str,
     on_chunk: OnChunk | None,
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
-    assembler = ChunkAssembler(state.completion_id, model)
-    full_content: list[str] = []
+    assembly = _Assembly(state.completion_id, model)
     async with contextlib.aclosing(source) as stream:
         async for chunk in stream:
-            chunk.id = state.completion_id
-            if chunk.usage is not None:
-                assembler.usage = chunk.usage
-            content = chunk_text(chunk)
-            if content:
-                full_content.append(content)
-            if on_chunk is not None:
-                visible = await on_chunk(
-                    state, chunk, content, state.chunks_seen, "".join(full_content)
-                )
-            else:
-                visible = chunk
+            content, full = assembly.take_in(chunk)
+            visible = chunk if on_chunk is None else await on_chunk(state, chunk, content, state.chunks_seen, full)
             state.chunks_seen += 1
-            if visible is None or not visible.choices:
-                continue  # dropped by a hook, or the usage-only chunk (summed at the end)
-            visible.id = state.completion_id
-            assembler.add(visible)
-            yield visible
-    state.last_response = assembler.completion()
+            if assembly.send_out(visible):
+                assert visible is not None
+                yield visible
+    state.last_response = assembly.assembler.completion()
 
 
 async def _pipelined(
@@ -113,7 +128,7 @@ async def _pipelined(
     """A producer task reads the model's stream and sends each chunk's hop at once (up to
     `window` unsettled); this generator settles them in order and yields each as soon as
     it and every earlier one is back."""
-    assembler = ChunkAssembler(state.completion_id, model)
+    assembly = _Assembly(state.completion_id, model)
     ctx = state.ctx
     pending: collections.deque[_ChunkHop] = collections.deque()
     wake, room, first_settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -134,19 +149,13 @@ async def _pipelined(
 
     async def produce() -> None:
         nonlocal finished, failure
-        full_content: list[str] = []
         try:
             async with contextlib.aclosing(source) as stream:
                 async for chunk in stream:
-                    chunk.id = state.completion_id
-                    if chunk.usage is not None:
-                        assembler.usage = chunk.usage
-                    content = chunk_text(chunk)
-                    if content:
-                        full_content.append(content)
+                    content, full = assembly.take_in(chunk)
                     index = state.chunks_seen
                     state.chunks_seen += 1
-                    pending.append(send(chunk, content, index, "".join(full_content)))
+                    pending.append(send(chunk, content, index, full))
                     wake.set()
                     if index == 0:  # the first chunk goes alone: it tells whether hooks keep state
                         await first_settled.wait()
@@ -191,11 +200,9 @@ async def _pipelined(
             finally:
                 if hop.index == 0:
                     first_settled.set()
-            if visible is None or not visible.choices:
-                continue  # dropped by a hook, or the usage-only chunk (summed at the end)
-            visible.id = state.completion_id
-            assembler.add(visible)
-            yield visible
+            if assembly.send_out(visible):
+                assert visible is not None
+                yield visible
         if failure is not None:
             raise failure
     finally:
@@ -206,7 +213,7 @@ async def _pipelined(
         for hop in pending:
             if hop.future is not None:
                 hop.future.cancel()
-    state.last_response = assembler.completion()
+    state.last_response = assembly.assembler.completion()
 
 
 def chunk_text(chunk: ChatCompletionChunk) -> str:
