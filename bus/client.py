@@ -37,7 +37,8 @@ from hookbus.bus.limits import RequestLimits
 from hookbus.bus.redis_values import text
 from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
-from hookbus.skills import AuthInfo, BusUnavailable, DeadlineExceeded, HookError
+from hookbus.skills import AuthInfo, BusUnavailable, DeadlineExceeded, HookError, ModelSettings
+from hookbus.skills.model_settings import as_model_settings
 
 log = structlog.get_logger("hookbus.client")
 
@@ -89,8 +90,13 @@ class HookbusClient:
         metadata: dict[str, Any] | None = None,
         completion_id: str | None = None,
         timeout: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        model_settings: ModelSettings | dict[str, Any] | None = None,
     ) -> RequestEnvelope:
-        """Queue a request; returns its envelope (its `completion_id` names the response stream)."""
+        """Queue a request; returns its envelope (its `completion_id` names the response stream).
+
+        `tools` are the caller's own (client) tools: a call to one ends the run and comes
+        back as the completion's `tool_calls`. `model_settings` reach the LLM calls."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         try:
@@ -102,6 +108,8 @@ class HookbusClient:
                 session_id=session_id,
                 metadata=metadata or {},
                 deadline=time.time() + (timeout or self.timeout),
+                tools=tools,
+                model_settings=as_model_settings(model_settings),
             )
         except ValidationError as exc:
             raise HookError(400, "invalid_request", f"invalid request: {exc}") from exc

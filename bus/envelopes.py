@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from hookbus.skills.context import AuthInfo
+from hookbus.skills.model_settings import ModelSettings
 from hookbus.skills.outcome import Outcome
 
 VERSION = 1
@@ -51,6 +52,12 @@ class RequestEnvelope(Envelope):
     metadata: dict[str, Any] = Field(default_factory=dict)
     deadline: float | None = Field(default=None, description="Unix time the client stops waiting.")
     created: float = Field(default_factory=time.time)
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="The client's own function tools (OpenAI `tools`): returned to it when called."
+    )
+    model_settings: ModelSettings | None = Field(
+        default=None, description="The client's sampling and format fields for the LLM calls."
+    )
 
 
 class HookRef(BaseModel):
@@ -136,15 +143,19 @@ class HopReply(Envelope):
         self._data_json = raw
 
 
-ResponseKind = Literal["chunk", "final", "error", "done"]
+ResponseKind = Literal["chunk", "progress", "final", "error", "done"]
 
 
 class ResponseItem(Envelope):
-    """One item on `responses:{completion_id}`; `error` and `done` are terminal."""
+    """One item on `responses:{completion_id}`; `error` and `done` are terminal.
+
+    `progress` items say what the agent is doing between chunks (a server-side tool
+    running); they carry no chunk, and the gateway sends them as SSE comment lines."""
 
     kind: ResponseKind
     completion_id: str
     chunk: dict[str, Any] | None = None
+    progress: str | None = None
     completion: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 

@@ -193,6 +193,10 @@ class Keys:
         same id under another principal names another (absent) key."""
         return f"{self.prefix}stored-response:{owner}:{response_id}"
 
+    def held_tool_results(self, key: str) -> str:
+        """Server calls and results held for a client's next request ({peer}:{call id})."""
+        return f"{self.prefix}held:{key}"
+
     @property
     def stats(self) -> str:
         """Hash of per-minute counters for `hookbus status` throughput."""

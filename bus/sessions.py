@@ -3,11 +3,15 @@
 A session belongs to the principal that sent the request (`ctx.auth.peer_user_id`): the
 key is built from the owner and the client's session id together (Keys.session), so a
 caller that sends another's session id gets a session of its own, empty.
+
+It also holds the server-side calls and results of a response that returned client tool
+calls, for the client's next request (hookbus.services.orchestrator.client_tools).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -15,6 +19,7 @@ import redis.asyncio as aredis
 from hookbus.bus.keys import Keys
 
 SESSION_TTL = 30 * 24 * 3600
+HELD_RESULTS_TTL = 24 * 3600
 
 
 class SessionStore:
@@ -38,3 +43,17 @@ class SessionStore:
             await self._client.delete(key)
             return
         await self._client.set(key, json.dumps(data, default=str), ex=self._ttl)
+
+    async def hold_tool_results(self, key: str, record: dict[str, Any]) -> None:
+        await self._client.set(
+            self._keys.held_tool_results(key), json.dumps(record, default=str), ex=HELD_RESULTS_TTL
+        )
+
+    async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
+        if not keys:
+            return []
+        async with self._client.pipeline(transaction=False) as pipe:  # keys may span slots
+            for key in keys:
+                pipe.get(self._keys.held_tool_results(key))
+            values = await pipe.execute()
+        return [json.loads(raw) if raw else None for raw in values]

@@ -38,6 +38,24 @@ class Settings(BaseSettings):
     )
     openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY")
     model: str | None = Field(default=None, alias="HOOKBUS_MODEL", description="Model name.")
+    context_window: int | None = Field(
+        default=None,
+        alias="HOOKBUS_CONTEXT_WINDOW",
+        gt=0,
+        description="Context window (tokens) of the model, for one hookbus does not know.",
+    )
+    llm_timeout: float = Field(
+        default=600.0,
+        alias="HOOKBUS_LLM_TIMEOUT",
+        gt=0,
+        description="Seconds one LLM call may take (a long generation is never sent twice).",
+    )
+    llm_retries: int = Field(
+        default=1,
+        alias="HOOKBUS_LLM_RETRIES",
+        ge=0,
+        description="Retries of an LLM call that could not connect; answers (429, 5xx) are never retried.",
+    )
     log_format: str = Field(
         default="auto", alias="HOOKBUS_LOG_FORMAT", description="json, console or auto."
     )

@@ -18,6 +18,7 @@ from hookbus.skills.errors import (
     UpstreamError,
 )
 from hookbus.skills.lifecycle import LIFECYCLES, Lifecycle
+from hookbus.skills.model_settings import ModelSettings
 from hookbus.skills.skill import Skill
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "HookError",
     "Lifecycle",
     "Metadata",
+    "ModelSettings",
     "OrchestratorLost",
     "PaymentRequired",
     "Session",

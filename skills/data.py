@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 from hookbus.skills.errors import HookError
 from hookbus.skills.lifecycle import WRITABLE
+from hookbus.skills.model_settings import ModelSettings
 
 
 def _load_error(value: Any) -> HookError | None:
@@ -46,6 +47,7 @@ class HookData(BaseModel):
     stream: bool | None = None
     # before_llm_call
     tools: list[dict[str, Any]] | None = None
+    model_settings: ModelSettings | None = None
     iteration: int | None = None
     # after_llm_call
     response: ChatCompletion | None = None
@@ -59,6 +61,7 @@ class HookData(BaseModel):
     tool_call: dict[str, Any] | None = None
     tool_id: str | None = None
     tool_skipped: bool = False
+    client_tool: bool = False
     tool_result: str | None = None
     # finalize_connection
     error: ErrorField = None

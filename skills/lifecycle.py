@@ -24,10 +24,10 @@ LIFECYCLES: tuple[str, ...] = get_args(Lifecycle)
 
 WHEN: dict[str, str] = {
     "on_connection": "once, when a request arrives, before any LLM call; may refuse it (HookError).",
-    "before_llm_call": "before every LLM call; changes to messages and tools are what the LLM gets.",
+    "before_llm_call": "before every LLM call; changes to messages, tools and model_settings are what the LLM gets.",
     "after_llm_call": "after every LLM call, streaming or not; sees the assembled response and usage.",
     "on_chunk": "for every streamed chunk; rewrite its text, or set chunk to None to drop it.",
-    "before_toolcall": "before each tool call; rewrite it, skip it with a result, or raise to block it.",
+    "before_toolcall": "before each tool call, the client's too (client_tool); rewrite it, skip it with a result, or raise to block it.",
     "after_toolcall": "after each tool call (ran, skipped, blocked, failed or unknown); tool_result is what the model sees.",
     "on_message": "once, when the turn is complete, with the whole conversation.",
     "finalize_connection": "exactly once per request, on every path; error is set when the run failed.",
@@ -36,7 +36,7 @@ WHEN: dict[str, str] = {
 # Fields a hook may assign at each lifecycle point; everything else is read-only there.
 WRITABLE: dict[str, frozenset[str]] = {
     "on_connection": frozenset({"messages", "stream"}),
-    "before_llm_call": frozenset({"messages", "tools"}),
+    "before_llm_call": frozenset({"messages", "tools", "model_settings"}),
     "after_llm_call": frozenset({"response", "usage"}),
     "on_chunk": frozenset({"chunk", "content"}),
     "before_toolcall": frozenset({"tool_call", "tool_skipped", "tool_result"}),

@@ -12,6 +12,9 @@ stream.
   the agent sends last is forwarded only if the request asked for it
   (`stream_options.include_usage`). An error after the first chunk arrives as
   `data: {"error": {...}}\\n\\n`, then `data: [DONE]\\n\\n`, and the stream ends cleanly.
+- The agent's own tool rounds never show as tool-call deltas (one assistant turn, see
+  hookbus.services.orchestrator.turn_stream); while a server-side tool runs, an SSE comment
+  line `: hookbus: tool NAME running` (then `... done`) goes out, which SSE clients ignore.
 - A client that disconnects before its answer ended gets its request cancelled
   (hookbus.services.gateway.cancel).
 """
@@ -34,7 +37,14 @@ from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
 from hookbus.services.gateway.request_body import read_json_body
-from hookbus.services.gateway.sse import DONE, ClientGone, DisconnectWatcher, SSEResponse, sse_event
+from hookbus.services.gateway.sse import (
+    DONE,
+    ClientGone,
+    DisconnectWatcher,
+    SSEResponse,
+    sse_comment,
+    sse_event,
+)
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, BusUnavailable, HookError
@@ -84,6 +94,8 @@ async def submit_chat(
             auth=auth,
             metadata=metadata,
             completion_id=completion_id,
+            tools=payload.tool_dicts(),
+            model_settings=payload.model_settings(),
         )
     except RECONNECT_ERRORS as exc:
         raise GatewayError(503, "bus_unavailable", f"the request queue is unreachable: {exc}") from exc
@@ -279,11 +291,14 @@ async def _first_item(items: AsyncIterator[ResponseItem]) -> ResponseItem:
 
 
 async def _frames(gw: Gateway, relay: Relay, include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE frames of the run's chunks; never raises: a failure becomes an error event."""
+    """SSE frames of the run's chunks (progress as SSE comments); never raises: a failure
+    becomes an error event."""
     async for item in relay:
         chunk = item.chunk
         if item.kind == "chunk" and chunk is not None and (chunk.get("choices") or include_usage):
             yield sse_event(chunk)
+        elif item.kind == "progress":
+            yield sse_comment(item.progress or "")
     if relay.error is not None:
         yield _error_frame(gw, relay.error)
     yield DONE

@@ -29,7 +29,7 @@ class GatewayError(HookError):
 
 def error_body(error: HookError) -> dict[str, object]:
     body = error.to_openai_body()
-    param = getattr(error, "param", None)
+    param = getattr(error, "param", None) or (error.details or {}).get("param")
     if param is not None:
         body["error"]["param"] = param
     return body
@@ -43,8 +43,11 @@ def error_response(error: HookError, request: Request | None = None) -> JSONResp
             metrics.count_error(error)
     if error.status_code >= 500:
         log.warning("gateway_error_response", status=error.status_code, code=error.code, message=error.message)
-    headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
-    return JSONResponse(error_body(error), status_code=error.status_code, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else {}
+    retry_after = (error.details or {}).get("retry_after")
+    if retry_after is not None:  # an upstream 429's wait, kept for the client's own retry
+        headers["Retry-After"] = str(retry_after)
+    return JSONResponse(error_body(error), status_code=error.status_code, headers=headers or None)
 
 
 def invalid_body(exc: ValidationError) -> GatewayError:

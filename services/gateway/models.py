@@ -1,12 +1,13 @@
 """The gateway's wire models: what a Chat Completions request may hold, and its answers.
 
-The request model is lenient where OpenAI clients are (unknown fields such as
-`temperature`, `top_p` or `n` are accepted and ignored; so are fields inside messages it
-does not know) and strict where the queue needs it (a known role, at least one message,
-tool messages that answer a preceding assistant `tool_calls`).
+The request model is lenient where OpenAI clients are (fields it does not know are
+accepted and ignored; so are fields inside messages it does not know) and strict where
+OpenAI is: a known role, at least one message, tool messages that answer a preceding
+assistant `tool_calls`, and the sampling fields in OpenAI's ranges (temperature 5 or n 0
+is OpenAI's 400; `n` > 1 is a 400 saying why).
 
-`tools`, `tool_choice` and the sampling fields a client sends are ignored: the agent's
-skills decide which tools exist and the agent's model settings apply.
+`tools` are the client's own tools (hookbus.services.orchestrator.client_tools); the
+sampling and format fields (hookbus.skills.model_settings) reach the LLM calls.
 """
 
 from __future__ import annotations
@@ -16,11 +17,29 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hookbus.services.openai_wire import Message, StreamOptions, tool_pairing_problem
+from hookbus.skills.model_settings import ModelSettings
 
 SESSION_ID_MAX = 200
 
 
-class ChatCompletionRequest(BaseModel):
+class FunctionTool(BaseModel):
+    """One client tool: OpenAI's `{"type": "function", "function": {name, description, parameters}}`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: dict[str, Any]
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, function: dict[str, Any]) -> dict[str, Any]:
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError("a function tool needs function.name")
+        return function
+
+
+class ChatCompletionRequest(ModelSettings):
     """The part of an OpenAI Chat Completions request the gateway reads."""
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"additionalProperties": True})
@@ -29,10 +48,14 @@ class ChatCompletionRequest(BaseModel):
     messages: list[Message] = Field(min_length=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    tools: list[FunctionTool] | None = Field(
+        default=None, description="Client tools: a call to one is returned (finish_reason tool_calls)."
+    )
+    n: int | None = Field(default=None, ge=1, description="Only 1: one agent turn per request.")
     user: str | None = Field(
         default=None,
         max_length=SESSION_ID_MAX,
-        description="Session id (ctx.session) unless the X-Session-Id header gives one.",
+        description="Session id (ctx.session) unless the X-Session-Id header gives one; also sent to the LLM.",
     )
     metadata: dict[str, str] | None = Field(
         default=None, description="Extra keys for ctx.metadata (reserved keys are ignored)."
@@ -46,6 +69,16 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError(problem)
         return messages
 
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n > 1:
+            raise ValueError(
+                f"n={n} is not supported: an agent runs one turn per request (its tools and "
+                "hooks run once); send n separate requests for n answers"
+            )
+        return n
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -53,6 +86,14 @@ class ChatCompletionRequest(BaseModel):
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def model_settings(self) -> ModelSettings:
+        """The sampling and format fields the client gave."""
+        return ModelSettings.model_validate(
+            {name: getattr(self, name) for name in ModelSettings.model_fields}
+        )
 
 
 class ErrorDetail(BaseModel):

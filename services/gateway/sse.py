@@ -35,6 +35,11 @@ def sse_event(payload: dict[str, Any], event: str | None = None) -> bytes:
     return b"event: " + event.encode() + b"\n" + data if event else data
 
 
+def sse_comment(text: str) -> bytes:
+    """An SSE comment line: progress that standard SSE clients (the openai SDK among them) skip."""
+    return b": " + " ".join(text.splitlines()).encode() + b"\n\n"
+
+
 class ClientGone(Exception):
     """The client disconnected."""
 

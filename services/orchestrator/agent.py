@@ -25,7 +25,7 @@ import contextlib
 import copy
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -33,17 +33,21 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
 from hookbus.services.offload import is_large, off_loop
+from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
+from hookbus.services.orchestrator.instructions import with_instructions
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.plan import HookPlan
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
+from hookbus.services.orchestrator.turn_stream import TurnStream
 from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
 from hookbus.skills.context import Metadata, Session
-from hookbus.skills.errors import Cancelled, ContextTooLong, as_hook_error
+from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hook_error
+from hookbus.skills.model_settings import ModelSettings, as_model_settings
 from hookbus.skills.runner import run_hooks
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
 
@@ -53,12 +57,18 @@ ROUND_CAP_NOTE = (
     "You have used every tool round allowed for this request. Do not call tools; "
     "answer now with what you have."
 )
+DEADLINE_SLACK = 0.05
+"""A cancellation this close to the deadline is the deadline's (timers fire a little early)."""
 class Agent:
     """An agent: a model, instructions, skills; `run` or `run_stream` one request at a time or many.
 
     An agent holds no per-request state, so one instance serves concurrent requests and
     may be used from several event loops one after another. The one record it keeps is
     `last_compaction` (DESIGN.md): the last compaction outcome that changed something.
+
+    `model_settings` are the agent's defaults for every LLM call (a client's values replace
+    them), `pinned_settings` the values a client cannot change (they replace the client's);
+    see hookbus.skills.model_settings for which call each field applies to.
 
     `chunk_window`: how many on_chunk hops of one request may be in flight at once when
     every on_chunk hook is remote (hookbus.services.orchestrator.chunk_pipeline). 1 (the
@@ -78,6 +88,8 @@ class Agent:
         runtime: Runtime | None = None,
         compaction_policy: CompactionPolicy | None = None,
         chunk_window: int = 1,
+        model_settings: ModelSettings | dict[str, Any] | None = None,
+        pinned_settings: ModelSettings | dict[str, Any] | None = None,
     ) -> None:
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
@@ -87,6 +99,8 @@ class Agent:
         self.llm = llm or LLM()
         self.model = model or get_settings().model or "offline"
         self.instructions = instructions
+        self.model_settings = as_model_settings(model_settings) or ModelSettings()
+        self.pinned_settings = as_model_settings(pinned_settings) or ModelSettings()
         self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
         self._compactor = Compactor(self.llm, self.model, self.skills, compaction_policy)
         self._chunk_window = chunk_window
@@ -107,9 +121,22 @@ class Agent:
         *,
         completion_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        model_settings: ModelSettings | dict[str, Any] | None = None,
+        deadline: float | None = None,
     ) -> ChatCompletion:
-        """Run one request to its end; raises the HookError that aborted it."""
+        """Run one request to its end; raises the HookError that aborted it.
+
+        `tools` are the caller's own (client) tools, offered to the model with the agent's
+        (a client tool overrides an agent tool of the same name). When the model calls one,
+        the run ends there: the completion's message carries those calls
+        (`finish_reason="tool_calls"`), and the caller sends their results in its next
+        request (`client_tools.run_outcome` reads a completion as text + client calls).
+        `model_settings` are the caller's sampling and format fields. `deadline` (unix
+        time) is when the caller stops waiting: a run cancelled at or after it finalizes
+        with a 504, as the caller saw it."""
         state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=False)
+        self._request_options(state, tools, model_settings, deadline, None)
         async for _ in self._lifecycle(state):
             pass
         assert state.result is not None
@@ -123,13 +150,25 @@ class Agent:
         *,
         completion_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        model_settings: ModelSettings | dict[str, Any] | None = None,
+        deadline: float | None = None,
+        on_progress: Callable[[str], None] | None = None,
     ) -> AsyncIterator[ChatCompletionChunk]:
         """An async generator of the chunks the client sees, as the hooks made them.
 
-        The last chunk has no choices and carries the usage summed over every LLM call.
-        Stopping early (`aclose()`) ends the request; finalize_connection still runs.
+        The whole request streams as one assistant turn (hookbus.services.orchestrator.
+        turn_stream): one role delta, the text of every round, tool-call deltas only for
+        the client's tools, then exactly one chunk with the finish_reason. The last chunk
+        has no choices and carries the usage summed over every LLM call. Stopping early
+        (`aclose()`) ends the request; finalize_connection still runs. `on_progress` is
+        told, in one line, when a server-side tool starts and ends (the gateway shows
+        these as SSE comments). The other options are `run`'s.
         """
-        return self._stream(messages, auth, session_id, completion_id, metadata)
+        return self._stream(
+            messages, auth, session_id, completion_id, metadata,
+            (tools, model_settings, deadline, on_progress),
+        )
 
     async def finalize_only(
         self,
@@ -215,8 +254,9 @@ class Agent:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _stream(self, messages, auth, session_id, completion_id, metadata):  # type: ignore[no-untyped-def]
+    async def _stream(self, messages, auth, session_id, completion_id, metadata, options):  # type: ignore[no-untyped-def]
         state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=True)
+        self._request_options(state, *options)
         async with contextlib.aclosing(self._lifecycle(state)) as chunks:
             async for chunk in chunks:
                 yield chunk
@@ -243,6 +283,19 @@ class Agent:
         conversation = await off_loop(is_large(messages), self._conversation, messages)  # a deep copy
         return RunState(ctx, self.plan(), conversation, stream)
 
+    def _request_options(
+        self,
+        state: RunState,
+        tools: Sequence[dict[str, Any]] | None,
+        model_settings: ModelSettings | dict[str, Any] | None,
+        deadline: float | None,
+        on_progress: Callable[[str], None] | None,
+    ) -> None:
+        state.client_tools = [copy.deepcopy(dict(t)) for t in tools or ()]
+        state.settings = self.model_settings.merged(as_model_settings(model_settings), self.pinned_settings)
+        state.deadline = deadline
+        state.on_progress = on_progress
+
     async def _lifecycle(self, state: RunState) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
@@ -250,30 +303,42 @@ class Agent:
                 state.ctx.session.data = await self.runtime.load_session(
                     state.ctx.auth.peer_user_id, state.ctx.session.id
                 )
+            state.conversation = await client_tools.restore_held_results(
+                self.runtime, state.ctx.auth.peer_user_id, state.conversation
+            )
             await self._on_connection(state)
+            turn = TurnStream(state.completion_id, self.model) if state.stream else None
             rounds = 0
             while True:
                 final_round = rounds >= self.max_tool_rounds
-                messages, tools = await self._before_llm_call(state, rounds, final_round)
+                messages, tools, settings = await self._before_llm_call(state, rounds, final_round)
                 async with contextlib.aclosing(
-                    self._llm_call(state, messages, tools, final_round)
+                    self._llm_call(state, messages, tools, settings, final_round)
                 ) as chunks:
                     async for chunk in chunks:
-                        yield chunk
+                        shown = turn.visible(chunk) if turn is not None else chunk
+                        if shown is not None:
+                            yield shown
                 message = await self._after_llm_call(state, rounds)
                 if final_round or not message.get("tool_calls"):
                     break
-                for tool_call in message["tool_calls"]:
-                    await self._tool_round_call(state, tool_call)
+                state.client_calls = await self._tool_round(state, message)
+                if state.client_calls:
+                    break
                 rounds += 1
             await self._on_message(state)
-            if state.stream:
+            if turn is not None:
+                for chunk in turn.finish(self._finish_reason(state), state.client_calls):
+                    yield chunk
                 yield self._usage_chunk(state)
         except HookError as exc:
             state.error = exc
             raise
         except asyncio.CancelledError:
-            state.error = Cancelled()
+            if state.deadline is not None and time.time() >= state.deadline - DEADLINE_SLACK:
+                state.error = DeadlineExceeded()
+            else:
+                state.error = Cancelled()
             raise
         except GeneratorExit:
             state.error = Cancelled("the client stopped reading", code="client_closed")
@@ -294,27 +359,36 @@ class Agent:
 
     async def _before_llm_call(
         self, state: RunState, iteration: int, final_round: bool
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, ModelSettings]:
         messages = [dict(m) for m in state.conversation]  # the LLM's copy; the conversation stays
         if final_round:
             messages.append(_round_cap_message())
-        tools = None if final_round else state.plan.tool_schemas(state.ctx.auth.scopes) or None
+        tools = None
+        if not final_round:
+            own = state.plan.tool_schemas(state.ctx.auth.scopes)
+            tools = client_tools.offered_tools(own, state.client_tools) or None
+        settings = state.settings.model_copy(deep=True)
+        if iteration > 0 and settings.forces_tool:
+            settings.tool_choice = "auto"  # forcing every round would loop to the round cap
         data = HookData.model_construct(
-            lifecycle="before_llm_call", messages=messages, tools=tools, iteration=iteration
+            lifecycle="before_llm_call", messages=messages, tools=tools, iteration=iteration,
+            model_settings=settings,
         )
         data = await self._stage(state, data, f"before_llm_call#{iteration}")
+        settings = data.model_settings or ModelSettings()
         messages = list(data.messages or [])
         if self._compactor.past_hard(messages):  # the in-run safety stop
             outcome = await self._compactor.in_run(messages, state.ctx, self.runtime)
             if outcome is not None:
                 messages = _adopt(state, outcome, final_round)
-        return messages, data.tools or None
+        return messages, data.tools or None, settings
 
     async def _llm_call(
         self,
         state: RunState,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
+        settings: ModelSettings,
         final_round: bool,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One LLM call (streamed or not); a "context too long" refusal that comes before any
@@ -325,12 +399,12 @@ class Agent:
             try:
                 if state.stream:
                     async with contextlib.aclosing(
-                        self._streamed_llm_call(state, messages, tools)
+                        self._streamed_llm_call(state, messages, tools, settings)
                     ) as chunks:
                         async for chunk in chunks:
                             yield chunk
                 else:
-                    state.last_response = await self.llm.complete(self.model, messages, tools)
+                    state.last_response = await self.llm.complete(self.model, messages, tools, settings)
                     state.last_response.id = state.completion_id
                 return
             except ContextTooLong as refusal:
@@ -345,12 +419,13 @@ class Agent:
                 messages = _adopt(state, outcome, final_round)
 
     async def _streamed_llm_call(
-        self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+        settings: ModelSettings,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One streamed LLM call; every chunk goes through on_chunk before the client sees it
         (pipelined when every on_chunk hook is remote and `chunk_window` > 1)."""
         chunks = stream_chunks(
-            state, self.llm.stream(self.model, messages, tools), self.model,
+            state, self.llm.stream(self.model, messages, tools, settings), self.model,
             self._on_chunk, self._chunk_window,
         )
         async with contextlib.aclosing(chunks) as visible:
@@ -377,30 +452,77 @@ class Agent:
         )
         data = await self._stage(state, data, f"after_llm_call#{iteration}")
         state.last_response = data.response or response
-        message = state.last_response.choices[0].message.model_dump(exclude_none=True)
-        message.setdefault("content", None)
+        message = client_tools.conversation_message(state.last_response.choices[0].message)
         state.conversation.append(message)
         return message
 
-    async def _tool_round_call(self, state: RunState, tool_call: dict[str, Any]) -> None:
+    async def _tool_round(self, state: RunState, message: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every tool call of one response, in the model's order: the server's run (with
+        their hooks), the client's go through before_toolcall and are returned. Returns the
+        calls for the client; the server's results are held for its next request."""
+        names = client_tools.client_tool_names(state.client_tools)
+        returned: list[dict[str, Any]] = []
+        results_at = len(state.conversation)
+        for position, tool_call in enumerate(message["tool_calls"]):
+            if client_tools.call_name(tool_call) in names:
+                passed = await self._client_tool_call(state, tool_call)
+                if passed is not None:
+                    message["tool_calls"][position] = passed
+                    returned.append(passed)
+            else:
+                await self._tool_round_call(state, tool_call)
+        if returned:
+            await client_tools.hold_results(
+                self.runtime, state.ctx.auth.peer_user_id, message, returned,
+                state.conversation[results_at:],
+            )
+        return returned
+
+    async def _client_tool_call(self, state: RunState, tool_call: dict[str, Any]) -> dict[str, Any] | None:
+        """before_toolcall for a call the client will run: the (maybe rewritten) call to
+        return, or None when a hook blocked or skipped it (then it is answered here, as a
+        server call would be, and after_toolcall runs)."""
         tool_id = str(tool_call.get("id", ""))
+        before = await self._before_toolcall(state, tool_call, tool_id, client=True)
+        if not before.tool_skipped:
+            return before.tool_call or tool_call
+        await self._after_toolcall(state, before, tool_id, before.tool_result or "")
+        return None
+
+    async def _before_toolcall(
+        self, state: RunState, tool_call: dict[str, Any], tool_id: str, *, client: bool
+    ) -> HookData:
         before = HookData.model_construct(
             lifecycle="before_toolcall", tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
-            tool_skipped=False,
+            tool_skipped=False, client_tool=client,
         )
-        before = await self._stage(state, before, f"before_toolcall#{tool_id}")
+        return await self._stage(state, before, f"before_toolcall#{tool_id}")
+
+    async def _tool_round_call(self, state: RunState, tool_call: dict[str, Any]) -> None:
+        tool_id = str(tool_call.get("id", ""))
+        before = await self._before_toolcall(state, tool_call, tool_id, client=False)
         if before.tool_skipped:
             result = before.tool_result or ""
         else:
+            name = client_tools.call_name(before.tool_call or tool_call)
+            self._progress(state, f"hookbus: tool {name} running")
             result = await self._run_tool(state, before.tool_call or tool_call)
+            self._progress(state, f"hookbus: tool {name} done")
+        await self._after_toolcall(state, before, tool_id, result)
+
+    async def _after_toolcall(self, state: RunState, before: HookData, tool_id: str, result: str) -> None:
         after = HookData.model_construct(
             lifecycle="after_toolcall", tool_call=before.tool_call, tool_id=tool_id,
-            tool_result=result, tool_skipped=before.tool_skipped,
+            tool_result=result, tool_skipped=before.tool_skipped, client_tool=before.client_tool,
         )
         after = await self._stage(state, after, f"after_toolcall#{tool_id}")
         state.conversation.append(
             {"role": "tool", "tool_call_id": tool_id, "content": after.tool_result or ""}
         )
+
+    def _progress(self, state: RunState, line: str) -> None:
+        if state.stream and state.on_progress is not None:
+            state.on_progress(line)
 
     async def _run_tool(self, state: RunState, tool_call: dict[str, Any]) -> str:
         function = tool_call.get("function") or {}
@@ -491,8 +613,8 @@ class Agent:
             copy.deepcopy(m if isinstance(m, dict) else m.model_dump(exclude_none=True))  # type: ignore[attr-defined]
             for m in messages
         ]
-        if self.instructions and not (conversation and conversation[0].get("role") == "system"):
-            conversation.insert(0, {"role": "system", "content": self.instructions})
+        if self.instructions:
+            return with_instructions(self.instructions, conversation)
         return conversation
 
     def _final_completion(self, state: RunState) -> ChatCompletion:
@@ -502,10 +624,24 @@ class Agent:
         final.id = state.completion_id
         final.model = self.model
         final.usage = state.usage
-        last = state.conversation[-1] if state.conversation else None
-        if last is not None and last.get("role") == "assistant":
-            final.choices[0].message.content = last.get("content")
+        last = next((m for m in reversed(state.conversation) if m.get("role") == "assistant"), None)
+        content = last.get("content") if last is not None else final.choices[0].message.content
+        final.choices[0] = final.choices[0].model_validate(
+            {
+                "index": 0,
+                "message": client_tools.returned_message(content, state.client_calls),
+                "finish_reason": self._finish_reason(state),
+                "logprobs": final.choices[0].logprobs,
+            }
+        )
         return final
+
+    def _finish_reason(self, state: RunState) -> str:
+        """The turn's one finish_reason: tool_calls only for calls the client must run."""
+        if state.client_calls:
+            return "tool_calls"
+        reason = state.last_response.choices[0].finish_reason if state.last_response else None
+        return "stop" if reason in (None, "tool_calls", "function_call") else reason
 
     def _usage_chunk(self, state: RunState) -> ChatCompletionChunk:
         return ChatCompletionChunk.model_validate(

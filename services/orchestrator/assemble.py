@@ -41,8 +41,9 @@ class ChunkAssembler:
                 if call.id:
                     slot["id"] = call.id
                 if call.function is not None:
-                    if call.function.name:
-                        slot["function"]["name"] += call.function.name
+                    name = call.function.name
+                    if name and name != slot["function"]["name"]:  # llama.cpp repeats the whole name
+                        slot["function"]["name"] += name
                     if call.function.arguments:
                         slot["function"]["arguments"] += call.function.arguments
             if choice.finish_reason is not None:
@@ -69,17 +70,16 @@ class ChunkAssembler:
 
 
 def add_usage(total: CompletionUsage | None, more: CompletionUsage | None) -> CompletionUsage | None:
-    """Usage summed over every LLM call of a request."""
+    """Usage summed over every LLM call of a request; `estimated` when any part was counted
+    by hookbus rather than reported by the endpoint."""
     if more is None:
         return total
-    if total is None:
-        return CompletionUsage(
-            prompt_tokens=more.prompt_tokens,
-            completion_tokens=more.completion_tokens,
-            total_tokens=more.total_tokens,
-        )
-    return CompletionUsage(
-        prompt_tokens=total.prompt_tokens + more.prompt_tokens,
-        completion_tokens=total.completion_tokens + more.completion_tokens,
-        total_tokens=total.total_tokens + more.total_tokens,
+    parts = [more] if total is None else [total, more]
+    summed = CompletionUsage(
+        prompt_tokens=sum(p.prompt_tokens for p in parts),
+        completion_tokens=sum(p.completion_tokens for p in parts),
+        total_tokens=sum(p.total_tokens for p in parts),
     )
+    if any(getattr(p, "estimated", False) for p in parts):
+        summed.estimated = True  # type: ignore[attr-defined]  # openai's models keep extra fields
+    return summed

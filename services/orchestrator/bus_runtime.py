@@ -243,6 +243,12 @@ class BusRuntime:
     async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None:
         await self.sessions.save(owner, session_id, data)
 
+    async def hold_tool_results(self, key: str, record: dict[str, Any]) -> None:
+        await self.sessions.hold_tool_results(key, record)
+
+    async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
+        return await self.sessions.held_tool_results(keys)
+
     def record_stage(
         self,
         completion_id: str,

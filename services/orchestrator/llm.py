@@ -3,6 +3,18 @@
 With no endpoint configured, the built-in offline model (hookbus.services.testing.
 offline_model) is started on loopback and reached through the very same client and
 HTTP path, so tests and demos exercise the production code path.
+
+What it does for every endpoint (OpenAI, vLLM, llama.cpp):
+- sends the messages in the form all of them accept (`upstream_messages`), the request's
+  model settings, and `tool_choice: "auto"` when tools are offered and none was chosen
+  (llama.cpp's server offers no tools without it);
+- retries only a call that could not connect (`HOOKBUS_LLM_RETRIES`, default 1): an
+  answer (429, 5xx) or a timeout goes straight back, since the client retries those itself
+  and retrying here too multiplied the calls; a generation is never sent twice for being
+  slow (`HOOKBUS_LLM_TIMEOUT`, default 600 s);
+- maps the endpoint's errors to what the client should see (`llm_error`);
+- treats a stream that ends with no chunk and no finish_reason as an upstream error;
+- counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
 """
 
 from __future__ import annotations
@@ -10,33 +22,47 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import AsyncGenerator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import openai
+import structlog
+from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
 from hookbus.services.offload import is_large, off_loop
+from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
+from hookbus.skills.model_settings import ModelSettings
+
+log = structlog.get_logger("hookbus.llm")
+
+T = TypeVar("T")
+
+RETRY_PAUSE = 0.2
+"""Seconds before retrying a call that could not connect."""
 
 
 class LLM:
-    """One endpoint and its credentials; a client per event loop (clients are loop-bound)."""
+    """One endpoint and its credentials; a client per event loop (clients are loop-bound).
+
+    `timeout` (seconds per call) and `retries` (of calls that could not connect) default
+    to `HOOKBUS_LLM_TIMEOUT` and `HOOKBUS_LLM_RETRIES`."""
 
     def __init__(
         self,
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: float = 120.0,
-        max_retries: int = 2,
+        timeout: float | None = None,
+        retries: int | None = None,
     ) -> None:
         settings = get_settings()
         self._base_url = base_url or settings.openai_base_url
         self._api_key = api_key or settings.openai_api_key or "hookbus-offline"
-        self._timeout = timeout
-        self._max_retries = max_retries
+        self.timeout = timeout if timeout is not None else settings.llm_timeout
+        self.retries = retries if retries is not None else settings.llm_retries
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
@@ -69,42 +95,76 @@ class LLM:
             client = openai.AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,
-                timeout=self._timeout,
-                max_retries=self._max_retries,
+                timeout=self.timeout,
+                max_retries=0,  # our own, narrower retry: see the module docstring
             )
             self._clients[loop] = client
         return client
 
+    async def _connecting(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, again (at most `retries` times) when it could not reach the endpoint."""
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except openai.APITimeoutError:
+                raise
+            except openai.APIConnectionError as exc:
+                if attempt >= self.retries:
+                    raise
+                attempt += 1
+                log.warning("llm_connect_retry", attempt=attempt, error=str(exc))
+                await asyncio.sleep(RETRY_PAUSE)
+
     async def complete(
-        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        settings: ModelSettings | None = None,
     ) -> ChatCompletion:
+        arguments = request_arguments(model, messages, tools, settings)
         try:
-            completion: ChatCompletion = await create_chat_completion(
-                self.client(), {"model": model, "messages": messages, **_tool_args(tools)}
+            response: ChatCompletion = await self._connecting(
+                lambda: create_chat_completion(self.client(), arguments)
             )
-            return completion
         except openai.APIError as exc:
             raise llm_error(exc) from exc
+        if response.usage is None:
+            response.usage = estimated_usage(messages, response_text(response))
+        return response
 
     async def stream(
-        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        settings: ModelSettings | None = None,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        arguments = request_arguments(model, messages, tools, settings)
+        arguments.update(stream=True, stream_options={"include_usage": True})
+        saw_choice = saw_usage = False
+        produced: list[str] = []
         try:
-            response = await create_chat_completion(
-                self.client(),
-                {
-                    "model": model,
-                    "messages": messages,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                    **_tool_args(tools),
-                },
+            response = await self._connecting(
+                lambda: create_chat_completion(self.client(), arguments)
             )
             async with response:
                 async for chunk in response:
+                    saw_choice = saw_choice or bool(chunk.choices)
+                    saw_usage = saw_usage or chunk.usage is not None
+                    produced.extend(_chunk_texts(chunk))
                     yield chunk
         except openai.APIError as exc:
             raise llm_error(exc) from exc
+        if not saw_choice:
+            raise UpstreamError(
+                502, "empty_response",
+                "the LLM endpoint ended its stream without a chunk or a finish_reason "
+                "(llama.cpp does this for a prompt longer than its context)",
+            )
+        if not saw_usage:
+            yield _usage_chunk(estimated_usage(messages, "".join(produced)), model)
 
 
 async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:
@@ -131,31 +191,122 @@ def json_body(arguments: dict[str, Any]) -> bytes:
     return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _tool_args(tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {"tools": tools} if tools else {}
+def request_arguments(
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    settings: ModelSettings | None,
+) -> dict[str, Any]:
+    """The `chat.completions.create` arguments of one call.
+
+    `tool_choice` and `parallel_tool_calls` go only with tools (OpenAI refuses them
+    without); with tools and no `tool_choice`, "auto" is sent explicitly."""
+    arguments: dict[str, Any] = {"model": model, "messages": upstream_messages(messages)}
+    given = settings.given() if settings is not None else {}
+    choice = given.pop("tool_choice", None)
+    parallel = given.pop("parallel_tool_calls", None)
+    arguments.update(given)
+    if tools:
+        arguments["tools"] = tools
+        arguments["tool_choice"] = choice or "auto"
+        if parallel is not None:
+            arguments["parallel_tool_calls"] = parallel
+    return arguments
+
+
+def upstream_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages in the form OpenAI, vLLM and llama.cpp all accept: no legacy
+    `function_call`, no null fields, and an assistant message with tool calls and no
+    text has `content: ""` (llama.cpp's server answers `content: null` with a 500)."""
+    sent = []
+    for message in messages:
+        clean = {k: v for k, v in message.items() if v is not None and k != "function_call"}
+        if clean.get("role") == "assistant" and "content" not in clean:
+            clean["content"] = ""
+        sent.append(clean)
+    return sent
+
+
+def response_text(response: ChatCompletion) -> str:
+    if not response.choices:
+        return ""
+    message = response.choices[0].message
+    arguments = "".join(c.function.arguments for c in message.tool_calls or () if hasattr(c, "function"))
+    return (message.content or "") + arguments
+
+
+def _chunk_texts(chunk: ChatCompletionChunk) -> list[str]:
+    texts: list[str] = []
+    for choice in chunk.choices:
+        if choice.delta.content:
+            texts.append(choice.delta.content)
+        for call in choice.delta.tool_calls or ():
+            if call.function is not None and call.function.arguments:
+                texts.append(call.function.arguments)
+    return texts
+
+
+def estimated_usage(messages: list[dict[str, Any]], produced: str) -> CompletionUsage:
+    """Usage counted with tiktoken, for an endpoint that sent none; `estimated` says so."""
+    prompt = count_messages(messages)
+    completion = count_text(produced)
+    usage = CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    usage.estimated = True  # type: ignore[attr-defined]  # openai's models keep extra fields
+    return usage
+
+
+def _usage_chunk(usage: CompletionUsage, model: str) -> ChatCompletionChunk:
+    return ChatCompletionChunk.model_validate(
+        {"id": "", "object": "chat.completion.chunk", "created": 0, "model": model,
+         "choices": [], "usage": usage.model_dump()}
+    )
+
+
+_STATUS_SEEN = {400: 400, 404: 404, 408: 504, 413: 400, 422: 400, 429: 429, 503: 503, 504: 504}
+"""Upstream status -> the client's; every other 4xx (401, 403: the operator's key) and 5xx
+is a 502, the endpoint having failed us."""
 
 
 def llm_error(exc: openai.APIError) -> HookError:
-    """Turn what the endpoint said into the structured error the client will see."""
+    """Turn what the endpoint said into the error the client will see, keeping its message,
+    code and param (and Retry-After of a 429, in `details.retry_after`)."""
     if isinstance(exc, openai.APIStatusError):
-        code = _error_code(exc.body)
-        if code == "context_length_exceeded":
-            return ContextTooLong(exc.message)
-        status = 404 if exc.status_code == 404 else 502
-        return UpstreamError(
-            status,
-            code or "llm_error",
-            f"the LLM endpoint answered {exc.status_code}: {exc.message}",
-            {"upstream_status": exc.status_code},
-        )
+        inner = _error_object(exc.body)
+        code = inner.get("code")
+        message = str(inner.get("message") or exc.message)
+        if code == "context_length_exceeded" or inner.get("type") == "exceed_context_size_error":
+            return ContextTooLong(message)
+        status = _STATUS_SEEN.get(exc.status_code, 502)
+        details: dict[str, Any] = {"upstream_status": exc.status_code}
+        if inner.get("param"):
+            details["param"] = inner["param"]
+        retry_after = _retry_after(exc.response.headers)
+        if retry_after is not None:
+            details["retry_after"] = retry_after
+        default_code = {429: "rate_limit_exceeded", 400: "invalid_request"}.get(status, "llm_error")
+        return UpstreamError(status, str(code or default_code), message, details)
     if isinstance(exc, openai.APITimeoutError):
         return UpstreamError(504, "llm_timeout", "the LLM endpoint did not answer in time")
     return UpstreamError(502, "llm_unreachable", f"the LLM endpoint could not be reached: {exc.message}")
 
 
-def _error_code(body: object) -> str | None:
+def _error_object(body: object) -> dict[str, Any]:
     if isinstance(body, dict):
         inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("code"):
-            return str(inner["code"])
+        if isinstance(inner, dict):
+            return inner
+    return {}
+
+
+def _retry_after(headers: Mapping[str, str]) -> str | None:
+    """Retry-After as the endpoint gave it (seconds, or from `retry-after-ms`)."""
+    value = headers.get("retry-after")
+    if value:
+        return value
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return str(max(1, round(float(millis) / 1000)))
+        except ValueError:
+            return None
     return None

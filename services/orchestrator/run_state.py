@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from openai.types.chat import ChatCompletion
 
 from hookbus.services.orchestrator.plan import HookPlan
 from hookbus.skills import Context, HookError
+from hookbus.skills.model_settings import ModelSettings
 
 
 @dataclass
@@ -21,6 +23,11 @@ class RunState:
     plan: HookPlan
     conversation: list[dict[str, Any]]
     stream: bool
+    client_tools: list[dict[str, Any]] = field(default_factory=list)
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    client_calls: list[dict[str, Any]] = field(default_factory=list)
+    deadline: float | None = None
+    on_progress: Callable[[str], None] | None = None
     usage: CompletionUsage | None = None
     chunks_seen: int = 0
     last_response: ChatCompletion | None = None

@@ -43,6 +43,13 @@ class Runtime(Protocol):
 
     async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None: ...
 
+    async def hold_tool_results(self, key: str, record: dict[str, Any]) -> None:
+        """Keep a mixed response's server calls and results for the client's next request
+        (hookbus.services.orchestrator.client_tools)."""
+
+    async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The records held under `keys` (None where there is none), in order."""
+
     def record_stage(
         self,
         completion_id: str,
@@ -63,6 +70,7 @@ class LocalRuntime:
 
     def __init__(self) -> None:
         self._sessions: dict[tuple[str | None, str], dict[str, Any]] = {}
+        self._held: dict[str, dict[str, Any]] = {}
 
     def remote_version(self) -> int:
         return 0
@@ -86,6 +94,12 @@ class LocalRuntime:
 
     async def save_session(self, owner: str | None, session_id: str, data: dict[str, Any]) -> None:
         self._sessions[(owner, session_id)] = copy.deepcopy(data)
+
+    async def hold_tool_results(self, key: str, record: dict[str, Any]) -> None:
+        self._held[key] = copy.deepcopy(record)
+
+    async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
+        return [copy.deepcopy(self._held.get(key)) for key in keys]
 
     async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         """No worker groups in-process: the agent calls its own skills directly."""

@@ -431,12 +431,19 @@ class OrchestratorService(BusApp):
             "session_id": request.session_id,
             "completion_id": request.completion_id,
             "metadata": self._metadata(request),
+            "tools": request.tools,
+            "model_settings": request.model_settings,
+            "deadline": request.deadline,
         }
         cid = request.completion_id
         if not request.stream:
             completion = await self.agent.run(request.messages, **kwargs)
             return ResponseItem(kind="final", completion_id=cid, completion=completion.model_dump(mode="json"))
-        async for chunk in self.agent.run_stream(request.messages, **kwargs):
+
+        def progress(line: str) -> None:
+            writer.add(ResponseItem(kind="progress", completion_id=cid, progress=line))
+
+        async for chunk in self.agent.run_stream(request.messages, on_progress=progress, **kwargs):
             writer.add(ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)))
         return ResponseItem(kind="done", completion_id=cid)
 

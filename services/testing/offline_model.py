@@ -13,8 +13,9 @@ Endpoints
 - ``GET /v1/models`` and ``GET /v1/models/{id}``
 
 Any API key is accepted. Unknown request fields are accepted and ignored (``temperature``,
-``max_tokens``, ``n``, ...). ``tool_choice="none"`` counts as "no tools offered"; other
-``tool_choice`` values are ignored.
+``max_tokens``, ``n``, ...). ``tool_choice="none"`` counts as "no tools offered"; a named
+``tool_choice`` offers only that function and ``"required"`` makes the model call a tool
+(see rule 5); ``parallel_tool_calls: false`` keeps only the first call of a response.
 
 Models and context window
 -------------------------
@@ -67,7 +68,9 @@ that user message's text and hold for every call of the turn. In order:
    ``call_<hex>``). Several such directives give several calls in one response, in order;
    directives naming tools that are not offered are skipped, and if none is offered the
    rules below apply. Arguments that are not valid JSON are passed through verbatim (to
-   test how an agent copes with a model's malformed arguments).
+   test how an agent copes with a model's malformed arguments). When no directive names an
+   offered tool and ``tool_choice`` forces a call (``"required"``, or a named function),
+   the model calls the first offered tool (the named one) with ``{}``.
 6. ``[[words:N]]``: exactly N words ``"w0 w1 ... w{N-1}"`` (N is capped at 100000).
 7. ``[[echo]]``: the user text minus all directives.
 8. Otherwise: ``"Offline model reply to: <first 80 chars of the user text minus directives>"``.
@@ -188,12 +191,27 @@ class ChatCompletionRequest(Lenient):
     stream_options: StreamOptions | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def offered_tools(self) -> list[str]:
-        """Names of the function tools the model may call (none under ``tool_choice="none"``)."""
+        """Names of the function tools the model may call (none under ``tool_choice="none"``,
+        only the named one under a named ``tool_choice``)."""
         if self.tool_choice == "none" or not self.tools:
             return []
-        return [tool.function.name for tool in self.tools if tool.function is not None]
+        names = [tool.function.name for tool in self.tools if tool.function is not None]
+        forced = self.forced_tool
+        return [n for n in names if n == forced] if forced is not None else names
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The function a named ``tool_choice`` names."""
+        if isinstance(self.tool_choice, dict):
+            return str((self.tool_choice.get("function") or {}).get("name", "")) or None
+        return None
+
+    @property
+    def must_call(self) -> bool:
+        return self.tool_choice == "required" or self.forced_tool is not None
 
     @property
     def include_usage(self) -> bool:
@@ -631,6 +649,10 @@ def decide_answer(request: ChatCompletionRequest) -> Answer:
     if results_so_far:
         return Answer(_describe_tool_results(messages, _tool_results(messages, user_index)))
     calls = [call for call in directives.tools if call.name in offered]
+    if not calls and offered and request.must_call:
+        calls = [ToolDirective(offered[0], "{}")]
+    if calls and request.parallel_tool_calls is False:
+        calls = calls[:1]
     if calls:
         return _plan_calls(request_digest(request), calls)
     if directives.words is not None:

@@ -31,17 +31,17 @@ class RecordingLLM(LLM):
         super().__init__()
         self.calls: list[dict[str, Any]] = []
 
-    async def complete(self, model, messages, tools):  # type: ignore[no-untyped-def]
+    async def complete(self, model, messages, tools, settings=None):  # type: ignore[no-untyped-def]
         entry = {"kind": "complete", "model": model, "messages": copy.deepcopy(messages)}
         self.calls.append(entry)
-        response = await super().complete(model, messages, tools)
+        response = await super().complete(model, messages, tools, settings)
         entry["usage"] = response.usage
         return response
 
-    async def stream(self, model, messages, tools):  # type: ignore[no-untyped-def]
+    async def stream(self, model, messages, tools, settings=None):  # type: ignore[no-untyped-def]
         entry = {"kind": "stream", "model": model, "messages": copy.deepcopy(messages)}
         self.calls.append(entry)
-        async for chunk in super().stream(model, messages, tools):
+        async for chunk in super().stream(model, messages, tools, settings):
             if chunk.usage is not None:
                 entry["usage"] = chunk.usage
             yield chunk

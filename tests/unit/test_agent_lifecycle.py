@@ -384,8 +384,9 @@ async def test_a_critical_hook_failure_aborts_as_500_and_finalize_runs_once():
 
 async def test_an_llm_error_ends_the_run_with_finalize_once():
     final = Finalizer()
+    # an upstream 500 is the endpoint failing us: the client sees a 502
     with pytest.raises(HookError) as caught:
-        await Agent("t", skills=[final]).run("[[error:503]]")
+        await Agent("t", skills=[final]).run("[[error:500]]")
     assert caught.value.status_code == 502
     assert len(final.errors) == 1 and final.errors[0].code == caught.value.code
 

@@ -1,0 +1,84 @@
+"""A streamed run as the client sees it: one assistant turn, whatever the agent did inside.
+
+The agent may make several LLM calls in one request (its own tool rounds). A client reading
+a Chat Completions stream expects one turn: one role delta, the text, tool-call deltas only
+for the tools *it* must run, and exactly one chunk with a `finish_reason`. Without this,
+every round's tool-call deltas (their `index` restarting at 0) and finish chunks reached the
+client, which merged or re-ran the server's tool calls.
+
+`TurnStream.visible(chunk)` takes each chunk after the `on_chunk` hooks and returns what of
+it the client may see (the role delta only the first time, no tool-call deltas, no
+finish_reason); `TurnStream.finish(...)` returns the closing chunks: the client tool calls
+(one delta each, indexed from 0 over the client's calls only) and the one finish chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openai.types.chat import ChatCompletionChunk
+
+
+class TurnStream:
+    """The client-visible chunks of one streamed request."""
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.completion_id = completion_id
+        self.model = model
+        self.role_sent = False
+
+    def visible(self, chunk: ChatCompletionChunk) -> ChatCompletionChunk | None:
+        """`chunk` without what belongs to the agent's own rounds; None when nothing is left."""
+        if not chunk.choices:
+            return None
+        shown = chunk.model_copy(deep=True)
+        choice = shown.choices[0]
+        delta = choice.delta
+        delta.tool_calls = None
+        if getattr(delta, "function_call", None) is not None:
+            delta.function_call = None
+        choice.finish_reason = None
+        if delta.role is not None:
+            if self.role_sent:
+                delta.role = None
+            else:
+                self.role_sent = True
+                return shown
+        if not delta.content and not choice.logprobs and not getattr(delta, "refusal", None):
+            return None
+        return shown
+
+    def finish(self, finish_reason: str, client_calls: list[dict[str, Any]]) -> list[ChatCompletionChunk]:
+        """The closing chunks: a role delta if none went out yet, the client's tool calls, the finish."""
+        closing: list[ChatCompletionChunk] = []
+        if not self.role_sent:
+            self.role_sent = True
+            closing.append(self._chunk({"role": "assistant", "content": ""}))
+        if client_calls:
+            calls = [
+                {
+                    "index": index,
+                    "id": call.get("id", ""),
+                    "type": "function",
+                    "function": {
+                        "name": call.get("function", {}).get("name", ""),
+                        "arguments": call.get("function", {}).get("arguments", ""),
+                    },
+                }
+                for index, call in enumerate(client_calls)
+            ]
+            closing.append(self._chunk({"tool_calls": calls}))
+        closing.append(self._chunk({}, finish_reason))
+        return closing
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk.model_validate(
+            {
+                "id": self.completion_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+        )

@@ -1,0 +1,169 @@
+"""A recording upstream: a real HTTP server that plays an OpenAI-compatible endpoint.
+
+It records every request body it receives and answers from a script (a queue of scripted
+answers, FIFO), or by default with a plain completion / stream. Tests use it to prove what
+reaches the model (each parameter, the message form) and how each upstream error maps.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DEFAULT_TEXT = "upstream says hi"
+
+
+@dataclass
+class Reply:
+    """A JSON answer (a completion or an error body) with its status and headers."""
+
+    body: dict[str, Any]
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+@dataclass
+class Stream:
+    """An SSE answer: these chunk dicts, then `data: [DONE]` (unless `done` is False)."""
+
+    chunks: list[dict[str, Any]]
+    done: bool = True
+
+
+def completion(text: str | None = DEFAULT_TEXT, tool_calls: list[dict[str, Any]] | None = None,
+               usage: bool = True) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    body: dict[str, Any] = {
+        "id": "chatcmpl-upstream", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+    }
+    if usage:
+        body["usage"] = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    return body
+
+
+def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+
+def text_stream(text: str = DEFAULT_TEXT, usage: bool = True) -> Stream:
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": word}) for word in _words(text)]
+    chunks.append(chunk({}, "stop"))
+    if usage:
+        chunks.append({**chunk({}), "choices": [],
+                       "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+    return Stream(chunks)
+
+
+def error(status: int, message: str, code: str | None, *, param: str | None = None,
+          headers: dict[str, str] | None = None, delay: float = 0.0) -> Reply:
+    body = {"error": {"message": message, "type": "upstream_error", "code": code, "param": param}}
+    return Reply(body, status, headers or {}, delay)
+
+
+def _words(text: str) -> Iterator[str]:
+    for i, word in enumerate(text.split(" ")):
+        yield word if i == 0 else " " + word
+
+
+class RecordingUpstream:
+    """The server; `received` holds each chat request body, in arrival order."""
+
+    def __init__(self, props: dict[str, Any] | None = None, models: list[dict[str, Any]] | None = None) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.script: deque[Reply | Stream] = deque()
+        self.props = props
+        self.models = models
+        self._lock = threading.Lock()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                upstream.paths.append(self.path)
+                if self.path == "/props" and upstream.props is not None:
+                    self._json(200, upstream.props)
+                elif self.path == "/v1/models" and upstream.models is not None:
+                    self._json(200, {"object": "list", "data": upstream.models})
+                else:
+                    self._json(404, {"error": {"message": "no such path", "code": None}})
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with upstream._lock:
+                    upstream.received.append(body)
+                    answer = upstream.script.popleft() if upstream.script else None
+                if answer is None:
+                    answer = text_stream() if body.get("stream") else Reply(completion())
+                if isinstance(answer, Stream):
+                    self._stream(answer)
+                    return
+                if answer.delay:
+                    time.sleep(answer.delay)
+                self._json(answer.status, answer.body, answer.headers)
+
+            def _json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _stream(self, answer: Stream) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                for item in answer.chunks:
+                    self.wfile.write(b"data: " + json.dumps(item).encode() + b"\n\n")
+                if answer.done:
+                    self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def answer(self, *answers: Reply | Stream) -> None:
+        """Queue scripted answers for the next requests."""
+        with self._lock:
+            self.script.extend(answers)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.received.clear()
+            self.script.clear()
+
+    def __enter__(self) -> RecordingUpstream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
