@@ -52,7 +52,7 @@ async def test_each_error_reaches_the_client_and_a_worker_as_its_own_class(redis
     groups = {"witness": [ErrorWitness(), Quota()]}
     async with running_stack(redis_url, prefix, agent, groups) as (client, _, _):
         with pytest.raises(UpstreamError) as upstream:
-            await client.complete("[[error:400]]")
+            await client.complete("[[error:500]]")  # the endpoint failing us: a 502
         assert upstream.value.status_code == 502
 
         with pytest.raises(ContextTooLong) as too_long:  # one turn alone over offline-tiny's window
