@@ -69,6 +69,11 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
         for name, argv in commands.items()
     }
     say(f"started {', '.join(processes)} (logs in {logs}/)")
+    if not settings.openai_base_url:
+        say(
+            "no OPENAI_BASE_URL: the agent answers with the built-in offline model, a "
+            "deterministic stand-in for demos and tests (not an AI)"
+        )
     try:
         code = asyncio.run(demo(redis_url, settings.prefix, replicas, port))
         if code == 0 and keep_running:
