@@ -29,6 +29,7 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
+from hookbus.bus import tracecontext
 from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import RECONNECT_ERRORS, connect
 from hookbus.bus.deadletter import send_dead_letter
@@ -110,6 +111,7 @@ class HookbusClient:
                 deadline=time.time() + (timeout or self.timeout),
                 tools=tools,
                 model_settings=as_model_settings(model_settings),
+                trace=tracecontext.outgoing(),
             )
         except ValidationError as exc:
             raise HookError(400, "invalid_request", f"invalid request: {exc}") from exc
@@ -124,6 +126,7 @@ class HookbusClient:
             await self._client.xadd(self.keys.requests_for(request.completion_id), fields)  # type: ignore[arg-type]
         except RECONNECT_ERRORS as exc:
             raise BusUnavailable(f"could not queue the request: {exc}") from exc
+        tracecontext.tag_current_span("hookbus.completion_id", request.completion_id)
         return request
 
     # ------------------------------------------------------------------ reading

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from hookbus.bus.tracecontext import TraceCarrier
 from hookbus.skills.context import AuthInfo
 from hookbus.skills.model_settings import ModelSettings
 from hookbus.skills.outcome import Outcome
@@ -57,6 +58,9 @@ class RequestEnvelope(Envelope):
     )
     model_settings: ModelSettings | None = Field(
         default=None, description="The client's sampling and format fields for the LLM calls."
+    )
+    trace: TraceCarrier | None = Field(
+        default=None, description="W3C trace context of the sender's span (absent when not traced)."
     )
 
 
@@ -101,6 +105,9 @@ class HopEvent(Envelope):
     reply_to: str
     deadline: float
     epoch: int = 0
+    trace: TraceCarrier | None = Field(
+        default=None, description="W3C trace context of the orchestrator's hop span (absent when not traced)."
+    )
 
 
 class HookTiming(BaseModel):

@@ -42,8 +42,10 @@ def redis_url_or_exit() -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from hookbus.bus.connection import instance_name
     from hookbus.services.logs import configure_logging
     from hookbus.services.specs import SpecError, load_skill
+    from hookbus.services.tracing import configure_tracing
     from hookbus.services.worker.host import GroupHost
     from hookbus.services.worker.replica import WorkerReplica
 
@@ -52,12 +54,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         skills = [load_skill(spec) for spec in args.skills]
     except SpecError as exc:
         sys.exit(f"hookbus worker: {exc}")
+    replica_name = args.replica or instance_name(f"worker-{args.group}")
+    configure_tracing("worker", replica_name)
     replica = WorkerReplica(
         GroupHost(args.group, skills),
         redis_url_or_exit(),
         prefix=get_settings().prefix,
         concurrency=args.concurrency,
-        replica=args.replica,
+        replica=replica_name,
         claim_idle=args.claim_idle,
         max_deliveries=args.max_deliveries,
     )
@@ -66,21 +70,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_orchestrator(args: argparse.Namespace) -> int:
+    from hookbus.bus.connection import instance_name
     from hookbus.services.logs import configure_logging
     from hookbus.services.orchestrator.service import OrchestratorService
     from hookbus.services.specs import SpecError, load_agent
+    from hookbus.services.tracing import configure_tracing
 
     configure_logging()
     try:
         agent = load_agent(args.agent)
     except SpecError as exc:
         sys.exit(f"hookbus orchestrator: {exc}")
+    instance = args.instance or instance_name("orchestrator")
+    configure_tracing("orchestrator", instance)
     service = OrchestratorService(
         agent,
         redis_url_or_exit(),
         prefix=get_settings().prefix,
         concurrency=args.concurrency,
-        instance=args.instance,
+        instance=instance,
         claim_idle=args.claim_idle,
         max_deliveries=args.max_deliveries,
         limits=limits_of(args),
@@ -90,10 +98,13 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    from hookbus.bus.connection import instance_name
     from hookbus.services.gateway.server import serve
     from hookbus.services.logs import configure_logging
+    from hookbus.services.tracing import configure_tracing
 
     configure_logging()
+    configure_tracing("gateway", instance_name("gateway"))
     try:
         serve(
             args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix,

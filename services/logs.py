@@ -2,7 +2,8 @@
 
 JSON lines when the output is not a terminal (services, CI), readable colour on a
 terminal; lines carry `completion_id` wherever the code has one (bound explicitly or
-through structlog's contextvars). In JSON mode the standard-library loggers (FastStream,
+through structlog's contextvars), and `trace_id` / `span_id` of the current span while
+tracing is on (hookbus.services.tracing). In JSON mode the standard-library loggers (FastStream,
 uvicorn, redis) write JSON lines too: a container's log is then one JSON object per line,
 which is what log collectors parse.
 """
@@ -15,6 +16,7 @@ import sys
 import structlog
 
 from hookbus.bus.settings import get_settings
+from hookbus.services.tracing import add_trace_ids
 
 
 def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
@@ -30,6 +32,7 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info if as_json else structlog.processors.StackInfoRenderer(),
@@ -50,6 +53,7 @@ def _stdlib_as_json(renderer: structlog.typing.Processor, level_no: int) -> None
     formatter = structlog.stdlib.ProcessorFormatter(
         processor=renderer,
         foreign_pre_chain=[
+            add_trace_ids,
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -22,6 +22,7 @@ import copy
 import inspect
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +38,10 @@ log = structlog.get_logger("hookbus.hooks")
 
 
 Effect = Literal["abort", "block", "unchanged"]
+
+HookObserver = Callable[[str, str], AbstractContextManager[Any]]
+"""Wraps each hook call, given (hook key, lifecycle): how a service traces hooks without
+skills knowing of it (hookbus.services.tracing.hook_observer)."""
 
 
 @dataclass(slots=True)
@@ -76,8 +81,10 @@ async def run_hooks(
     *,
     stage_key: str = "",
     attempt: int = 1,
+    observe: HookObserver | None = None,
 ) -> ChainResult:
-    """Run `hooks` in order; each sees the previous one's output."""
+    """Run `hooks` in order; each sees the previous one's output. `observe`, if given,
+    wraps each call (an exception the hook raises passes through it)."""
     result = ChainResult(data)
     lifecycle = data.lifecycle
     for bound in hooks:
@@ -86,7 +93,11 @@ async def run_hooks(
         saved_fields, saved_state = _snapshot(result.data), copy.deepcopy(ctx.state)
         started = time.perf_counter()
         try:
-            returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout)
+            if observe is None:
+                returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout)
+            else:
+                with observe(bound.key, lifecycle):
+                    returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout)
             if returned is not None and not isinstance(returned, HookData):
                 raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
         except HookError as exc:

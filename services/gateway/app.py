@@ -33,6 +33,7 @@ from hookbus.bus.limits import RequestLimits
 from hookbus.bus.registry import REPLICA_TTL
 from hookbus.bus.settings import get_settings
 from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
+from hookbus.services import tracing
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.errors import (
@@ -128,7 +129,7 @@ def create_app(
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         ],
-        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
+        middleware=[*tracing.gateway_middleware(), Middleware(MetricsMiddleware, metrics=metrics)],
         exception_handlers={
             HookError: on_hook_error,
             HTTPException: on_http_exception,

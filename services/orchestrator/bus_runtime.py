@@ -29,6 +29,7 @@ from hookbus.bus.keys import Keys
 from hookbus.bus.registry import RegistryView
 from hookbus.bus.router import HopTimeout, ReplyRouter
 from hookbus.bus.sessions import SessionStore
+from hookbus.services import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookData, HookError
 from hookbus.skills.compaction_outcome import Compaction
@@ -110,12 +111,9 @@ class BusRuntime:
             epoch=self.epoch,
         )
         # the split format: data and context dumped once each, straight to JSON
-        fields = encode_hop(event, data.model_dump_json().encode(), ctx.model_dump_json().encode())
-        self.hops += 1
+        split = (data.model_dump_json().encode(), ctx.model_dump_json().encode())
         try:
-            reply = await self.router.call(
-                self.keys.hooks_for(group, ctx.completion_id), event, timeout + HOP_GRACE, fields
-            )
+            reply = await self._call(group, event, timeout + HOP_GRACE, keys, split)
         except HopTimeout as exc:
             return _unanswered(segment, data, str(exc), Outcome.TIMEOUT)
         if reply.failure:
@@ -125,6 +123,26 @@ class BusRuntime:
         except (ValidationError, ValueError, KeyError) as exc:
             log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
             return _unanswered(segment, data, f"reply in the wrong shape: {exc}", Outcome.ERROR)
+
+    async def _call(
+        self, group: str, event: HopEvent, timeout: float, hooks: Sequence[str],
+        split: tuple[bytes, bytes] | None = None,
+    ) -> HopReply:
+        """Send one hop to `group` and wait for its reply (HopTimeout when none comes), in
+        the hop's span, whose context the event carries. `split`: (HookData JSON, Context
+        JSON) of a hook hop, sent in the split format (encode_hop)."""
+        stream = self.keys.hooks_for(group, event.completion_id)
+        with tracing.hop_span(group, stream, event.lifecycle, hooks) as span:
+            event.trace = span.carrier
+            fields = encode_hop(event, *split) if split is not None else None
+            self.hops += 1
+            try:
+                reply = await self.router.call(stream, event, timeout, fields)
+            except HopTimeout as exc:
+                span.failed(str(exc), "timeout")
+                raise
+            span.replied(reply.replica, reply.failure, reply.outcomes)
+            return reply
 
     def _apply(self, reply: HopReply, data: HookData, ctx: Context) -> ChainResult:
         """A reply without data (the split format's "the hooks left it unchanged") keeps
@@ -165,9 +183,8 @@ class BusRuntime:
             deadline=time.time() + timeout,
             epoch=self.epoch,
         )
-        self.hops += 1
         try:
-            reply = await self.router.call(self.keys.hooks_for(tool.group, ctx.completion_id), event, timeout)
+            reply = await self._call(tool.group, event, timeout, [f"tool:{tool.name}"])
         except HopTimeout:
             return f"Error: tool {tool.name!r} timed out after {timeout:g}s"
         if reply.failure:
@@ -221,11 +238,8 @@ class BusRuntime:
             deadline=time.time() + self.default_timeout,
             epoch=self.epoch,
         )
-        self.hops += 1
         try:
-            reply = await self.router.call(
-                self.keys.hooks_for(group, completion_id), event, self.default_timeout
-            )
+            reply = await self._call(group, event, self.default_timeout, hooks)
         except HopTimeout as exc:
             return unanswered(str(exc), Outcome.TIMEOUT)
         if reply.failure:

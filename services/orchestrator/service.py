@@ -74,6 +74,7 @@ from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from hookbus.bus.router import ReplyRouter
 from hookbus.bus.sessions import SessionStore
 from hookbus.bus.trim import TRIM_EVERY
+from hookbus.services import tracing
 from hookbus.services.bus_app import BusApp
 from hookbus.services.defaults import (
     ORCHESTRATOR_CLAIM_IDLE,
@@ -395,7 +396,18 @@ class OrchestratorService(BusApp):
     async def _produce(
         self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
     ) -> ResponseItem:
-        """The run itself; returns the terminal item (never raises but for cancellation)."""
+        """The run itself, in the request's span; returns the terminal item (never raises
+        but for cancellation)."""
+        with tracing.request_span(
+            self.agent.name, request.completion_id, request.trace, mode, session_id=request.session_id
+        ) as span:
+            terminal = await self._terminal_item(request, writer, mode, error)
+            span.outcome(terminal.kind, terminal.error)
+            return terminal
+
+    async def _terminal_item(
+        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
+    ) -> ResponseItem:
         cid = request.completion_id
         try:
             if mode == "run":

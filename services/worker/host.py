@@ -13,6 +13,7 @@ import structlog
 
 from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
 from hookbus.bus.registry import GroupAnnouncement
+from hookbus.services import tracing
 from hookbus.skills import Context, HookData, Skill
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.runner import run_hooks, run_listeners
@@ -93,7 +94,9 @@ class GroupHost:
             data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=event.lifecycle)
         else:
             data = HookData.model_validate(event.data or {"lifecycle": event.lifecycle})
-        result = await run_hooks(bound, data, ctx, stage_key=event.stage_key, attempt=attempt)
+        result = await run_hooks(
+            bound, data, ctx, stage_key=event.stage_key, attempt=attempt, observe=tracing.hook_observer()
+        )
         if split:
             dumped = result.data.model_dump_json().encode()
             if dumped != data_json:

@@ -70,6 +70,7 @@ from hookbus.bus.group_member import GroupMember
 from hookbus.bus.redis_values import text
 from hookbus.bus.registry import announce, heartbeat, leave
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
+from hookbus.services import tracing
 from hookbus.services.bus_app import BusApp
 from hookbus.services.defaults import WORKER_CLAIM_IDLE, WORKER_CONCURRENCY, WORKER_MAX_DELIVERIES
 from hookbus.services.worker.host import GroupHost
@@ -281,8 +282,11 @@ class WorkerReplica(BusApp):
             return
         self._in_flight[entry_id] = time.monotonic()
         try:
-            reply = await self.host.answer(event, attempt, self.replica, split)
-            await self._reply(entry_id, event, reply)
+            with tracing.process_span(self.group, self.replica, event.lifecycle, event.trace, attempt) as span:
+                reply = await self.host.answer(event, attempt, self.replica, split)
+                if reply.failure:
+                    span.error(reply.failure, "hop_failed")
+                await self._reply(entry_id, event, reply)
         finally:
             self._in_flight.pop(entry_id, None)
         self.processed += 1
