@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 from opentelemetry import context as otel_context
@@ -173,23 +173,23 @@ def _resource(role: str, instance: str) -> Any:
 # ------------------------------------------------------------------ spans
 
 
-class _Off:
-    """The do-nothing stand-in every helper returns while tracing is off (one shared object)."""
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None
 
+
+class _Off:
+    """The do-nothing stand-in every helper returns while tracing is off (one shared
+    object): every method the span classes below offer, doing nothing."""
+
+    __slots__ = ()
     carrier: TraceCarrier | None = None
+    set = error = outcome = replied = failed = chunk = response = result = staticmethod(_ignore)
 
     def __enter__(self) -> _Off:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         return None
-
-    def __getattr__(self, name: str) -> Any:
-        return _ignore
-
-
-def _ignore(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 OFF: Any = _Off()
@@ -448,16 +448,22 @@ class ChatSpan(Traced):
         super().__exit__(exc_type, exc, tb)
 
 
+class Endpoint(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+
 def chat_span(
-    model: str, base_url: str, messages: Sequence[Mapping[str, Any]],
+    model: str, endpoint: Endpoint, messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None, *, stream: bool,
 ) -> Any:
-    """Not made current: a streamed call's span lives across its generator's yields."""
+    """Not made current: a streamed call's span lives across its generator's yields.
+    `endpoint.base_url` is read only while tracing is on."""
     if _tracer is None:
         return OFF
     from urllib.parse import urlsplit
 
-    url = urlsplit(base_url)
+    url = urlsplit(endpoint.base_url)
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": PROVIDER,

@@ -32,6 +32,7 @@ import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
+from hookbus.services import tracing
 from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
@@ -525,19 +526,27 @@ class Agent:
             state.on_progress(line)
 
     async def _run_tool(self, state: RunState, tool_call: dict[str, Any]) -> str:
+        """The tool's result, or the problem that stopped it as an `Error: ...` result."""
         function = tool_call.get("function") or {}
         name = str(function.get("name", ""))
+        with tracing.tool_span(name, str(tool_call.get("id", "")), function.get("arguments")) as span:
+            try:
+                result = await self._call_tool(state, name, function.get("arguments"))
+            except ToolProblem as exc:
+                span.error(exc, "tool_error")
+                result = f"Error: {exc}"
+            span.result(result)
+        return result
+
+    async def _call_tool(self, state: RunState, name: str, raw_arguments: Any) -> str:
         tool = state.plan.tools.get(name)
-        try:
-            if tool is None or not state.ctx.allows(tool.descriptor.scope):
-                known = ", ".join(sorted(state.plan.tools)) or "none"
-                raise ToolProblem(f"unknown tool {name!r}; available tools: {known}")
-            arguments = parse_arguments(name, function.get("arguments"))
-            if tool.local is not None:
-                return await invoke_tool(tool.local, arguments, state.ctx)
-            return await self.runtime.call_tool(tool, arguments, state.ctx)
-        except ToolProblem as exc:
-            return f"Error: {exc}"
+        if tool is None or not state.ctx.allows(tool.descriptor.scope):
+            known = ", ".join(sorted(state.plan.tools)) or "none"
+            raise ToolProblem(f"unknown tool {name!r}; available tools: {known}")
+        arguments = parse_arguments(name, raw_arguments)
+        if tool.local is not None:
+            return await invoke_tool(tool.local, arguments, state.ctx)
+        return await self.runtime.call_tool(tool, arguments, state.ctx)
 
     async def _on_message(self, state: RunState) -> None:
         data = HookData.model_construct(lifecycle="on_message", messages=state.conversation)
@@ -587,23 +596,28 @@ class Agent:
     async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
         """Run every hook of data.lifecycle in order, segment by segment."""
         lifecycle = data.lifecycle
-        for segment in state.plan.segments(lifecycle, state.ctx.auth.scopes):
-            started = time.perf_counter()
-            if segment.group is None:
-                result = await run_hooks(
-                    segment.local_hooks(), data, state.ctx, stage_key=stage_key or lifecycle
+        segments = state.plan.segments(lifecycle, state.ctx.auth.scopes)
+        if not segments:
+            return data
+        with tracing.stage_span(lifecycle, stage_key):
+            for segment in segments:
+                started = time.perf_counter()
+                if segment.group is None:
+                    result = await run_hooks(
+                        segment.local_hooks(), data, state.ctx, stage_key=stage_key or lifecycle,
+                        observe=tracing.hook_observer(),
+                    )
+                else:
+                    result = await self.runtime.hop(segment, data, state.ctx, stage_key or lifecycle)
+                self.runtime.record_stage(
+                    state.completion_id, lifecycle, segment.group, result.outcomes,
+                    (time.perf_counter() - started) * 1000,
                 )
-            else:
-                result = await self.runtime.hop(segment, data, state.ctx, stage_key or lifecycle)
-            self.runtime.record_stage(
-                state.completion_id, lifecycle, segment.group, result.outcomes,
-                (time.perf_counter() - started) * 1000,
-            )
-            data = result.data
-            if result.abort is not None and lifecycle != "finalize_connection":
-                raise result.abort
-            if result.blocked:
-                break
+                data = result.data
+                if result.abort is not None and lifecycle != "finalize_connection":
+                    raise result.abort
+                if result.blocked:
+                    break
         return data
 
     def _conversation(self, messages: Sequence[dict[str, Any]] | str) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from hookbus.bus.envelopes import COMPACTION_LIFECYCLE
+from hookbus.services import tracing
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
 from hookbus.services.orchestrator.llm import LLM
@@ -79,20 +80,24 @@ class Compactor:
         self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int, runtime: Runtime
     ) -> Compaction:
         policy = self._policy
-        outcome = await compaction.compact_if_needed(
-            _plain(messages), tokens_of_next_message, policy, self.window, self._summarizer(policy)
-        )
-        await self._announce(outcome, None, runtime)
+        with tracing.compaction_span("between_turns") as span:
+            outcome = await compaction.compact_if_needed(
+                _plain(messages), tokens_of_next_message, policy, self.window, self._summarizer(policy)
+            )
+            span.outcome(outcome)
+            await self._announce(outcome, None, runtime)
         return outcome
 
     async def now(
         self, messages: Sequence[Mapping[str, Any]], focus: str | None, runtime: Runtime
     ) -> Compaction:
         policy = self._policy
-        outcome = await compaction.compact(
-            _plain(messages), policy, self.window, self._summarizer(policy), focus=focus
-        )
-        await self._announce(outcome, None, runtime)
+        with tracing.compaction_span("requested") as span:
+            outcome = await compaction.compact(
+                _plain(messages), policy, self.window, self._summarizer(policy), focus=focus
+            )
+            span.outcome(outcome)
+            await self._announce(outcome, None, runtime)
         return outcome
 
     def past_hard(self, messages: Sequence[Mapping[str, Any]]) -> bool:
@@ -110,12 +115,14 @@ class Compactor:
         """Compact the messages about to go to the LLM, keeping the turn in progress whole;
         None when nothing changed."""
         policy = policy or self._policy
-        outcome = await compaction.compact_in_run(
-            messages, policy, window or self.window, self._summarizer(policy), _turn_start(messages)
-        )
-        if outcome.stage == "none":
-            return None
-        await self._announce(outcome, ctx, runtime)
+        with tracing.compaction_span("in_run") as span:
+            outcome = await compaction.compact_in_run(
+                messages, policy, window or self.window, self._summarizer(policy), _turn_start(messages)
+            )
+            span.outcome(outcome)
+            if outcome.stage == "none":
+                return None
+            await self._announce(outcome, ctx, runtime)
         return outcome
 
     async def after_refusal(

@@ -31,6 +31,7 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import get_settings
+from hookbus.services import tracing
 from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
@@ -124,15 +125,17 @@ class LLM:
         settings: ModelSettings | None = None,
     ) -> ChatCompletion:
         arguments = request_arguments(model, messages, tools, settings)
-        try:
-            response: ChatCompletion = await self._connecting(
-                lambda: create_chat_completion(self.client(), arguments)
-            )
-        except openai.APIError as exc:
-            raise llm_error(exc) from exc
-        if response.usage is None:
-            response.usage = estimated_usage(messages, response_text(response))
-        return response
+        with tracing.chat_span(model, self, messages, tools, stream=False) as span:
+            try:
+                response: ChatCompletion = await self._connecting(
+                    lambda: create_chat_completion(self.client(), arguments)
+                )
+            except openai.APIError as exc:
+                raise llm_error(exc) from exc
+            if response.usage is None:
+                response.usage = estimated_usage(messages, response_text(response))
+            span.response(response)
+            return response
 
     async def stream(
         self,
@@ -145,26 +148,30 @@ class LLM:
         arguments.update(stream=True, stream_options={"include_usage": True})
         saw_choice = saw_usage = False
         produced: list[str] = []
-        try:
-            response = await self._connecting(
-                lambda: create_chat_completion(self.client(), arguments)
-            )
-            async with response:
-                async for chunk in response:
-                    saw_choice = saw_choice or bool(chunk.choices)
-                    saw_usage = saw_usage or chunk.usage is not None
-                    produced.extend(_chunk_texts(chunk))
-                    yield chunk
-        except openai.APIError as exc:
-            raise llm_error(exc) from exc
-        if not saw_choice:
-            raise UpstreamError(
-                502, "empty_response",
-                "the LLM endpoint ended its stream without a chunk or a finish_reason "
-                "(llama.cpp does this for a prompt longer than its context)",
-            )
-        if not saw_usage:
-            yield _usage_chunk(estimated_usage(messages, "".join(produced)), model)
+        with tracing.chat_span(model, self, messages, tools, stream=True) as span:
+            try:
+                response = await self._connecting(
+                    lambda: create_chat_completion(self.client(), arguments)
+                )
+                async with response:
+                    async for chunk in response:
+                        saw_choice = saw_choice or bool(chunk.choices)
+                        saw_usage = saw_usage or chunk.usage is not None
+                        produced.extend(_chunk_texts(chunk))
+                        span.chunk(chunk)
+                        yield chunk
+            except openai.APIError as exc:
+                raise llm_error(exc) from exc
+            if not saw_choice:
+                raise UpstreamError(
+                    502, "empty_response",
+                    "the LLM endpoint ended its stream without a chunk or a finish_reason "
+                    "(llama.cpp does this for a prompt longer than its context)",
+                )
+            if not saw_usage:
+                estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
+                span.chunk(estimate)
+                yield estimate
 
 
 async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:

@@ -286,7 +286,7 @@ class WorkerReplica(BusApp):
                 reply = await self.host.answer(event, attempt, self.replica, split)
                 if reply.failure:
                     span.error(reply.failure, "hop_failed")
-                await self._reply(entry_id, event, reply)
+            await self._reply(entry_id, event, reply)
         finally:
             self._in_flight.pop(entry_id, None)
         self.processed += 1

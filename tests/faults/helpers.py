@@ -54,6 +54,7 @@ async def submit(
     stream: bool = True,
     timeout: float = 60.0,
     session_id: str | None = None,
+    trace: dict[str, str] | None = None,
 ) -> RequestEnvelope:
     request = RequestEnvelope(
         completion_id=completion_id,
@@ -61,6 +62,7 @@ async def submit(
         stream=stream,
         session_id=session_id,
         deadline=time.time() + timeout,
+        trace=trace,
     )
     await client.xadd(keys.requests, encode(request))  # type: ignore[arg-type]
     return request
