@@ -264,6 +264,14 @@ def _start(
 
 TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/models"})
 """Paths whose requests get a server span; probes and scrapes (/healthz, /metrics) do not."""
+TRACED_PREFIXES = {"/v1/models/": "/v1/models/{model}", "/v1/responses/": "/v1/responses/{response_id}"}
+"""Routes with a path parameter: the span is named by the route, not the path."""
+
+
+def _route(path: str) -> str | None:
+    if path in TRACED_PATHS:
+        return path
+    return next((route for prefix, route in TRACED_PREFIXES.items() if path.startswith(prefix)), None)
 
 
 class TracingMiddleware:
@@ -274,12 +282,12 @@ class TracingMiddleware:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or _tracer is None or not _traced_path(path):
+        route = _route(path) if scope["type"] == "http" and _tracer is not None else None
+        if route is None:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
         method = scope.get("method", "GET")
-        route = path if path in TRACED_PATHS else "/v1/models/{model}"
         server = _start(
             f"{method} {route}", SpanKind.SERVER, parent=propagate.extract(headers),
             http__request__method=method, url__path=path, http__route=route,
@@ -299,10 +307,6 @@ class TracingMiddleware:
             await self.app(scope, receive, send_traced)
             if status >= 500:
                 server.error(f"HTTP {status}", str(status))
-
-
-def _traced_path(path: str) -> bool:
-    return path in TRACED_PATHS or path.startswith("/v1/models/")
 
 
 def gateway_middleware() -> list[Any]:
