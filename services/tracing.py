@@ -393,8 +393,11 @@ def hop_span(group: str, stream: str, lifecycle: str, hooks: Sequence[str]) -> A
 
 
 def hook_observer() -> Any:
-    """What `run_hooks(observe=...)` wraps each hook call in: a `hook {key}` span; None while off."""
-    return None if _tracer is None else _hook_span
+    """What `run_hooks(observe=...)` wraps each hook call in: a `hook {key}` span below the
+    current (stage or process) span; None while off or when no span is being recorded."""
+    if _tracer is None or not trace.get_current_span().is_recording():
+        return None
+    return _hook_span
 
 
 def _hook_span(key: str, lifecycle: str) -> Traced:
@@ -545,8 +548,10 @@ def compaction_span(trigger: str) -> Any:
 
 
 def process_span(group: str, replica: str, lifecycle: str, carrier: TraceCarrier | None, attempt: int) -> Any:
-    """`process {group}`: a worker answering one hop, continuing the orchestrator's hop span."""
-    if _tracer is None:
+    """`process {group}`: a worker answering one hop, continuing the orchestrator's hop span.
+    A hop that carries no trace context (its orchestrator does not trace) gets no span: a
+    worker continues traces, it never starts one per hop."""
+    if _tracer is None or not carrier:
         return OFF
     return _start(
         f"process {group}", SpanKind.CONSUMER, parent=incoming(carrier), hookbus__group=group,

@@ -88,7 +88,7 @@ def decode_spans(body: bytes) -> list[ReceivedSpan]:
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
         self.requests = 0
@@ -123,7 +123,7 @@ class OtlpReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-receiver", daemon=True)
 
     @property
@@ -146,3 +146,21 @@ class OtlpReceiver:
     def clear(self) -> None:
         with self._lock:
             self._spans.clear()
+
+
+def main() -> None:
+    """`python -m tests.otlp_receiver PORT`: serve until SIGTERM, then print the span count
+    (benchmarks run the receiver in a process of its own, so decoding costs them nothing)."""
+    import signal
+    import sys
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with OtlpReceiver(port=int(sys.argv[1])) as receiver:
+        print(f"listening {receiver.url}", flush=True)
+        stop.wait()
+        print(f"spans {len(receiver.spans())} requests {receiver.requests} bad {receiver.bad_requests}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
