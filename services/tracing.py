@@ -333,18 +333,22 @@ class RequestSpan(Traced):
             self.error(str(error.get("message", "")), str(error.get("code", "error")))
 
 
+RECOVERY_MODES = frozenset({"recover", "end"})
+"""OrchestratorService.execute's modes for a request claimed from a lost orchestrator."""
+
+
 def request_span(
     agent_name: str, completion_id: str, carrier: TraceCarrier | None, mode: str,
     *, session_id: str | None = None,
 ) -> Any:
-    """A run continues the sender's trace; a request recovered after its orchestrator was
-    lost (mode other than "run" after a claim) starts a trace of its own linked to it."""
+    """A run continues the sender's trace; a request another orchestrator claimed after its
+    first one was lost (`mode` "recover" or "end") starts a trace of its own linked to it."""
     if _tracer is None:
         return OFF
     sender = incoming(carrier)
     links: list[Link] = []
     parent = sender
-    if mode != "run" and sender is not None:
+    if mode in RECOVERY_MODES and sender is not None:
         linked = trace.get_current_span(sender).get_span_context()
         if linked.is_valid:
             links.append(Link(linked, {"hookbus.link": "first_run"}))
