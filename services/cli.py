@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from hookbus.bus.settings import get_settings
 from hookbus.services import defaults
 
 RUN_STATE = Path(".hookbus")
+CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not know (= HOOKBUS_CONTEXT_WINDOW)"
 
 
 def redis_url_or_exit() -> str:
@@ -77,6 +79,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     from hookbus.services.tracing import configure_tracing
 
     configure_logging()
+    use_context_window(args.context_window)
     try:
         agent = load_agent(args.agent)
     except SpecError as exc:
@@ -193,7 +196,17 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from hookbus.services.repl import run_chat
 
+    use_context_window(args.context_window)
     return run_chat(local=args.local)
+
+
+def use_context_window(tokens: int | None) -> None:
+    """`--context-window N` is `HOOKBUS_CONTEXT_WINDOW=N` for this process: set before the
+    agent is built, since an agent reads its settings then."""
+    if tokens is not None:
+        if tokens <= 0:
+            sys.exit("hookbus: --context-window must be a positive number of tokens")
+        os.environ["HOOKBUS_CONTEXT_WINDOW"] = str(tokens)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -266,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     orchestrator.add_argument("--claim-idle", type=float, default=defaults.ORCHESTRATOR_CLAIM_IDLE, help="seconds before a dead orchestrator's request is claimed")
     orchestrator.add_argument("--max-deliveries", type=int, default=defaults.ORCHESTRATOR_MAX_DELIVERIES, help="deliveries before a request is set aside")
     add_limit_options(orchestrator)
+    orchestrator.add_argument("--context-window", type=int, default=None, metavar="TOKENS", help=CONTEXT_WINDOW_HELP)
     orchestrator.set_defaults(func=cmd_orchestrator)
 
     gateway = commands.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
@@ -302,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="chat in the terminal (through the queue, or --local)")
     chat.add_argument("--local", action="store_true", help="run the agent in this process")
+    chat.add_argument("--context-window", type=int, default=None, metavar="TOKENS", help=CONTEXT_WINDOW_HELP)
     chat.set_defaults(func=cmd_chat)
 
     run = commands.add_parser("run", help="the whole stack on an embedded Redis, with a demo request")

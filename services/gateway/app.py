@@ -48,7 +48,7 @@ from hookbus.services.gateway.metrics import (
     GatewayMetrics,
     MetricsMiddleware,
 )
-from hookbus.services.gateway.models import Health, ModelCard, ModelList
+from hookbus.services.gateway.models import MODEL_CREATED, Health, ModelCard, ModelList
 from hookbus.services.gateway.openapi import openapi_document
 from hookbus.services.gateway.request_body import BODY_TIMEOUT
 from hookbus.services.gateway.responses_api import (
@@ -93,7 +93,6 @@ def create_app(
         limits=limits or RequestLimits(),
         body_timeout=body_timeout,
         metrics=metrics,
-        started=int(time.time()),
         probe=reader,
         responses=StoredResponses(client.redis, client.keys, stored_response_ttl),
     )
@@ -148,7 +147,7 @@ def create_app(
 async def list_models(request: Request) -> Response:
     gw = gateway_of(request)
     gw.authenticate(request)
-    cards = [ModelCard(id=m, created=gw.started) for m in gw.models]
+    cards = [ModelCard(id=m, created=MODEL_CREATED) for m in gw.models]
     return JSONResponse(ModelList(data=cards).model_dump())
 
 
@@ -158,7 +157,7 @@ async def retrieve_model(request: Request) -> Response:
     model = request.path_params["model"]
     if model not in gw.models:
         raise GatewayError(404, "model_not_found", f"The model `{model}` does not exist.", param="model")
-    return JSONResponse(ModelCard(id=model, created=gw.started).model_dump())
+    return JSONResponse(ModelCard(id=model, created=MODEL_CREATED).model_dump())
 
 
 async def healthz(request: Request) -> Response:

@@ -110,6 +110,11 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+MODEL_CREATED = 1_735_689_600
+"""`created` of every model card (2025-01-01 UTC): the same from every gateway replica and
+after every restart, since clients compare and cache model cards."""
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -27,7 +27,6 @@ class Gateway:
     limits: RequestLimits
     body_timeout: float
     metrics: GatewayMetrics
-    started: int
     probe: aredis.Redis  # no retries: a probe or a scrape answers at once when Redis is down
     responses: StoredResponses
 

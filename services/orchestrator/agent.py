@@ -300,6 +300,7 @@ class Agent:
     async def _lifecycle(self, state: RunState) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
+            await self._compactor.ask_endpoint()
             if state.ctx.session.id:
                 state.ctx.session.data = await self.runtime.load_session(
                     state.ctx.auth.peer_user_id, state.ctx.session.id

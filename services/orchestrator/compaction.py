@@ -52,6 +52,7 @@ from hookbus.services.orchestrator.tokens import (
     count_content,
     count_message,
     count_messages,
+    count_text,
     truncate_text,
 )
 from hookbus.skills.compaction_outcome import AUTO_OFF, Compaction, Stage
@@ -70,6 +71,9 @@ counts as a failed summary: the oldest turns are then dropped instead.
 
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 SUMMARY_INSTRUCTION = "You compact a conversation between a user and an AI assistant."
+TRANSCRIPT_CUT = "\n\n[the rest of the transcript was cut to fit the context window]"
+SUMMARY_REQUEST_OVERHEAD = 32
+"""Tokens of a summary request beyond its two texts: message framing, the user line's header."""
 """How the summary request's system prompt begins (a real model reads it as the task; the
 offline stand-in model recognises a summary request by it)."""
 SETTLE = 0.75
@@ -297,8 +301,13 @@ def summary_request(
     limit: int,
     instructions: str | None = None,
     focus: str | None = None,
+    window: int | None = None,
 ) -> list[Message]:
-    """The chat messages that ask for a summary of ``messages`` in at most ``limit`` tokens."""
+    """The chat messages that ask for a summary of ``messages`` in at most ``limit`` tokens.
+
+    With ``window``, the transcript is cut (its end dropped, with a note) so that the request
+    and the ``limit`` tokens of answer fit in it: the summary call must not itself be refused
+    as too long."""
     lines = [
         f"{SUMMARY_INSTRUCTION} The assistant will continue from your summary alone, without "
         "the original messages, so keep everything needed to go on:",
@@ -316,8 +325,13 @@ def summary_request(
         lines += ["", f"Focus: {focus.strip()}"]
     names = _tool_names(messages)
     transcript = "\n\n".join(_transcript_entry(m, names) for m in messages)
+    system = "\n".join(lines)
+    if window is not None:
+        room = window - limit - count_text(system) - SUMMARY_REQUEST_OVERHEAD
+        if count_text(transcript) > room:
+            transcript = truncate_text(transcript, max(0, room - count_text(TRANSCRIPT_CUT))) + TRANSCRIPT_CUT
     return [
-        {"role": "system", "content": "\n".join(lines)},
+        {"role": "system", "content": system},
         {"role": "user", "content": f"Conversation to summarize:\n\n{transcript}"},
     ]
 
@@ -517,7 +531,9 @@ async def _summarize(
     focus: str | None,
 ) -> bool:
     """Turn ``run.body[:start]`` into one summary message; False (with a reason) if that failed."""
-    request = summary_request(run.body[:start], limit=limit, instructions=instructions, focus=focus)
+    request = summary_request(
+        run.body[:start], limit=limit, instructions=instructions, focus=focus, window=run.resolved.window
+    )
     try:
         text = await summarize(request)
     except Exception as exc:  # whatever the LLM call did wrong, dropping turns is the fallback

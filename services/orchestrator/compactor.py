@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from hookbus.bus.envelopes import COMPACTION_LIFECYCLE
+from hookbus.bus.settings import get_settings
 from hookbus.services import tracing
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
@@ -52,6 +53,9 @@ class Compactor:
         self._llm = llm
         self._model = model
         self._listeners = [skill for skill in skills if skill.handles_compaction()]
+        self.configured_window = get_settings().context_window
+        self.endpoint_window: int | None = None
+        self._asked_endpoint = False
         self.policy = policy or CompactionPolicy()
         self.last: Compaction | None = None
 
@@ -70,15 +74,36 @@ class Compactor:
 
     @property
     def window(self) -> int:
-        """Tokens compaction budgets against: the policy's `window`, else the model's."""
+        """Tokens compaction budgets against, the first that is known of: the policy's
+        `window`, `HOOKBUS_CONTEXT_WINDOW` (or the `--context-window` flag), what the
+        endpoint says it serves (llama.cpp, vLLM; asked once, see `ask_endpoint`), the
+        built-in table, and for an unknown model a cautious 8192."""
         return self._policy.window or self._model_window()
 
     def _model_window(self) -> int:
-        return context_window(self._model, self._llm.context_windows())
+        return (
+            self.configured_window
+            or self.endpoint_window
+            or context_window(self._model, self._llm.context_windows())
+        )
+
+    async def ask_endpoint(self) -> None:
+        """Ask the endpoint for the model's context window, once per agent (a failure
+        counts as "it does not say")."""
+        if self._asked_endpoint or self.configured_window:
+            return
+        self._asked_endpoint = True
+        try:
+            self.endpoint_window = await self._llm.context_window(self._model)
+        except Exception:  # noqa: BLE001 - the table applies when the endpoint cannot tell
+            log.warning("context_window_probe_failed", model=self._model, exc_info=True)
+        if self.endpoint_window:
+            log.info("context_window_from_endpoint", model=self._model, window=self.endpoint_window)
 
     async def between_turns(
         self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int, runtime: Runtime
     ) -> Compaction:
+        await self.ask_endpoint()
         policy = self._policy
         with tracing.compaction_span("between_turns") as span:
             outcome = await compaction.compact_if_needed(
@@ -91,6 +116,7 @@ class Compactor:
     async def now(
         self, messages: Sequence[Mapping[str, Any]], focus: str | None, runtime: Runtime
     ) -> Compaction:
+        await self.ask_endpoint()
         policy = self._policy
         with tracing.compaction_span("requested") as span:
             outcome = await compaction.compact(

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import httpx
 import openai
 import structlog
 from openai.types import CompletionUsage
@@ -43,6 +44,8 @@ T = TypeVar("T")
 
 RETRY_PAUSE = 0.2
 """Seconds before retrying a call that could not connect."""
+PROBE_TIMEOUT = 5.0
+"""Seconds to wait for an endpoint to say its context window."""
 
 
 class LLM:
@@ -116,6 +119,25 @@ class LLM:
                 attempt += 1
                 log.warning("llm_connect_retry", attempt=attempt, error=str(exc))
                 await asyncio.sleep(RETRY_PAUSE)
+
+    async def context_window(self, model: str) -> int | None:
+        """The context window the endpoint serves `model` with, where it says so: llama.cpp's
+        `GET /props` (`n_ctx`), vLLM's `GET /v1/models` (`max_model_len`); None otherwise
+        (the offline model and OpenAI say nothing: hookbus's table applies)."""
+        if self.offline:
+            return None
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
+            props = await _get_json(http, f"{root}/props")
+            n_ctx = _n_ctx(props)
+            if n_ctx:
+                return n_ctx
+            models = await _get_json(http, f"{self.base_url.rstrip('/')}/models")
+        for card in (models or {}).get("data") or ():
+            if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
+                return int(card["max_model_len"])
+        return None
 
     async def complete(
         self,
@@ -196,6 +218,26 @@ async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str
 
 def json_body(arguments: dict[str, Any]) -> bytes:
     return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+async def _get_json(http: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
+    try:
+        response = await http.get(url)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _n_ctx(props: dict[str, Any] | None) -> int | None:
+    """llama.cpp's served context size from its /props (newer servers nest it)."""
+    if not props:
+        return None
+    for holder in (props.get("default_generation_settings") or {}, props):
+        value = holder.get("n_ctx") if isinstance(holder, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def request_arguments(

@@ -36,7 +36,9 @@ IMAGE_TOKENS = 765
 """A content part that is not text (an image, say) counts as one high-detail
 1024x1024 image: its real cost depends on the provider and is not in the text."""
 CHARS_PER_TOKEN = 4
-DEFAULT_CONTEXT_WINDOW = 128_000
+DEFAULT_CONTEXT_WINDOW = 8_192
+"""The window of a model neither the table nor the endpoint knows: cautious, since assuming
+128k for a small local model (gemma3 on a 2048-token llama.cpp server) meant it never compacted."""
 
 _CACHE_SIZE = 1 << 16
 
@@ -255,7 +257,7 @@ def context_window(model: str, overrides: Mapping[str, int] | None = None) -> in
 
     ``overrides`` maps prefixes to windows and wins over the built-in table at
     equal length. A provider prefix such as ``openai/`` or ``anthropic/`` is
-    ignored when the full name matches nothing; unknown models get 128000.
+    ignored when the full name matches nothing; unknown models get DEFAULT_CONTEXT_WINDOW (8192).
     """
     table = {**CONTEXT_WINDOWS, **{k.lower(): v for k, v in (overrides or {}).items()}}
     name = model.strip().lower()

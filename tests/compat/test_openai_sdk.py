@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from hookbus.services.gateway.models import MODEL_CREATED
 from tests.compat.conftest import function_tool
 
 ADD_TWICE = '[[tool:add {"a": 1, "b": 2}]] [[tool:add {"a": 3, "b": 4}]]'
@@ -195,3 +196,11 @@ async def test_n_above_one_is_refused_with_the_reason(offline_gateway):
             await client.chat.completions.create(model="offline", messages=[{"role": "user", "content": "hi"}], n=2)
     assert "n=2 is not supported" in caught.value.message
     assert caught.value.body["param"] == "n"
+
+
+async def test_the_model_list_names_the_served_model_with_a_stable_created(offline_gateway):
+    async with client_for(offline_gateway) as client:
+        listed = [card async for card in client.models.list()]
+        one = await client.models.retrieve("offline")
+    assert [(c.id, c.created) for c in listed] == [("offline", MODEL_CREATED)]
+    assert one.created == MODEL_CREATED  # the same from every gateway replica and restart
