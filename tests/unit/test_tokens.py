@@ -117,7 +117,7 @@ def test_truncate_text_keeps_a_prefix_within_the_limit() -> None:
         ("llama-2-7b", 4_096),
         ("mistral-large-latest", 131_072),
         ("qwen2.5-coder", 32_768),
-        ("something-unheard-of", 128_000),
+        ("something-unheard-of", 8_192),  # an unknown model is not assumed to have 128k
     ],
 )
 def test_context_window_by_longest_prefix(model: str, window: int) -> None:
@@ -255,7 +255,7 @@ def test_the_offline_models_windows_come_from_the_offline_model_not_the_producti
     from hookbus import Agent
     from hookbus.services.orchestrator.llm import LLM
 
-    assert context_window(model) == 128_000  # the production table knows no offline model
+    assert context_window(model) == 8_192  # the production table knows no offline model
     assert context_window(model, LLM().context_windows()) == window
     assert Agent("a", model=model).context_window == window
     assert LLM(base_url="http://127.0.0.1:1/v1").context_windows() == {}
