@@ -94,14 +94,13 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def configure_tracing(role: str, instance: str, environ: Mapping[str, str] | None = None) -> bool:
-    """Set up this process's tracer provider as the environment asks; True when tracing is on.
+def configure_tracing(role: str, instance: str) -> bool:
+    """Set up this process's tracer provider as its environment asks; True when tracing is on.
 
     Called once by each service command before it builds its service. The provider flushes
     its batch of spans when the process exits normally (SIGTERM included)."""
     global _tracer, _capture, _provider
-    env = os.environ if environ is None else environ
-    settings = TracingSettings.from_env(env)
+    settings = TracingSettings.from_env(os.environ)
     _capture = settings.capture_content
     if not settings.enabled:
         return False

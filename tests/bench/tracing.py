@@ -19,6 +19,7 @@ Run alone: `python -m tests.bench.tracing`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from hookbus.bus.embedded import free_port
@@ -90,7 +91,7 @@ def _ops(runtime, tracer, by_group, kind: str, concurrency: int):  # type: ignor
             started = time.perf_counter()
             with tracing.stage_span(kind, kind):
                 result = await runtime.hop(segment, data, ctx, kind)
-            runtime.record_stage(ctx, kind, segment.group, result.outcomes, (time.perf_counter() - started) * 1000)
+            runtime.record_stage(ctx.completion_id, kind, segment.group, result.outcomes, (time.perf_counter() - started) * 1000)
             if result.outcomes[0].outcome != "ok":
                 raise RuntimeError(result.outcomes[0].error)
 
@@ -117,7 +118,8 @@ async def measure(redis_url: str) -> list[Row]:
         traced = procs.spawn(traced_args, bench_env(redis_url, prefix, **otel), "worker-hoptraced")
         side = await bus_side(redis_url, prefix)
         await wait_for_replicas(redis_url, prefix, {"hop": 1, "hoptraced": 1}, procs)
-        assert tracing.configure_tracing("orchestrator", "bench-orchestrator", otel)
+        os.environ.update(otel)
+        assert tracing.configure_tracing("orchestrator", "bench-orchestrator")
         tracer = tracing._tracer  # switched per operation below: one process, both variants
         tracing._tracer = None
         runtime = side.runtime

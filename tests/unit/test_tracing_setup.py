@@ -42,14 +42,16 @@ def test_content_capture_is_off_unless_opted_in():
     assert TracingSettings.from_env(opted).capture_content is True
 
 
-def test_a_protocol_hookbus_cannot_speak_leaves_tracing_off_and_says_why():
-    assert configure_tracing("worker", "w-1", {**ENDPOINT, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) is False
+def test_a_protocol_hookbus_cannot_speak_leaves_tracing_off(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    assert configure_tracing("worker", "w-1") is False
     assert not tracing.enabled()
-    grpc = {**ENDPOINT, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     try:
         import opentelemetry.exporter.otlp.proto.grpc  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
-        assert configure_tracing("worker", "w-1", grpc) is False
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        assert configure_tracing("worker", "w-1") is False
         assert not tracing.enabled()
 
 
