@@ -13,7 +13,9 @@ completion id: hooks, logs and the monitor see it.
   error raised before it (a 402 in `on_connection`) is a real HTTP error. Then
   `response.created`, `response.in_progress`, the output item, content part, text and
   function-call argument events, and `response.completed` (or `response.incomplete`);
-  every event has a `sequence_number`. An error after the stream started is an `error`
+  every event has a `sequence_number`. The agent's own tool rounds are not output items:
+  while one of its tools runs, the stream carries SSE comment lines
+  (`: hookbus: tool NAME running`), which clients skip. An error after the stream started is an `error`
   event (the hook's code and message) and then `response.failed`.
 - A client that disconnects before its answer ended gets its run cancelled.
 - `store` (default true) keeps the response and its conversation under the caller's
@@ -59,7 +61,7 @@ from hookbus.services.gateway.responses_translate import (
     new_response,
     new_response_id,
 )
-from hookbus.services.gateway.sse import sse_event
+from hookbus.services.gateway.sse import sse_comment, sse_event
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.skills import AuthInfo
 
@@ -171,6 +173,8 @@ async def _frames(gw: Gateway, relay: Relay, events: ResponseEvents, keep: Keep)
         if item.kind == "chunk" and item.chunk is not None:
             for event in events.chunk(item.chunk):
                 yield sse_event(wire(event), event.type)
+        elif item.kind == "progress":  # a server-side tool running: a comment clients skip
+            yield sse_comment(item.progress or "")
     if relay.error is None:
         ending = events.completed()
     else:

@@ -359,3 +359,112 @@ async def test_responses_are_counted_by_route_template_not_by_id(gateway):
     assert created.id not in text
     assert sample(text, "hookbus_gateway_in_flight_requests") == 0
 
+
+
+# ------------------------------------------------------- function tools (client tools)
+
+LOOKUP = {
+    "type": "function", "name": "lookup", "description": "Look something up.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+}
+
+
+async def test_a_function_call_is_returned_and_its_output_continues_from_the_stored_response(gateway, sessions):
+    session = new_session()
+    async with client_for(gateway, session=session) as client:
+        asked = await strictly(
+            client, model="offline", input='[[tool:lookup {"q": "tides"}]]', tools=[LOOKUP],
+        )
+        (call,) = asked.output
+        assert call.type == "function_call" and call.name == "lookup"
+        assert json.loads(call.arguments) == {"q": "tides"}
+        assert asked.output_text == ""
+        answered = await strictly(
+            client, model="offline", previous_response_id=asked.id, tools=[LOOKUP],
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "high at noon"}],
+        )
+    assert answered.output_text == "The tool lookup returned: high at noon"
+    data = await finalized(sessions, session)
+    assert data["finalized"] == 2 and data["error"] is None
+
+
+async def test_a_streamed_function_call_has_its_argument_events_and_the_full_input_continues_it(gateway):
+    prompt = '[[tool:lookup {"q": "a rather long question to split"}]]'
+    async with client_for(gateway) as client:
+        stream = await client.responses.create(model="offline", input=prompt, tools=[LOOKUP], stream=True)
+        events = [event async for event in stream]
+        kinds = [e.type for e in events]
+        assert "response.output_text.delta" not in kinds
+        added = next(e for e in events if e.type == "response.output_item.added")
+        assert added.item.type == "function_call" and added.item.name == "lookup"
+        deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert "".join(deltas) == done.arguments
+        assert json.loads(done.arguments) == {"q": "a rather long question to split"}
+        final = events[-1].response
+        assert events[-1].type == "response.completed" and final.output[0].arguments == done.arguments
+        # no previous_response_id: the client sends the whole conversation back, as the Agents SDK does
+        call = final.output[0]
+        answered = await client.responses.create(
+            model="offline", tools=[LOOKUP], store=False,
+            input=[
+                {"role": "user", "content": prompt},
+                {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+                {"type": "function_call_output", "call_id": call.call_id, "output": "42"},
+            ],
+        )
+    assert answered.output_text == "The tool lookup returned: 42"
+
+
+async def test_tool_choice_none_keeps_the_tools_from_the_model(gateway):
+    async with client_for(gateway) as client:
+        response = await client.responses.create(
+            model="offline", input='[[tool:lookup {"q": "x"}]] [[echo]] no call', tools=[LOOKUP],
+            tool_choice="none",
+        )
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == "no call"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_agents_own_tool_round_is_not_an_output_item(gateway, stream):
+    prompt = '[[tool:remember {"note": "eggs"}]]'
+    headers = {**bearer(), "X-Session-Id": new_session()}
+    request = {"model": "offline", "input": prompt, "tools": [LOOKUP], "stream": stream}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        answer = await http.post("/v1/responses", json=request, headers=headers)
+    if stream:
+        comments = [line for line in answer.text.splitlines() if line.startswith(": ")]
+        assert comments == [": hookbus: tool remember running", ": hookbus: tool remember done"]
+        frames = [f for f in answer.text.split("\n\n") if f.startswith("event: ")]
+        events = [EVENTS.validate_json(f.split("\n")[1].removeprefix("data: ")) for f in frames]
+        assert not [e for e in events if e.type.startswith("response.function_call_arguments")]
+        response = events[-1].response
+    else:
+        response = Response.model_validate(answer.json())
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == "The tool remember returned: noted (1)"
+
+
+async def test_a_mixed_response_runs_the_server_tool_and_returns_the_function_call(gateway, sessions):
+    session = new_session()
+    prompt = '[[tool:remember {"note": "milk"}]] [[tool:lookup {"q": "shops"}]]'
+    async with client_for(gateway, session=session) as client:
+        asked = await client.responses.create(model="offline", input=prompt, tools=[LOOKUP])
+        # the agent ran its own tool (remember); only the client's call comes back
+        assert [(item.type, item.name) for item in asked.output] == [("function_call", "lookup")]
+        answered = await client.responses.create(
+            model="offline", previous_response_id=asked.id, tools=[LOOKUP],
+            input=[{"type": "function_call_output", "call_id": asked.output[0].call_id, "output": "two"}],
+        )
+    # the model sees the results of both its calls, the server's included
+    assert answered.output_text == "The tool remember returned: noted (1)\nThe tool lookup returned: two"
+    assert (await sessions.load("alice", session))["notes"] == ["milk"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_429_is_a_429(gateway, stream):
+    async with client_for(gateway) as client:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.responses.create(model="offline", input="[[error:429]]", stream=stream)
+    assert caught.value.status_code == 429
