@@ -6,8 +6,9 @@ Redis, orchestrator, gateway) whose agent talks to it, and runs a short scripted
 conversation through the gateway with the official openai client:
 
 1. a streamed answer (one role delta, text, one finish chunk);
-2. a conversation grown past the 2048 window: the agent must learn the window from the
-   server's /props and compact instead of being refused;
+2. a conversation grown past the 2048 window: the agent must compact and answer (from the
+   window the endpoint reports, or, as llama-cpp-python's server reports none, after its
+   "context too long" refusal);
 3. a client tool call forced with `tool_choice` (a named function): the call comes back
    with finish_reason tool_calls, its result goes back in, and the model answers.
 
@@ -129,10 +130,13 @@ async def past_the_window(client: openai.AsyncOpenAI, agent: Agent) -> bool:
     except openai.APIError as exc:
         say("compaction past the window", False, f"refused: {exc}")
         return False
+    # llama-cpp-python's server reports no n_ctx (no /props, nothing in /v1/models), so the
+    # agent may only learn the window from the server's refusal: compaction then retries once
     compaction = agent.last_compaction
-    good = compaction is not None and compaction.window == WINDOW and bool(completion.choices[0].message.content)
+    good = compaction is not None and bool(completion.choices[0].message.content)
     detail = compaction.sentence() if compaction else "no compaction happened"
-    say("compaction past the window", good, f"window {agent.context_window}; {detail}")
+    window = compaction.window if compaction else None
+    say("compaction past the window", good, f"agent window {agent.context_window}, compacted against {window}; {detail}")
     return good
 
 
