@@ -463,12 +463,26 @@ class Endpoint(Protocol):
     def base_url(self) -> str: ...
 
 
+_REQUEST_SETTINGS = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "max_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",
+    "seed": "gen_ai.request.seed",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "stop": "gen_ai.request.stop_sequences",
+}
+"""The sampling fields of a call (ModelSettings) and their GenAI attribute names."""
+
+
 def chat_span(
     model: str, endpoint: Endpoint, messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None, *, stream: bool,
+    tools: Sequence[Mapping[str, Any]] | None, *, stream: bool, settings: Any = None,
 ) -> Any:
     """Not made current: a streamed call's span lives across its generator's yields.
-    `endpoint.base_url` is read only while tracing is on."""
+    `endpoint.base_url` is read only while tracing is on; `settings` is the call's
+    ModelSettings (its sampling fields become `gen_ai.request.*`)."""
     if _tracer is None:
         return OFF
     from urllib.parse import urlsplit
@@ -483,6 +497,9 @@ def chat_span(
         "server.address": url.hostname or "",
         "server.port": url.port or (443 if url.scheme == "https" else 80),
     }
+    for field, value in (settings.given() if settings is not None else {}).items():
+        if field in _REQUEST_SETTINGS:
+            attributes[_REQUEST_SETTINGS[field]] = [value] if isinstance(value, str) and field == "stop" else value
     if tools:
         attributes["gen_ai.request.tool_names"] = [str((t.get("function") or {}).get("name", "")) for t in tools]
     if _capture:

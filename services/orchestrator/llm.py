@@ -147,7 +147,7 @@ class LLM:
         settings: ModelSettings | None = None,
     ) -> ChatCompletion:
         arguments = request_arguments(model, messages, tools, settings)
-        with tracing.chat_span(model, self, messages, tools, stream=False) as span:
+        with tracing.chat_span(model, self, messages, tools, stream=False, settings=settings) as span:
             try:
                 response: ChatCompletion = await self._connecting(
                     lambda: create_chat_completion(self.client(), arguments)
@@ -170,7 +170,7 @@ class LLM:
         arguments.update(stream=True, stream_options={"include_usage": True})
         saw_choice = saw_usage = False
         produced: list[str] = []
-        with tracing.chat_span(model, self, messages, tools, stream=True) as span:
+        with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
                 response = await self._connecting(
                     lambda: create_chat_completion(self.client(), arguments)

@@ -113,6 +113,7 @@ async def test_one_trace_spans_the_gateway_the_orchestrator_and_the_worker(
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=30) as client:
             completion = await client.chat.completions.create(
                 model="offline", messages=[{"role": "user", "content": TOOL_PROMPT}],
+                temperature=0.3, max_tokens=200, seed=7,
                 extra_headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
             )
             spans = await wait_for(request_done(receiver, trace_id), timeout=20)
@@ -185,6 +186,10 @@ async def test_one_trace_spans_the_gateway_the_orchestrator_and_the_worker(
     assert chats[0].attributes["gen_ai.response.finish_reasons"] == ["tool_calls"]
     assert chats[1].attributes["gen_ai.response.finish_reasons"] == ["stop"]
     assert chats[0].attributes["gen_ai.request.tool_names"] == ["weather"]
+    for chat in chats:  # the client's sampling fields, as the LLM got them
+        assert chat.attributes["gen_ai.request.temperature"] == 0.3
+        assert chat.attributes["gen_ai.request.max_tokens"] == 200
+        assert chat.attributes["gen_ai.request.seed"] == 7
 
     # the tool: an execute_tool span, its hop to the worker group below it
     tool = one(spans, "execute_tool weather")
