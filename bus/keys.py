@@ -180,6 +180,12 @@ class Keys:
         """Sorted set: orchestrator instance -> last heartbeat (unix seconds)."""
         return self._control("orchestrators")
 
+    def key_usage(self, key_id: str) -> tuple[str, str]:
+        """Sorted sets of one API key's requests in flight (id -> lease end, ms) and of its
+        last minute (id -> start, ms), in one slot (hookbus.services.gateway.key_limits)."""
+        name = "{" + key_id + "}" if self.tagged else key_id
+        return f"{self.prefix}key-usage:{name}:parallel", f"{self.prefix}key-usage:{name}:minute"
+
     def session(self, owner: str | None, session_id: str) -> str:
         """One caller's session: the same id sent by two principals names two sessions.
 

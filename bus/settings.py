@@ -6,6 +6,8 @@ Kubernetes manifests agree on the names; `hookbus settings` prints them.
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -60,6 +62,27 @@ class Settings(BaseSettings):
         default="auto", alias="HOOKBUS_LOG_FORMAT", description="json, console or auto."
     )
     log_level: str = Field(default="info", alias="HOOKBUS_LOG_LEVEL")
+
+
+    def shown(self, name: str) -> str:
+        """A field's value for printing: passwords in URLs and API keys as `***`."""
+        value = getattr(self, name)
+        if value is None:
+            return "None"
+        if name in SECRET_FIELDS:
+            return "'***'"
+        return repr(redact_url(value)) if isinstance(value, str) else repr(value)
+
+
+SECRET_FIELDS = frozenset({"openai_api_key"})
+_URL_PASSWORD = re.compile(r"(?P<head>//[^/@?#]*?:)[^/@?#]*@")
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """`redis://:secret@host/0` -> `redis://:***@host/0` (also `user:secret@`, `?password=`)."""
+    url = _URL_PASSWORD.sub(r"\g<head>***@", url)
+    return _QUERY_PASSWORD.sub(r"\g<head>***", url)
 
 
 def get_settings() -> Settings:

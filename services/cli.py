@@ -18,9 +18,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.services import defaults
+from hookbus.services.gateway.edge_options import EdgeOptions
 
 RUN_STATE = Path(".hookbus")
 CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not know (= HOOKBUS_CONTEXT_WINDOW)"
@@ -109,11 +112,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     configure_logging()
     configure_tracing("gateway", instance_name("gateway"))
     try:
+        edge = EdgeOptions(
+            header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+            max_connections=args.max_connections,
+            **({"allowed_hosts": args.allowed_hosts.split(",")} if args.allowed_hosts is not None else {}),
+        )
         serve(
             args.host, args.port, args.api_keys, redis_url_or_exit(), get_settings().prefix,
-            limits=limits_of(args),
+            limits=limits_of(args), edge=edge,
         )
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"hookbus gateway: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -230,22 +238,30 @@ def cmd_docs(args: argparse.Namespace) -> int:
 def cmd_settings(args: argparse.Namespace) -> int:
     from hookbus.bus.settings import Settings
 
+    settings = get_settings()
     for name, field in Settings.model_fields.items():
-        print(f"{field.alias:<20} {getattr(get_settings(), name)!r:<30} {field.description or ''}")
+        print(f"{field.alias:<20} {settings.shown(name):<30} {field.description or ''}")
     return 0
 
 
 # --------------------------------------------------------------------------- parser
 
 
+def add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel], title: str) -> None:
+    """One option per numeric field of `model`, named after it, with its default and description."""
+    group = parser.add_argument_group(title)
+    for name, field in model.model_fields.items():
+        number = {int: int, float: float}.get(field.annotation)  # type: ignore[arg-type]
+        if number is not None:
+            group.add_argument(
+                f"--{name.replace('_', '-')}", type=number, default=field.default, metavar="N",
+                help=f"{field.description} (default {field.default})",
+            )
+
+
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
     """The request limits (hookbus.bus.limits): give the gateway and the orchestrators the same."""
-    group = parser.add_argument_group("request limits (the same on the gateway and the orchestrators)")
-    for name, field in RequestLimits.model_fields.items():
-        group.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=field.default, metavar="N",
-            help=f"{field.description} (default {field.default})",
-        )
+    add_model_options(parser, RequestLimits, "request limits (the same on the gateway and the orchestrators)")
 
 
 def limits_of(args: argparse.Namespace) -> RequestLimits:
@@ -285,7 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = commands.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=8000)
-    gateway.add_argument("--api-keys", default=None, metavar="FILE", help='JSON {"<key>": {"peer_user_id": ..., "scopes": [...]}}; without it auth is off')
+    gateway.add_argument(
+        "--api-keys", default=None, metavar="FILE",
+        help='JSON {"<key>": {"peer_user_id": ..., "scopes": [...], "max_parallel_requests": N, "rpm_limit": N}}; '
+        "without it (and without $HOOKBUS_API_KEYS) auth is off",
+    )
+    gateway.add_argument(
+        "--allowed-hosts", default=None, metavar="H1,H2",
+        help="Host names an auth-off gateway answers besides loopback ones (default $HOOKBUS_ALLOWED_HOSTS; * for any)",
+    )
+    add_model_options(gateway, EdgeOptions, "slow and many clients")
     add_limit_options(gateway)
     gateway.set_defaults(func=cmd_gateway)
 

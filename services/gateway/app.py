@@ -36,12 +36,15 @@ from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
 from hookbus.services import tracing
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
+from hookbus.services.gateway.cross_site import CrossSiteGuard
+from hookbus.services.gateway.edge_options import BODY_TIMEOUT
 from hookbus.services.gateway.errors import (
     GatewayError,
     on_hook_error,
     on_http_exception,
     on_unexpected,
 )
+from hookbus.services.gateway.key_limits import KeyLimits
 from hookbus.services.gateway.metrics import (
     ORCHESTRATOR_TTL,
     EventsFollower,
@@ -50,7 +53,6 @@ from hookbus.services.gateway.metrics import (
 )
 from hookbus.services.gateway.models import MODEL_CREATED, Health, ModelCard, ModelList
 from hookbus.services.gateway.openapi import openapi_document
-from hookbus.services.gateway.request_body import BODY_TIMEOUT
 from hookbus.services.gateway.responses_api import (
     create_response,
     delete_response,
@@ -62,6 +64,8 @@ from hookbus.skills import HookError
 log = structlog.get_logger("hookbus.gateway")
 
 HEALTH_TIMEOUT = 2.0
+LEASE_MARGIN = 60.0
+"""A request's slot among its key's parallel requests outlives its deadline by this much."""
 
 
 def default_models() -> list[str]:
@@ -75,13 +79,16 @@ def create_app(
     models: Sequence[str] | None = None,
     limits: RequestLimits | None = None,
     body_timeout: float = BODY_TIMEOUT,
+    allowed_hosts: Sequence[str] = (),
     stored_response_ttl: int = STORED_RESPONSE_TTL,
 ) -> Starlette:
     """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start).
 
     `limits` bound every request body (hookbus.bus.limits); `body_timeout` is how long a
-    client may take to send one. Stored Responses API responses expire after
-    `stored_response_ttl` seconds."""
+    client may take to send one. Without keys, the app answers only JSON bodies and
+    loopback or `allowed_hosts` Host names (hookbus.services.gateway.cross_site); with
+    keys, it holds each key to its own limits (hookbus.services.gateway.key_limits).
+    Stored Responses API responses expire after `stored_response_ttl` seconds."""
     keys = normalize_keys(api_keys)
     metrics = GatewayMetrics()
     reader: aredis.Redis = getattr(client, "_reader", client.redis)  # the client's retry-free connection
@@ -97,6 +104,13 @@ def create_app(
         responses=StoredResponses(client.redis, client.keys, stored_response_ttl),
     )
     follower = EventsFollower(reader, client.keys, metrics)
+    if keys is None:
+        edge_guard = Middleware(CrossSiteGuard, allowed_hosts=allowed_hosts)
+    else:
+        edge_guard = Middleware(
+            KeyLimits, authenticator=gateway.authenticate, redis=client.redis, keys=client.keys,
+            lease_seconds=client.timeout + LEASE_MARGIN,
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -128,7 +142,7 @@ def create_app(
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         ],
-        middleware=[*tracing.gateway_middleware(), Middleware(MetricsMiddleware, metrics=metrics)],
+        middleware=[*tracing.gateway_middleware(), Middleware(MetricsMiddleware, metrics=metrics), edge_guard],
         exception_handlers={
             HookError: on_hook_error,
             HTTPException: on_http_exception,
@@ -161,7 +175,10 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    """200 when Redis answers PING and an orchestrator heartbeat is fresh (10 s); else 503."""
+    """200 when Redis answers PING and an orchestrator heartbeat is fresh (10 s); else 503.
+
+    The body says why only to a caller with a valid key (or any caller when auth is off):
+    instance names and worker groups are not for anonymous probes."""
     gw = gateway_of(request)
     client = gw.probe
     redis_status = "ok"
@@ -191,7 +208,9 @@ async def healthz(request: Request) -> Response:
         orchestrators=orchestrators,
         worker_groups=groups,
     )
-    return JSONResponse(health.model_dump(), status_code=200 if ok else 503)
+    detailed = not gw.authenticate.enabled or gw.authenticate.lookup(request.headers) is not None
+    body = health.model_dump() if detailed else {"status": health.status}
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:

@@ -15,6 +15,10 @@ from hookbus.skills import HookError
 log = structlog.get_logger("hookbus.gateway")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+_STATUS_HEADERS = {
+    401: {"WWW-Authenticate": "Bearer"},
+    408: {"Connection": "close"},  # the rest of a late body would be read as the next request
+}
 
 
 class GatewayError(HookError):
@@ -43,7 +47,7 @@ def error_response(error: HookError, request: Request | None = None) -> JSONResp
             metrics.count_error(error)
     if error.status_code >= 500:
         log.warning("gateway_error_response", status=error.status_code, code=error.code, message=error.message)
-    headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else {}
+    headers = dict(_STATUS_HEADERS.get(error.status_code, {}))
     retry_after = (error.details or {}).get("retry_after")
     if retry_after is not None:  # an upstream 429's wait, kept for the client's own retry
         headers["Retry-After"] = str(retry_after)

@@ -51,6 +51,14 @@ AGENT_PATHS = ("/v1/chat/completions", "/v1/responses")
 KNOWN_PATHS = (*AGENT_PATHS, "/v1/models", "/healthz", "/metrics", "/openapi.json")
 
 
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """A bounded label: the HTTP method, or `other` (a client may send any token as one)."""
+    return method if method in KNOWN_METHODS else "other"
+
+
 def path_label(path: str) -> str:
     """A bounded label: the route template, or `other`."""
     if path in KNOWN_PATHS:
@@ -302,5 +310,5 @@ class MetricsMiddleware:
                 self.metrics.in_flight.dec()
             override = scope.get("state", {}).get("final_status")
             path = path_label(scope["path"])
-            self.metrics.requests.labels(scope["method"], path, str(override or status)).inc()
+            self.metrics.requests.labels(method_label(scope["method"]), path, str(override or status)).inc()
             self.metrics.latency.labels(path).observe(time.perf_counter() - started)

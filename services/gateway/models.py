@@ -128,9 +128,13 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
+    """`/healthz`: anyone gets `status`; the details need an API key (or auth off)."""
+
     status: Literal["ok", "unavailable"]
-    redis: str = Field(description="`ok` or why Redis could not be reached.")
-    orchestrators: list[str] = Field(description="Orchestrators with a heartbeat in the last 10 s.")
-    worker_groups: dict[str, int] = Field(
-        default_factory=dict, description="Live replicas per announced worker group."
+    redis: str | None = Field(default=None, description="`ok` or why Redis could not be reached.")
+    orchestrators: list[str] | None = Field(
+        default=None, description="Orchestrators with a heartbeat in the last 10 s."
+    )
+    worker_groups: dict[str, int] | None = Field(
+        default=None, description="Live replicas per announced worker group."
     )

@@ -20,8 +20,6 @@ from starlette.requests import Request
 from hookbus.bus.limits import InvalidJSON, RequestLimits, check_document, parse_json, too_large
 from hookbus.services.gateway.errors import GatewayError
 
-BODY_TIMEOUT = 60.0
-
 
 async def read_json_body(request: Request, limits: RequestLimits, body_timeout: float) -> dict[str, Any]:
     """The body as a JSON object that passed `limits`; raises the GatewayError to answer with.

@@ -4,6 +4,13 @@ On SIGTERM or SIGINT uvicorn stops accepting connections and gives open requests
 (streams included) up to GRACEFUL_SECONDS to end; a stream still open after that is cut,
 and its request is cancelled like a client disconnect (reason `gateway_stopped`). The
 process then exits normally (status 0); a second SIGINT forces the exit.
+
+At the edge (`EdgeOptions`, each a `hookbus gateway` option): a client has
+`header_timeout` seconds for a request's headers and `body_timeout` for its body (then
+408), at most `max_connections` connections are served at once (beyond them uvicorn
+answers 503), and running out of file descriptors is logged once per episode
+(hookbus.services.gateway.connections). Without API keys the gateway says so on stderr
+and answers only loopback Host names plus `allowed_hosts`.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -22,10 +30,16 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.limits import RequestLimits
 from hookbus.services.gateway.app import create_app
 from hookbus.services.gateway.auth import load_api_keys
+from hookbus.services.gateway.connections import AcceptErrorLog, header_timeout_protocol
+from hookbus.services.gateway.edge_options import EdgeOptions
 
 log = structlog.get_logger("hookbus.gateway")
 
 GRACEFUL_SECONDS = 30
+AUTH_OFF_WARNING = (
+    "hookbus gateway: AUTH IS OFF. Anyone who can reach {where} can use the agent, and all "
+    "callers share one identity. Pass --api-keys FILE or set HOOKBUS_API_KEYS."
+)
 
 
 def serve(
@@ -37,17 +51,21 @@ def serve(
     *,
     models: list[str] | None = None,
     limits: RequestLimits | None = None,
+    edge: EdgeOptions | None = None,
 ) -> None:
     """Run a gateway in the foreground; returns after a graceful shutdown.
 
-    Keys come from `api_keys_file`, else $HOOKBUS_API_KEYS, else auth is off (warned).
-    A keys file that cannot be read or parsed raises ValueError/OSError before anything
+    Keys come from `api_keys_file`, else $HOOKBUS_API_KEYS, else auth is off (said on
+    stderr). A keys file that cannot be read, parses wrong or holds a key that must not
+    be used (hookbus.services.gateway.auth) raises ValueError/OSError before anything
     starts.
     """
     api_keys = load_api_keys(api_keys_file)
+    if api_keys is None:
+        print(AUTH_OFF_WARNING.format(where=f"{host}:{port}"), file=sys.stderr, flush=True)
     disable_created_metrics()  # no `_created` series: they double /metrics for nothing
     asyncio.run(
-        _serve(host, port, api_keys, redis_url, prefix, models=models, limits=limits)
+        _serve(host, port, api_keys, redis_url, prefix, models=models, limits=limits, edge=edge or EdgeOptions())
     )
 
 
@@ -60,10 +78,15 @@ async def _serve(
     *,
     models: list[str] | None,
     limits: RequestLimits | None,
+    edge: EdgeOptions,
 ) -> None:
-    client = HookbusClient(redis_url, prefix=prefix)
+    AcceptErrorLog(asyncio.get_running_loop()).install()
+    client = HookbusClient(redis_url, prefix=prefix, limits=limits)
     try:
-        app = create_app(client, api_keys=api_keys, models=models, limits=limits)
+        app = create_app(
+            client, api_keys=api_keys, models=models, limits=limits, body_timeout=edge.body_timeout,
+            allowed_hosts=edge.allowed_hosts,
+        )
         config = uvicorn.Config(
             app,
             host=host,
@@ -73,6 +96,8 @@ async def _serve(
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SECONDS,
             proxy_headers=True,
+            http=header_timeout_protocol(edge.header_timeout),
+            limit_concurrency=edge.max_connections,
         )
         log.info("gateway_listening", host=host, port=port, url=f"http://{host}:{port}/v1")
         await _Server(config).serve()

@@ -542,7 +542,9 @@ class Agent:
     async def _call_tool(self, state: RunState, name: str, raw_arguments: Any) -> str:
         tool = state.plan.tools.get(name)
         if tool is None or not state.ctx.allows(tool.descriptor.scope):
-            known = ", ".join(sorted(state.plan.tools)) or "none"
+            # only what this caller may call: a scoped tool's name is not for everyone
+            visible = (n for n, t in state.plan.tools.items() if state.ctx.allows(t.descriptor.scope))
+            known = ", ".join(sorted(visible)) or "none"
             raise ToolProblem(f"unknown tool {name!r}; available tools: {known}")
         arguments = parse_arguments(name, raw_arguments)
         if tool.local is not None:

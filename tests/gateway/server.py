@@ -44,7 +44,9 @@ async def running_gateway(
     models: Sequence[str] | None = None,
     limits: RequestLimits | None = None,
     timeout: float = 30.0,
+    **app_options: Any,
 ) -> AsyncIterator[RunningGateway]:
+    """A gateway on a free loopback port; `app_options` go to create_app."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -55,7 +57,7 @@ async def running_gateway(
     async def main() -> None:
         client = HookbusClient(redis_url, prefix=prefix, timeout=timeout)
         try:
-            app = create_app(client, api_keys=api_keys, models=models, limits=limits)
+            app = create_app(client, api_keys=api_keys, models=models, limits=limits, **app_options)
             config = uvicorn.Config(
                 app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
             )

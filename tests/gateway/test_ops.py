@@ -104,12 +104,14 @@ async def test_queue_lag_counts_requests_no_orchestrator_took(redis_url, prefix)
 
 async def test_healthz_is_200_with_a_live_orchestrator(gateway):
     async with httpx.AsyncClient(base_url=gateway.url) as http:
-        response = await http.get("/healthz")
+        response = await http.get("/healthz", headers=bearer())
+        anonymous = await http.get("/healthz")
     assert response.status_code == 200
     health = response.json()
     assert health["status"] == "ok" and health["redis"] == "ok"
     assert health["orchestrators"] == ["orch-0"]
     assert health["worker_groups"] == {"billing": 1, "tools": 1}
+    assert anonymous.status_code == 200 and anonymous.json() == {"status": "ok"}  # no instance names
 
 
 async def test_healthz_is_503_without_an_orchestrator(redis_url, prefix):
@@ -148,14 +150,16 @@ def test_api_keys_load_from_a_file_or_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv(API_KEYS_ENV, raising=False)
     assert load_api_keys(None) is None
     path = tmp_path / "keys.json"
-    path.write_text(json.dumps({"sk-1": {"peer_user_id": "alice", "scopes": ["paid"]}, "sk-2": {}}))
+    one, two = f"sk-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
+    path.write_text(json.dumps({one: {"peer_user_id": "alice", "scopes": ["paid"]}, two: {"peer_user_id": "bob"}}))
     keys = load_api_keys(str(path))
-    assert keys["sk-1"].peer_user_id == "alice" and keys["sk-1"].scopes == ["paid"]
-    assert keys["sk-2"].peer_user_id is None and keys["sk-2"].scopes == []
-    monkeypatch.setenv(API_KEYS_ENV, json.dumps({"sk-env": {"peer_user_id": "env"}}))
-    assert load_api_keys(None)["sk-env"].peer_user_id == "env"
-    assert load_api_keys(str(path)).keys() == {"sk-1", "sk-2"}  # the file wins
-    for bad in ("[]", "{}", '{"sk": {"scopes": "paid"}}', "not json", '{"": {}}'):
+    assert keys[one].peer_user_id == "alice" and keys[one].scopes == ["paid"]
+    assert keys[two].peer_user_id == "bob" and keys[two].scopes == []
+    env_key = f"sk-{uuid.uuid4().hex}"
+    monkeypatch.setenv(API_KEYS_ENV, json.dumps({env_key: {"peer_user_id": "env"}}))
+    assert load_api_keys(None)[env_key].peer_user_id == "env"
+    assert load_api_keys(str(path)).keys() == {one, two}  # the file wins
+    for bad in ("[]", "{}", '{"sk": {"scopes": "paid"}}', "not json", '{"": {}}', json.dumps({one: {}})):
         path.write_text(bad)
         with pytest.raises(ValueError, match="keys.json"):
             load_api_keys(str(path))

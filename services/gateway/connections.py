@@ -1,0 +1,135 @@
+"""Connections at the edge: slow clients are cut off, and running out of file descriptors
+costs one log line per episode, not a traceback per failed accept.
+
+- uvicorn has a keep-alive timeout but no timeout for a request's headers: a client that
+  sends one header byte every few seconds (slowloris) holds its connection forever.
+  `HeaderTimeoutH11` (uvicorn's h11 protocol plus one timer) answers 408 and closes a
+  connection whose request headers are not complete `header_timeout` seconds after the
+  connection opened or its previous response ended. The body has its own timeout
+  (hookbus.services.gateway.request_body).
+- With every descriptor in use, asyncio reports each failed `accept()` to the loop's
+  exception handler, with a traceback, and schedules one retry per failure (up to the
+  listen backlog per wake-up), each of which fails again once the server has closed. `AcceptErrorLog` turns them into one warning when
+  it starts and one line with the count when accepting works again (or every
+  `summary_every` seconds while it lasts), and passes every other error on unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from typing import Any
+
+import h11
+import structlog
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from hookbus.services.gateway.edge_options import HEADER_TIMEOUT
+
+log = structlog.get_logger("hookbus.gateway")
+
+_TIMEOUT_BODY = (
+    b'{"error":{"message":"the request headers did not arrive in time",'
+    b'"type":"invalid_request_error","code":"request_timeout","param":null}}'
+)
+_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n" % len(_TIMEOUT_BODY)
+) + _TIMEOUT_BODY
+_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def header_timeout_protocol(header_timeout: float) -> type[H11Protocol]:
+    """uvicorn's `http` protocol class with this header timeout."""
+    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout": header_timeout})
+
+
+class HeaderTimeoutH11(H11Protocol):
+    header_timeout: float = HEADER_TIMEOUT
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm()  # the next request on this connection gets the same time
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        self.transport.write(_TIMEOUT_RESPONSE)
+        self.transport.close()
+
+
+class AcceptErrorLog:
+    """A loop exception handler that summarizes accept() failures (see the module doc)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, summary_every: float = 10.0) -> None:
+        self._loop = loop
+        self._summary_every = summary_every
+        self._failures = 0
+        self._since = 0.0
+        self._last_summary = 0.0
+        self._recovery_check: asyncio.TimerHandle | None = None
+
+    def install(self) -> None:
+        self._loop.set_exception_handler(self)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        message = str(context.get("message", ""))
+        if isinstance(exc, ValueError) and "_start_serving" in message:
+            # asyncio schedules one accept retry per failed accept(); those still pending
+            # when the server closes find its socket gone: part of the same episode.
+            self._failures += 1
+            return
+        if not (isinstance(exc, OSError) and exc.errno in _ACCEPT_ERRNOS and "accept" in message):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if self._failures == 0:
+            self._since = self._last_summary = now
+            log.warning(
+                "gateway_accept_failing", error=exc.strerror or str(exc),
+                message="cannot accept connections (out of file descriptors?): new clients wait; "
+                "raise the limit (ulimit -n) or lower --max-connections",
+            )
+        self._failures += 1
+        if now - self._last_summary >= self._summary_every:
+            self._last_summary = now
+            log.warning("gateway_accept_still_failing", failures=self._failures, seconds=round(now - self._since, 1))
+        if self._recovery_check is not None:
+            self._recovery_check.cancel()
+        # asyncio retries accept() one second after a failure; two quiet seconds mean it works again
+        self._recovery_check = loop.call_later(2.5, self._recovered)
+
+    def _recovered(self) -> None:
+        log.info(
+            "gateway_accept_recovered", failures=self._failures,
+            seconds=round(time.monotonic() - self._since, 1),
+        )
+        self._failures = 0
+        self._recovery_check = None

@@ -1,0 +1,35 @@
+"""The options of a gateway's edge: timeouts for slow clients, a bound on connections, the
+Host names an auth-off gateway answers. `hookbus gateway` has one option per field."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, Field
+
+HEADER_TIMEOUT = 10.0
+BODY_TIMEOUT = 60.0
+MAX_CONNECTIONS = 1000
+ALLOWED_HOSTS_ENV = "HOOKBUS_ALLOWED_HOSTS"
+
+
+def allowed_hosts_from_env() -> list[str]:
+    return [h.strip() for h in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if h.strip()]
+
+
+class EdgeOptions(BaseModel):
+    """How the gateway treats connections and callers at its edge."""
+
+    header_timeout: float = Field(
+        default=HEADER_TIMEOUT, gt=0, description="Seconds a client has to send a request's headers."
+    )
+    body_timeout: float = Field(
+        default=BODY_TIMEOUT, gt=0, description="Seconds a client has to send a request's body."
+    )
+    max_connections: int = Field(
+        default=MAX_CONNECTIONS, gt=0, description="Connections served at once; beyond them a request gets 503."
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=allowed_hosts_from_env,
+        description=f"Host names an auth-off gateway answers besides loopback ones (${ALLOWED_HOSTS_ENV}); `*`: any.",
+    )
