@@ -36,7 +36,7 @@ from hookbus.bus.envelopes import RequestEnvelope, ResponseItem
 from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
-from hookbus.services.gateway.request_body import read_json_body
+from hookbus.services.gateway.request_body import is_large_document, read_json_body
 from hookbus.services.gateway.sse import (
     DONE,
     ClientGone,
@@ -125,7 +125,7 @@ async def read_payload(request: Request, gw: Gateway, model: type[Body]) -> Body
     body = await read_body_or_gone(request, gw)
     if body is None:
         return None
-    return await off_loop(is_large(size=len(body)), parse_body, body, model)
+    return await off_loop(is_large_document(body), parse_body, body, model)
 
 
 def parse_body(document: dict[str, Any], model: type[Body]) -> Body:

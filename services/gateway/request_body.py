@@ -17,8 +17,16 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hookbus.bus.limits import InvalidJSON, RequestLimits, check_document, parse_json, too_large
+from hookbus.bus.limits import (
+    CONVERSATION_FIELDS,
+    InvalidJSON,
+    RequestLimits,
+    check_document,
+    parse_json,
+    too_large,
+)
 from hookbus.services.gateway.errors import GatewayError
+from hookbus.services.offload import is_large, off_loop
 
 
 async def read_json_body(request: Request, limits: RequestLimits, body_timeout: float) -> dict[str, Any]:
@@ -26,6 +34,11 @@ async def read_json_body(request: Request, limits: RequestLimits, body_timeout: 
 
     A client that goes away while sending raises starlette's ClientDisconnect."""
     raw = await read_body(request, limits.max_request_bytes, body_timeout)
+    return await off_loop(is_large(size=len(raw)), parse_within, raw, limits)
+
+
+def parse_within(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
+    """The body as a JSON object that passed `limits` (CPU work: off the loop when large)."""
     if not raw.strip():
         raise InvalidJSON("the request has no body; send a JSON object")
     document = parse_json(raw, limits)
@@ -33,6 +46,12 @@ async def read_json_body(request: Request, limits: RequestLimits, body_timeout: 
         raise InvalidJSON(f"the body must be a JSON object, not {_json_type(document)}")
     check_document(document, limits)
     return document
+
+
+def is_large_document(document: dict[str, Any]) -> bool:
+    """Whether validating this body is worth a trip to the offload pool."""
+    conversation = [document.get(field) for field in CONVERSATION_FIELDS]
+    return any(isinstance(c, list) and is_large(c) for c in conversation)
 
 
 async def read_body(request: Request, limit: int, body_timeout: float) -> bytes:

@@ -4,6 +4,7 @@ settings` shows no secrets."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -85,9 +86,9 @@ def test_a_missing_keys_file_is_an_error(env, tmp_path):
 
 
 async def test_auth_off_is_said_on_stderr_at_start(env, unused_tcp_port):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", str(unused_tcp_port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", str(unused_tcp_port),
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     try:
         async def up() -> bool:
@@ -100,8 +101,9 @@ async def test_auth_off_is_said_on_stderr_at_start(env, unused_tcp_port):
         assert await wait_for(up, timeout=30)
     finally:
         proc.terminate()
-        _, stderr = proc.communicate(timeout=30)
-    assert "AUTH IS OFF" in stderr, stderr
+        async with asyncio.timeout(30):
+            _, stderr = await proc.communicate()
+    assert "AUTH IS OFF" in stderr.decode(), stderr
 
 
 def test_settings_show_no_passwords_or_api_keys(env):

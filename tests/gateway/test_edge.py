@@ -15,11 +15,13 @@ import httpx
 import pytest
 
 from hookbus import Agent
+from hookbus.services.gateway.key_limits import key_id
 from hookbus.skills import Context, HookData, Skill, hook, tool
 from tests.gateway.conftest import bearer
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.gateway.test_http import CHAT, assert_openai_error
 from tests.integration.stack import running_stack
+from tests.waiting import wait_for
 
 BODY = {"model": "offline", "messages": [{"role": "user", "content": "[[echo]] hello"}]}
 
@@ -119,20 +121,20 @@ async def two_gateways(stack: Any, redis_url: str, module_prefix: str) -> AsyncI
         yield [one, two]
 
 
-async def test_max_parallel_requests_holds_across_gateways_with_429_and_retry_after(two_gateways):
+async def test_max_parallel_requests_holds_across_gateways_with_429_and_retry_after(two_gateways, stack):
     one, two = two_gateways
-    slow = {"model": "offline", "messages": [{"role": "user", "content": "[[delay:1500]] slow"}]}
+    client = stack[0]
+    in_flight, _ = client.keys.key_usage(key_id(LIMITED))
+    slow = {"model": "offline", "messages": [{"role": "user", "content": "[[delay:2000]] slow"}]}
     async with httpx.AsyncClient(timeout=30) as http:
         first = asyncio.create_task(http.post(one.v1 + "/chat/completions", json=slow, headers=bearer(LIMITED)))
 
-        async def refused_elsewhere() -> httpx.Response:
-            while True:  # until the first request holds its slot
-                response = await http.post(two.v1 + "/chat/completions", json=BODY, headers=bearer(LIMITED))
-                if response.status_code == 429 or first.done():
-                    return response
+        async def first_holds_its_slot() -> bool:
+            return await client.redis.zcard(in_flight) == 1
 
+        assert await wait_for(first_holds_its_slot, timeout=10)
         started = time.perf_counter()
-        second = await refused_elsewhere()
+        second = await http.post(two.v1 + "/chat/completions", json=BODY, headers=bearer(LIMITED))
         refused_in = time.perf_counter() - started
         error = assert_openai_error(second, 429, "rate_limit_exceeded")
         assert error["type"] == "rate_limit_error" and "in flight" in error["message"]
@@ -141,6 +143,11 @@ async def test_max_parallel_requests_holds_across_gateways_with_429_and_retry_af
         assert (await first).status_code == 200
         after = await http.post(two.v1 + "/chat/completions", json=BODY, headers=bearer(LIMITED))
         assert after.status_code == 200, after.text  # the slot was given back when the first ended
+
+        async def all_slots_given_back() -> bool:
+            return await client.redis.zcard(in_flight) == 0
+
+        assert await wait_for(all_slots_given_back, timeout=10)
 
 
 async def test_rpm_limit_refuses_the_request_over_it_with_retry_after(two_gateways):

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 @dataclass
 class GatewayProcess:
     port: int
-    proc: subprocess.Popen[str]
+    proc: asyncio.subprocess.Process
     stderr: str = ""
 
     @property
@@ -43,33 +43,33 @@ async def gateway_process(
     env: dict[str, str], *args: str, preexec: Callable[[], None] | None = None
 ) -> AsyncIterator[GatewayProcess]:
     port = free_port()
-    log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a flood of lines must not block it
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", str(port), *args],
-        env=env, stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=preexec,
-    )
-    running = GatewayProcess(port, proc)
+    with tempfile.TemporaryFile(mode="w+") as log:  # a file, not a pipe: a flood must not block it
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", str(port), *args,
+            env=env, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=preexec,
+        )
+        running = GatewayProcess(port, proc)
 
-    async def up() -> bool:
-        try:
-            async with httpx.AsyncClient(timeout=2) as http:
-                return (await http.get(f"{running.url}/healthz")).status_code in (200, 503)
-        except httpx.TransportError:
-            return proc.poll() is not None
+        async def up() -> bool:
+            try:
+                async with httpx.AsyncClient(timeout=2) as http:
+                    return (await http.get(f"{running.url}/healthz")).status_code in (200, 503)
+            except httpx.TransportError:
+                return proc.returncode is not None
 
-    try:
-        assert await wait_for(up, timeout=30) and proc.poll() is None, "the gateway did not start"
-        yield running
-    finally:
-        proc.terminate()
         try:
-            await asyncio.to_thread(proc.wait, timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        running.stderr = log.read()
-        log.close()
+            assert await wait_for(up, timeout=30) and proc.returncode is None, "the gateway did not start"
+            yield running
+        finally:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(30):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+            log.seek(0)
+            running.stderr = log.read()
 
 
 async def open_raw(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
