@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.services import defaults
-from hookbus.services.gateway.edge_options import EdgeOptions
+from hookbus.services.edge_options import EdgeOptions
 
 RUN_STATE = Path(".hookbus")
 CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not know (= HOOKBUS_CONTEXT_WINDOW)"

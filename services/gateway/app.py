@@ -34,10 +34,10 @@ from hookbus.bus.registry import REPLICA_TTL
 from hookbus.bus.settings import get_settings
 from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
 from hookbus.services import tracing
+from hookbus.services.edge_options import BODY_TIMEOUT
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
-from hookbus.services.gateway.edge_options import BODY_TIMEOUT
 from hookbus.services.gateway.errors import (
     GatewayError,
     on_hook_error,

@@ -1,5 +1,6 @@
-"""The options of a gateway's edge: timeouts for slow clients, a bound on connections, the
-Host names an auth-off gateway answers. `hookbus gateway` has one option per field."""
+"""The options of a gateway's edge (hookbus.services.gateway): timeouts for slow clients, a
+bound on connections, the Host names an auth-off gateway answers. `hookbus gateway` has
+one option per field; this module imports nothing of the gateway, so the CLI stays light."""
 
 from __future__ import annotations
 
