@@ -26,7 +26,7 @@ from tests.integration.processes import free_port
 
 pytestmark = pytest.mark.slow
 
-BIG, SMALL = "sk-big-caller", "sk-small-caller"
+BIG, SMALL = "sk-big-caller-0123456789", "sk-small-caller-0123456789"
 LATENCY_BOUND = 10.0
 """Seconds a small request may take while the big one runs (generous: 2 shared cores)."""
 
