@@ -84,6 +84,16 @@ def openapi_document(
             }
     security: list[dict[str, list[str]]] = [{"bearerAuth": []}] if auth else []
     unauthorized = {"401": _error("Missing or unknown API key.")} if auth else {}
+    at_the_edge = {
+        "408": _error("The body did not arrive within the gateway's --body-timeout."),
+        **(
+            {"429": _error("The key is at its max_parallel_requests or rpm_limit; see Retry-After.")}
+            if auth else {
+                "403": _error("Auth is off and the Host is not a loopback or --allowed-hosts name."),
+                "415": _error("Auth is off and the body is not Content-Type: application/json."),
+            }
+        ),
+    }
     session_header = {
         "name": "X-Session-Id",
         "in": "header",
@@ -192,7 +202,8 @@ def openapi_document(
                         **unauthorized,
                         "402": _error("A payment hook refused the request."),
                         "404": _error("Unknown model (`model_not_found`)."),
-                        "413": _error("The body is larger than the gateway accepts."),
+                        "413": _error("The body, or one message, is larger than the gateway accepts."),
+                        **at_the_edge,
                         "default": _error("Any other structured error a hook raised, with its status."),
                     },
                 }
@@ -215,7 +226,8 @@ def openapi_document(
                         **unauthorized,
                         "402": _error("A payment hook refused the request."),
                         "404": _error("Unknown model, or no such `previous_response_id` for this caller."),
-                        "413": _error("The body is larger than the gateway accepts."),
+                        "413": _error("The body, or one message, is larger than the gateway accepts."),
+                        **at_the_edge,
                         "default": _error("Any other structured error a hook raised, with its status."),
                     },
                 }
