@@ -25,7 +25,7 @@ MARKER = "zebra-umbrella-42"
 """A word of the user's message: it must appear in no span unless content capture is on."""
 TOOL_PROMPT = f'[[tool:weather {{"city": "Oslo"}}]] {MARKER}'
 GUARD = "tests.tracing.traced_skills:Guard"
-API_KEY = "sk-traced"
+API_KEY = "sk-traced-0123456789abcdef"
 
 
 @pytest.fixture
