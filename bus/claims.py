@@ -107,6 +107,8 @@ class Claimed:
     attempt: int
     """This delivery's number, counting from 1."""
     previous_owner: str
+    stream: str = ""
+    """The stream (shard) it was claimed on."""
 
 
 @dataclass(frozen=True)
@@ -185,5 +187,5 @@ async def claim(client: aredis.Redis, rules: OrphanRules, orphans: list[Orphan])
         orphan = by_id.get(claimed_id)
         if orphan is None:
             continue
-        claimed.append(Claimed(claimed_id, fields, orphan.deliveries + 1, orphan.consumer))
+        claimed.append(Claimed(claimed_id, fields, orphan.deliveries + 1, orphan.consumer, rules.stream))
     return claimed

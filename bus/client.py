@@ -30,7 +30,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
 from hookbus.bus import tracecontext
-from hookbus.bus.cluster import keys_for
+from hookbus.bus.cluster import keys_for, ready
 from hookbus.bus.connection import RECONNECT_ERRORS, connect
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
@@ -64,6 +64,7 @@ class HookbusClient:
         self.max_request_bytes = (limits or RequestLimits()).for_envelope().max_request_bytes
         self._client = connect(url, max_connections=2000)
         self._reader = connect(url, max_connections=2000, retries=0)
+        self._ready = False
 
     async def __aenter__(self) -> HookbusClient:
         return self
@@ -78,6 +79,13 @@ class HookbusClient:
     @property
     def redis(self) -> aredis.Redis:
         return self._client
+
+    async def _connected(self) -> None:
+        """On a cluster, load the slot map once before concurrent use (hookbus.bus.cluster.ready)."""
+        if not self._ready:
+            await ready(self._client)
+            await ready(self._reader)
+            self._ready = True
 
     # ------------------------------------------------------------------ sending
 
@@ -123,6 +131,7 @@ class HookbusClient:
                 f"request is {size} bytes; the limit is {self.max_request_bytes} bytes",
             )
         try:
+            await self._connected()
             await self._client.xadd(self.keys.requests_for(request.completion_id), fields)  # type: ignore[arg-type]
         except RECONNECT_ERRORS as exc:
             raise BusUnavailable(f"could not queue the request: {exc}") from exc
@@ -142,6 +151,7 @@ class HookbusClient:
             if remaining <= 0:
                 raise DeadlineExceeded(f"no answer for {request.completion_id} before its deadline")
             try:
+                await self._connected()
                 response: Any = await self._reader.xread(
                     {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
                 )

@@ -19,6 +19,7 @@ is kept for the process. On a cluster:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,6 +61,12 @@ def is_cluster(url: str) -> bool:
     return enabled
 
 
+def declare_mode(url: str, *, cluster: bool) -> None:
+    """Say what `url` is without asking it (for services built only to be described, as
+    the AsyncAPI document does, whose URL names no server)."""
+    _cluster_mode[url] = cluster
+
+
 def is_cluster_client(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
@@ -88,6 +95,23 @@ def cluster_client(url: str, *, max_connections: int, retry: Any, retry_on_error
         require_full_coverage=False,  # a slot without a master fails alone, not every command
         **options,
     )
+
+
+async def ready(client: aredis.Redis | RedisCluster) -> None:
+    """Load a cluster client's slot map before commands run concurrently on it: redis-py
+    initializes lazily on the first command, and concurrent first commands break each
+    other's connections ("Connection closed", a writer of None). A no-op on a single Redis."""
+    if is_cluster_client(client):
+        await client.initialize()  # type: ignore[union-attr]
+
+
+async def forget_topology(client: aredis.Redis | RedisCluster) -> None:
+    """After a failure on a connection only pub/sub uses (which never refreshes the slot
+    map by itself): drop a cluster client's connections and map, so the next `ready`
+    loads the map afresh. A no-op on a single Redis."""
+    if is_cluster_client(client):
+        with contextlib.suppress(Exception):
+            await client.aclose()
 
 
 Stage = Callable[[Any], None]

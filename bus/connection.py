@@ -7,6 +7,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
+from redis._parsers.base import BaseParser
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
@@ -26,7 +27,19 @@ from hookbus.bus.cluster import cluster_client, is_cluster
 if TYPE_CHECKING:
     from faststream.redis import RedisBroker
 
-CLUSTER_TRANSIENT_ERRORS = (ClusterError, AskError, TryAgainError, ReadOnlyError, RedisClusterException)
+
+
+class UnblockedError(ResponseError):
+    """`UNBLOCKED`: a blocking read cut off because its node stopped being a master (a
+    failover demoted it). redis-py has no class of its own for it: registered below, a
+    subclass of ResponseError, so code that catches ResponseError sees no change."""
+
+
+BaseParser.EXCEPTION_CLASSES.setdefault("UNBLOCKED", UnblockedError)
+
+CLUSTER_TRANSIENT_ERRORS = (
+    ClusterError, AskError, TryAgainError, ReadOnlyError, RedisClusterException, UnblockedError,
+)
 """What a cluster client raises when its own retries did not outlast a failover or a
 slot migration (CLUSTERDOWN, MOVED/ASK/TRYAGAIN still bouncing, a demoted master's
 READONLY, no reachable node): the same treatment as a dropped connection."""

@@ -1,7 +1,9 @@
 """The monitor firehose: a capped `events` stream with one record per hop and stage.
 
 Records are buffered and written in one pipelined XADD batch every few milliseconds, so
-monitoring never adds a round trip to a request's path.
+monitoring never adds a round trip to a request's path. With several event shards (a
+Redis Cluster) a record goes to its completion id's shard: the firehose load spreads
+over the nodes as the requests do, and one request's records stay in order in one stream.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import structlog
 
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import MonitorRecord, encode
+from hookbus.bus.keys import Keys
 from hookbus.bus.periodic import cancel_and_wait
 
 log = structlog.get_logger("hookbus.events")
@@ -24,9 +27,9 @@ MAX_BUFFER = 50_000
 
 
 class EventWriter:
-    def __init__(self, client: aredis.Redis, events_stream: str) -> None:
+    def __init__(self, client: aredis.Redis, keys: Keys) -> None:
         self._client = client
-        self._stream = events_stream
+        self._keys = keys
         self._buffer: list[MonitorRecord] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -54,7 +57,10 @@ class EventWriter:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for record in batch:
-                    pipe.xadd(self._stream, encode(record), maxlen=EVENTS_MAXLEN, approximate=True)  # type: ignore[arg-type]
+                    pipe.xadd(
+                        self._keys.events_for(record.completion_id), encode(record),  # type: ignore[arg-type]
+                        maxlen=EVENTS_MAXLEN // self._keys.shards, approximate=True,
+                    )
                 await pipe.execute()
         except RECONNECT_ERRORS:
             self._buffer[:0] = batch[-(MAX_BUFFER - len(self._buffer)) :]

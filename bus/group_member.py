@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import redis.asyncio as aredis
@@ -51,13 +52,17 @@ class GroupMember:
         client: Callable[[], aredis.Redis],
         concurrency: int,
         trim_every: float,
-        busy: Callable[[], Collection[str]],
+        busy: Callable[[], Collection[tuple[str, str]]],
         tidy: Callable[[], Awaitable[Any]],
         take_over: Callable[[Claimed], Awaitable[Any]],
         beat: Callable[[], Awaitable[Any]] | None = None,
         renew: Callable[[], Awaitable[Any]] | None = None,
+        streams: Sequence[str] = (),
     ) -> None:
+        """`rules` name the first shard; `streams` every shard of the stream (default:
+        `rules.stream` alone); `busy()` the (shard, entry id) pairs this consumer runs."""
         self.rules = rules
+        self.streams = list(streams) or [rules.stream]
         self.steadiness = Steadiness(rules.claim_idle)
         self.claimed = 0
         self._client = client
@@ -119,18 +124,26 @@ class GroupMember:
         self.steadiness.heartbeat_ok(began)
 
     async def claim_once(self) -> int:
-        """One claim pass: find the orphans, claim what there is room for, run each."""
+        """One claim pass over every shard: find the orphans, claim what there is room
+        for, run each."""
+        taken = 0
+        for stream in self.streams:
+            taken += await self._claim_shard(replace(self.rules, stream=stream))
+        return taken
+
+    async def _claim_shard(self, rules: OrphanRules) -> int:
         client = self._client()
         busy = self._busy()
+        mine = {entry_id for stream, entry_id in busy if stream == rules.stream}
         began = time.monotonic()
         orphans = await find_orphans(
-            client, self.rules, Workload(busy, len(busy) < self._concurrency, self.uptime())
+            client, rules, Workload(mine, len(busy) < self._concurrency, self.uptime())
         )
         self.steadiness.call_took(began)
         room = max(0, self._concurrency - len(busy))
         if not orphans or not room or not self.steadiness.steady():
             return 0
-        claimed = await claim(client, self.rules, orphans[:room])
+        claimed = await claim(client, rules, orphans[:room])
         for entry in claimed:
             task = asyncio.ensure_future(self._take_over(entry))
             self.taken.add(task)

@@ -10,7 +10,8 @@ load spreads over the nodes:
 |---|---|
 | requests shard, journal, responses, cancel marker of one request | its completion id's shard |
 | hook-stream shard of a group a request's hops go to | the same shard |
-| reply stream and event stream of one process | its instance name's shard |
+| events of one request | its completion id's shard |
+| reply stream of one process | its instance name's shard |
 | registry, its version, replica and orchestrator heartbeats, stats | one slot, `{registry}` |
 | sessions, dead-letter | their own key |
 
@@ -139,9 +140,9 @@ class Keys:
     def events_shard(self, shard: int) -> str:
         return self._sharded("events", shard)
 
-    def events_for(self, instance: str) -> str:
-        """The events shard one process writes its monitor records to."""
-        return self.events_shard(self.shard_of(instance))
+    def events_for(self, completion_id: str) -> str:
+        """The events shard a request's monitor records go to."""
+        return self.events_shard(self.shard_of(completion_id))
 
     @property
     def event_streams(self) -> list[str]:

@@ -22,6 +22,7 @@ from urllib.parse import unquote
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel, ConfigDict, Field
 
+from hookbus.bus.cluster import declare_mode
 from hookbus.bus.envelopes import HopEvent, HopReply, MonitorRecord, RequestEnvelope, ResponseItem
 from hookbus.bus.keys import Keys
 from hookbus.services.gateway.openapi import openapi_document as _gateway_openapi
@@ -63,10 +64,12 @@ def asyncapi_document(
     from hookbus.services.worker.host import GroupHost
     from hookbus.services.worker.replica import WorkerReplica
 
+    declare_mode(redis_url, cluster=False)  # described, never connected
     keys = Keys(prefix)
     orchestrator = OrchestratorService(Agent("hookbus"), redis_url, prefix=prefix, instance="{instance}")
     worker = WorkerReplica(GroupHost(group, [_ExampleSkill()]), redis_url, prefix=prefix, replica="{replica}")
-    worker.declare_subscriber()  # a serving replica reads `hooks:{group}` with its own loop
+    orchestrator.declare_subscriber()  # serving, both read their streams with their own loops
+    worker.declare_subscriber()
 
     orchestrator.broker.publisher(
         stream=keys.responses("{completion_id}"), title="responses", schema=ResponseItem,

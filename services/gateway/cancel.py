@@ -34,10 +34,10 @@ async def request_cancel(
 ) -> bool:
     """Write the cancel marker and publish it; False if Redis could not be reached."""
     try:
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.set(keys.cancel(completion_id), reason, ex=CANCEL_TTL)
-            pipe.publish(keys.cancel_channel, completion_id)
-            await pipe.execute()
+        # two round trips, not one pipeline: a cluster pipeline cannot carry PUBLISH
+        # (and a disconnect is rare); the marker first, so a listener that is told can see it
+        await client.set(keys.cancel(completion_id), reason, ex=CANCEL_TTL)
+        await client.publish(keys.cancel_channel, completion_id)
     except RECONNECT_ERRORS as exc:
         log.warning("cancel_not_sent", completion_id=completion_id, error=str(exc))
         return False

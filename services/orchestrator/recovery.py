@@ -68,10 +68,10 @@ class RecoveryHost(Protocol):
     @property
     def client(self) -> aredis.Redis: ...
 
-    async def admit(self, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
+    async def admit(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
 
     async def refuse(
-        self, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
     ) -> None: ...
 
     async def execute(
@@ -96,12 +96,12 @@ class Recovery:
         keys = service.keys
         self.member = GroupMember(
             OrphanRules(
-                keys.requests, ORCHESTRATOR_GROUP, service.instance, keys.orchestrators,
+                keys.request_streams[0], ORCHESTRATOR_GROUP, service.instance, keys.orchestrators,
                 service.claim_idle, count=max(100, service.concurrency * 4),
             ),
             client=lambda: service.client, concurrency=service.concurrency,
             trim_every=service.trim_every, busy=lambda: service.runs,
-            tidy=self.janitor_once, take_over=self._take_over,
+            tidy=self.janitor_once, take_over=self._take_over, streams=keys.request_streams,
         )
         self.recovered = 0
         self.resumed = 0
@@ -138,18 +138,18 @@ class Recovery:
     async def recover(self, entry: Claimed) -> None:
         service = self.service
         assert service.journal is not None
-        request = await service.admit(entry.entry_id, entry.fields)
+        request = await service.admit(entry.stream, entry.entry_id, entry.fields)
         if request is None:
             return
         cid = request.completion_id
-        run = service.runs.register(entry.entry_id, cid)
+        run = service.runs.register(entry.stream, entry.entry_id, cid)
         try:
             outcome = await service.journal.claim(cid, entry.entry_id, service.instance, now=time.time())
             if outcome.outcome == "duplicate":
-                await service.refuse(entry.entry_id, entry.fields, None, DuplicateCompletionId(cid))
+                await service.refuse(entry.stream, entry.entry_id, entry.fields, None, DuplicateCompletionId(cid))
                 return
             if outcome.outcome == "done":
-                await service.client.xack(service.keys.requests, ORCHESTRATOR_GROUP, entry.entry_id)
+                await service.client.xack(entry.stream, ORCHESTRATOR_GROUP, entry.entry_id)
                 return
             run.epoch = outcome.epoch
             if entry.attempt > service.max_deliveries:
@@ -180,7 +180,7 @@ class Recovery:
         )
         async with service.client.pipeline(transaction=False) as pipe:
             add_dead_letter(
-                pipe, service.keys.dead_letter, source=service.keys.requests, entry_id=entry.entry_id,
+                pipe, service.keys.dead_letter, source=entry.stream, entry_id=entry.entry_id,
                 reason=f"delivered {entry.attempt} times without finishing", fields=entry.fields,
                 consumer=service.instance,
             )
@@ -217,13 +217,16 @@ class Recovery:
         service = self.service
         keys = service.keys
         client = service.client
-        removed, _minid = await trim_acked(client, keys.requests)
+        removed = 0
+        for stream in keys.request_streams:
+            removed += (await trim_acked(client, stream))[0]
         self.trimmed += removed
         gone = await client.zrangebyscore(keys.orchestrators, "-inf", time.time() - forget_after)
         if gone:
             await client.delete(*(keys.replies(text(g)) for g in gone))  # type: ignore[arg-type]
-        await prune_consumers(
-            client, keys.requests, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after
-        )
+        for stream in keys.request_streams:
+            await prune_consumers(
+                client, stream, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after
+            )
         return removed
 

@@ -19,6 +19,8 @@ log = structlog.get_logger("hookbus.orchestrator")
 class Running:
     """One request this process is running (or finalizing)."""
 
+    stream: str
+    """The requests shard the entry is on (entry ids repeat across shards)."""
     entry_id: str
     completion_id: str
     epoch: int = 0
@@ -30,29 +32,28 @@ class Running:
 
 
 class RunTable:
-    """Running requests; a duplicate completion id never shadows the original's entry."""
+    """Running requests by (requests shard, entry id); a duplicate completion id never
+    shadows the original's entry."""
 
     def __init__(self) -> None:
-        self._by_entry: dict[str, Running] = {}
+        self._by_entry: dict[tuple[str, str], Running] = {}
         self._by_cid: dict[str, Running] = {}
 
-    def register(self, entry_id: str, completion_id: str) -> Running:
-        run = Running(entry_id, completion_id)
-        self._by_entry[entry_id] = run
+    def register(self, stream: str, entry_id: str, completion_id: str) -> Running:
+        run = Running(stream, entry_id, completion_id)
+        self._by_entry[(stream, entry_id)] = run
         self._by_cid.setdefault(completion_id, run)
         return run
 
     def unregister(self, run: Running) -> None:
-        if self._by_entry.get(run.entry_id) is run:
-            del self._by_entry[run.entry_id]
+        if self._by_entry.get((run.stream, run.entry_id)) is run:
+            del self._by_entry[(run.stream, run.entry_id)]
         if self._by_cid.get(run.completion_id) is run:
             del self._by_cid[run.completion_id]
 
     def running(self) -> list[Running]:
         return list(self._by_entry.values())
 
-    def entry_ids(self) -> set[str]:
-        return set(self._by_entry)
 
     def __len__(self) -> int:
         return len(self._by_entry)
@@ -60,7 +61,7 @@ class RunTable:
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self._by_entry
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self._by_entry)
 
     def note_stage(self, completion_id: str, lifecycle: str) -> None:

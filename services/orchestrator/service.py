@@ -44,7 +44,7 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 
 from hookbus.bus.claims import heartbeat_every
-from hookbus.bus.cluster import in_order, keys_for
+from hookbus.bus.cluster import forget_topology, in_order, keys_for, ready
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     connect,
@@ -73,6 +73,7 @@ from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from hookbus.bus.router import ReplyRouter
 from hookbus.bus.sessions import SessionStore
+from hookbus.bus.shard_reader import ShardedGroupReader
 from hookbus.bus.trim import TRIM_EVERY
 from hookbus.services import tracing
 from hookbus.services.bus_app import BusApp
@@ -94,6 +95,8 @@ log = structlog.get_logger("hookbus.orchestrator")
 
 RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
 SHUTDOWN_WAIT = 30.0
+DRAIN_SECONDS = 60.0
+"""How long a stopping orchestrator lets the requests it runs finish."""
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 
 
@@ -125,7 +128,7 @@ class OrchestratorService(BusApp):
     ) -> None:
         self.agent = agent
         self.redis_url = redis_url
-        super().__init__(redis_url, graceful_timeout=60.0)
+        super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
         self.keys = keys_for(redis_url, prefix)
         self.instance = instance or instance_name("orchestrator")
         self.concurrency = concurrency
@@ -143,12 +146,19 @@ class OrchestratorService(BusApp):
         self.served = 0
         self.fenced = 0
         self.refused = 0
-        self._subscribe()
+        self._handlers: set[asyncio.Task[None]] = set()
+        """Entries read: up to `concurrency` running, as many again waiting (prefetched)."""
+        self._run_slots: asyncio.Semaphore | None = None
+        self._reader: ShardedGroupReader | None = None
 
-    def _subscribe(self) -> None:
+    def declare_subscriber(self) -> None:
+        """Declare `requests` as this app's subscriber for the AsyncAPI document. A
+        serving orchestrator does not call this: it reads every requests shard with its
+        own loops (hookbus.bus.shard_reader); FastStream runs the app's lifecycle."""
+
         @self.broker.subscriber(
             stream=StreamSub(
-                self.keys.requests,
+                self.keys.request_streams[0],
                 group=ORCHESTRATOR_GROUP,
                 consumer=self.instance,
                 max_records=self.concurrency,
@@ -162,7 +172,7 @@ class OrchestratorService(BusApp):
         )
         async def on_request(msg: RedisStreamMessage) -> None:
             entry_id = text(msg.raw_message["message_ids"][0])
-            await self.process(entry_id, msg.raw_message["data"])
+            await self.process(self.keys.request_streams[0], entry_id, msg.raw_message["data"])
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -172,7 +182,9 @@ class OrchestratorService(BusApp):
         return self._client
 
     async def _before_startup(self) -> None:
-        await ensure_group(await self.broker.connect(), self.keys.requests, ORCHESTRATOR_GROUP)
+        client = await self.broker.connect()
+        for stream in self.keys.request_streams:
+            await ensure_group(client, stream, ORCHESTRATOR_GROUP)
 
     async def _after_startup(self) -> None:
         client = self._client = await self.broker.connect()
@@ -181,7 +193,7 @@ class OrchestratorService(BusApp):
             dead_letter=self.keys.dead_letter,
         )
         registry = RegistryView(client, self.keys)
-        events = EventWriter(client, self.keys.events_for(self.instance))
+        events = EventWriter(client, self.keys)
         runtime = _StageNotingRuntime(
             self.keys, router, registry, SessionStore(client, self.keys), events,
             instance=self.instance,
@@ -207,14 +219,43 @@ class OrchestratorService(BusApp):
         )
         self.liveness.start()
         self._tasks = [asyncio.create_task(self._cancel_listener(), name="hookbus-cancel")]
+        self._run_slots = asyncio.Semaphore(self.concurrency)
+        self._reader = ShardedGroupReader(
+            self.redis_url, self.keys.request_streams, ORCHESTRATOR_GROUP, self.instance,
+            free=lambda: 2 * self.concurrency - len(self._handlers), deliver=self._deliver,
+        )
+        self._reader.start()
         log.info(
             "orchestrator_started", instance=self.instance, agent=self.agent.name,
             groups=list(registry.groups), claim_idle=self.claim_idle,
         )
 
     async def _on_shutdown(self) -> None:
-        """Before the broker drains: take no more requests over from others."""
+        """Take no more requests (read or claimed), let the ones running finish."""
         await self.recovery.stop_claiming()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.stop()
+        if self._handlers:
+            await asyncio.wait(set(self._handlers), timeout=DRAIN_SECONDS)
+
+    def _deliver(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        task = asyncio.create_task(self._handle(stream, entry_id, fields), name=f"request-entry-{entry_id}")
+        self._handlers.add(task)
+        task.add_done_callback(self._handler_done)
+
+    def _handler_done(self, task: asyncio.Task[None]) -> None:
+        self._handlers.discard(task)
+        if self._reader is not None:
+            self._reader.wake()
+
+    async def _handle(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            assert self._run_slots is not None
+            async with self._run_slots:
+                await self.process(stream, entry_id, fields)
+        except Exception:  # noqa: BLE001 - the entry stays pending; it is claimed back later
+            log.exception("request_handler_failed", entry_id=entry_id, stream=stream)
 
     async def _after_shutdown(self) -> None:
         """After the broker drained its in-flight requests: stop everything else."""
@@ -241,12 +282,12 @@ class OrchestratorService(BusApp):
 
     # ------------------------------------------------------------ one request
 
-    async def process(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def process(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
         """A request entry delivered to this orchestrator for the first time."""
-        request = await self.admit(entry_id, fields)
+        request = await self.admit(stream, entry_id, fields)
         if request is None:
             return
-        run = self.runs.register(entry_id, request.completion_id)
+        run = self.runs.register(stream, entry_id, request.completion_id)
         try:
             assert self.journal is not None
             try:
@@ -258,7 +299,7 @@ class OrchestratorService(BusApp):
                 log.error("request_not_started", completion_id=request.completion_id, error=str(exc))
                 return
             if not begun.ok:
-                await self._not_ours(entry_id, fields, request, begun)
+                await self._not_ours(stream, entry_id, fields, request, begun)
                 return
             run.epoch = begun.epoch
             if begun.cancelled:
@@ -267,43 +308,53 @@ class OrchestratorService(BusApp):
         finally:
             self.runs.unregister(run)
 
-    async def admit(self, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None:
+    async def admit(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None:
         """The request, or None when it was refused (dead-lettered, acked, and the client
-        told with a 413 or 400 if its completion id could be read)."""
+        told with a 413 or 400 if its completion id could be read). A request on another
+        shard than its completion id's is refused too: its journal scripts would span two
+        slots (HookbusClient always queues on the right one)."""
         raw = fields.get(FIELD)
         if raw is not None:
             limits = self.limits.for_envelope()
             try:
                 await off_loop(is_large(size=len(raw)), _check_limits, raw, limits)
             except LimitExceeded as refused:
-                await self.refuse(entry_id, fields, _peek_completion_id(raw, parse=False), refused)
+                await self.refuse(stream, entry_id, fields, _peek_completion_id(raw, parse=False), refused)
                 return None
             except InvalidJSON:
                 pass  # decode says why, below
         try:
-            return await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
+            request = await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
         except DecodeError as exc:
             error = HookError(400, "invalid_request", f"the request could not be read: {exc}")
-            await self.refuse(entry_id, fields, _peek_completion_id(raw), error)
+            await self.refuse(stream, entry_id, fields, _peek_completion_id(raw), error)
             return None
+        if self.keys.requests_for(request.completion_id) != stream:
+            error = HookError(
+                400, "misrouted_request",
+                f"queued on {stream}, but its completion id belongs to {self.keys.requests_for(request.completion_id)}",
+            )
+            await self.refuse(stream, entry_id, fields, request.completion_id, error)
+            return None
+        return request
 
     async def refuse(
-        self, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
     ) -> None:
         def set_aside(pipe: Any) -> None:
             add_dead_letter(
-                pipe, self.keys.dead_letter, source=self.keys.requests, entry_id=entry_id,
+                pipe, self.keys.dead_letter, source=stream, entry_id=entry_id,
                 reason=f"{error.status_code} {error.code}: {error.message}", fields=fields,
                 consumer=self.instance,
             )
             if completion_id:
-                stream = self.keys.responses(completion_id)
+                responses = self.keys.responses(completion_id)
                 item = ResponseItem(kind="error", completion_id=completion_id, error=error.to_dict())
-                pipe.xadd(stream, encode(item))
-                pipe.expire(stream, RESPONSE_TTL)
+                pipe.xadd(responses, encode(item))
+                pipe.expire(responses, RESPONSE_TTL)
 
         await in_order(
-            self.client, set_aside, lambda pipe: pipe.xack(self.keys.requests, ORCHESTRATOR_GROUP, entry_id)
+            self.client, set_aside, lambda pipe: pipe.xack(stream, ORCHESTRATOR_GROUP, entry_id)
         )
         self.refused += 1
         log.warning(
@@ -312,7 +363,7 @@ class OrchestratorService(BusApp):
         )
 
     async def _not_ours(
-        self, entry_id: str, fields: dict[bytes, bytes], request: RequestEnvelope, begun: Begun
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], request: RequestEnvelope, begun: Begun
     ) -> None:
         cid = request.completion_id
         if begun.entry == entry_id:
@@ -321,9 +372,9 @@ class OrchestratorService(BusApp):
             return
         error = DuplicateCompletionId(cid)
         if begun.done:  # the first one is over: its client is gone, tell this one
-            await self.refuse(entry_id, fields, cid, error)
+            await self.refuse(stream, entry_id, fields, cid, error)
         else:  # the first one still runs: do not disturb its response stream
-            await self.refuse(entry_id, fields, None, error)
+            await self.refuse(stream, entry_id, fields, None, error)
 
     async def execute(
         self,
@@ -371,7 +422,7 @@ class OrchestratorService(BusApp):
             terminal = task.result()
         try:
             stored = await writer.finish(
-                terminal, ack=Ack(self.keys.requests, ORCHESTRATOR_GROUP, run.entry_id)
+                terminal, ack=Ack(run.stream, ORCHESTRATOR_GROUP, run.entry_id)
             )
         except RECONNECT_ERRORS as exc:
             await writer.close()
@@ -466,8 +517,10 @@ class OrchestratorService(BusApp):
         reader = connect(self.redis_url, retries=0)
         try:
             while True:
-                pubsub = reader.pubsub()
+                pubsub: Any = None
                 try:
+                    await ready(reader)  # on a cluster: the node serving the channel's slot
+                    pubsub = reader.pubsub()
                     await pubsub.subscribe(self.keys.cancel_channel)
                     backoff = 0.1
                     while True:
@@ -477,11 +530,13 @@ class OrchestratorService(BusApp):
                             self.runs.cancel(text(data))
                 except RECONNECT_ERRORS as exc:
                     log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
+                    await forget_topology(reader)  # that node may be gone (failover)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                 finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()
+                    if pubsub is not None:
+                        with contextlib.suppress(Exception):
+                            await pubsub.aclose()
         finally:
             with contextlib.suppress(Exception):
                 await reader.aclose()

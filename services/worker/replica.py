@@ -40,7 +40,6 @@ import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
-from redis.exceptions import ResponseError
 
 from hookbus.bus.claims import (
     Claimed,
@@ -49,7 +48,6 @@ from hookbus.bus.claims import (
 from hookbus.bus.cluster import in_order, keys_for
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
-    connect,
     ensure_group,
     instance_name,
     raw_entry_parser,
@@ -69,6 +67,7 @@ from hookbus.bus.events import EventWriter
 from hookbus.bus.group_member import GroupMember
 from hookbus.bus.redis_values import text
 from hookbus.bus.registry import announce, heartbeat, leave
+from hookbus.bus.shard_reader import ShardedGroupReader
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.services import tracing
 from hookbus.services.bus_app import BusApp
@@ -82,24 +81,27 @@ DRAIN_SECONDS = 30.0
 REPLY_RETRY_GRACE = 5.0
 READ_BLOCK_MS = 1000
 
+EntryRef = tuple[str, str]
+"""(the shard stream an entry was read from, its entry id): ids repeat across shards."""
+
 
 class ReplyBatcher:
     """Replies ready in one event-loop turn go out in one pipeline: their XADDs, then one
     XACK of all their entry ids (reply before ack). `send` raises what the pipeline
     raised; the caller then retries that hop alone."""
 
-    def __init__(self, client: aredis.Redis, stream: str, group: str) -> None:
-        self.client, self.stream, self.group = client, stream, group
-        self._pending: list[tuple[str, Any, str, asyncio.Future[None]]] = []
+    def __init__(self, client: aredis.Redis, group: str) -> None:
+        self.client, self.group = client, group
+        self._pending: list[tuple[str, Any, EntryRef, asyncio.Future[None]]] = []
         self._flushing: set[asyncio.Task[None]] = set()
         self.batches = 0
 
-    async def send(self, reply_to: str, fields: Any, entry_id: str) -> None:
+    async def send(self, reply_to: str, fields: Any, entry: EntryRef) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._start_flush)
-        self._pending.append((reply_to, fields, entry_id, future))
+        self._pending.append((reply_to, fields, entry, future))
         await future
 
     def _start_flush(self) -> None:
@@ -116,7 +118,11 @@ class ReplyBatcher:
                 pipe.xadd(reply_to, fields)
 
         def acks(pipe: Any) -> None:
-            pipe.xack(self.stream, self.group, *(entry_id for _, _, entry_id, _ in batch))
+            by_stream: dict[str, list[str]] = {}
+            for _, _, (stream, entry_id), _ in batch:
+                by_stream.setdefault(stream, []).append(entry_id)
+            for stream, entry_ids in by_stream.items():
+                pipe.xack(stream, self.group, *entry_ids)
 
         try:
             await in_order(self.client, replies, acks)
@@ -150,30 +156,27 @@ class WorkerReplica(BusApp):
         self.group = host.group
         super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
         self.keys = keys_for(redis_url, prefix)
-        self.stream = self.keys.hooks(self.group)
+        self.streams = self.keys.hook_streams(self.group)
         self.replica = replica or instance_name(f"worker-{self.group}")
         self.concurrency = concurrency
         self.claim_idle = claim_idle
         self.max_deliveries = max_deliveries
         self.trim_every = trim_every
-        self._in_flight: dict[str, float] = {}
+        self._in_flight: dict[EntryRef, float] = {}
         self._hop_tasks: set[asyncio.Task[Any]] = set()
-        self._read_task: asyncio.Task[None] | None = None
-        self._reader: aredis.Redis | None = None
+        self._reader: ShardedGroupReader | None = None
         self._batcher: ReplyBatcher | None = None
-        self._slot = asyncio.Event()
-        self._stopping = False
         self._redis_url = redis_url
         self._client: aredis.Redis | None = None
         self._events: EventWriter | None = None
         self.member = GroupMember(
             OrphanRules(
-                self.stream, self.group, self.replica, self.keys.replicas(self.group), claim_idle,
+                self.streams[0], self.group, self.replica, self.keys.replicas(self.group), claim_idle,
                 count=max(100, concurrency * 4),
             ),
             client=self._redis, concurrency=concurrency, trim_every=trim_every,
             busy=lambda: self._in_flight, beat=self._heartbeat, renew=self._renew_leases,
-            tidy=self.janitor_once, take_over=self._take_over,
+            tidy=self.janitor_once, take_over=self._take_over, streams=self.streams,
         )
         self.processed = 0
         self.dead_lettered = 0
@@ -186,7 +189,7 @@ class WorkerReplica(BusApp):
 
         @self.broker.subscriber(
             stream=StreamSub(
-                self.stream,
+                self.streams[0],
                 group=self.group,
                 consumer=self.replica,
                 max_records=self.concurrency,
@@ -204,25 +207,29 @@ class WorkerReplica(BusApp):
         )
         async def on_hop(msg: RedisStreamMessage) -> None:
             entry_id = text(msg.raw_message["message_ids"][0])
-            await self.process(entry_id, msg.raw_message["data"], attempt=1)
+            await self.process((self.streams[0], entry_id), msg.raw_message["data"], attempt=1)
 
     # ---------------------------------------------------------------- lifecycle
 
     async def _before_startup(self) -> None:
         """Create the consumer group at the stream's start, so no entry written before it is missed."""
-        await ensure_group(await self.broker.connect(), self.stream, self.group)
+        client = await self.broker.connect()
+        for stream in self.streams:
+            await ensure_group(client, stream, self.group)
 
     async def _after_startup(self) -> None:
         self._client = await self.broker.connect()
-        self._events = EventWriter(self._client, self.keys.events_for(self.replica))
+        self._events = EventWriter(self._client, self.keys)
         await self._events.start()
         await announce(self._client, self.keys, self.host.announcement())
         await heartbeat(self._client, self.keys, self.group, self.replica)
         self.member.start()
-        self._batcher = ReplyBatcher(self._client, self.stream, self.group)
-        self._reader = connect(self._redis_url, retries=0)
-        self._stopping = False
-        self._read_task = asyncio.create_task(self._read_loop(), name="hookbus-read")
+        self._batcher = ReplyBatcher(self._client, self.group)
+        self._reader = ShardedGroupReader(
+            self._redis_url, self.streams, self.group, self.replica,
+            free=self._free, deliver=self._deliver, block_ms=READ_BLOCK_MS,
+        )
+        self._reader.start()
         log.info(
             "worker_started", group=self.group, replica=self.replica, concurrency=self.concurrency,
             claim_idle=self.claim_idle,
@@ -241,17 +248,9 @@ class WorkerReplica(BusApp):
             await asyncio.wait(busy, timeout=DRAIN_SECONDS)
 
     async def _stop_reading(self) -> None:
-        self._stopping = True
-        self._slot.set()
-        task, self._read_task = self._read_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError, *RECONNECT_ERRORS):
-                await asyncio.wait_for(task, 3)
         reader, self._reader = self._reader, None
         if reader is not None:
-            with contextlib.suppress(Exception):
-                await reader.aclose()
+            await reader.stop()
 
     async def _after_shutdown(self) -> None:
         """After in-flight hops finished: stop renewing leases and flush events."""
@@ -263,36 +262,37 @@ class WorkerReplica(BusApp):
 
     # ------------------------------------------------------------------ one hop
 
-    async def process(self, entry_id: str, fields: dict[bytes, bytes], attempt: int) -> None:
+    async def process(self, entry: EntryRef, fields: dict[bytes, bytes], attempt: int) -> None:
+        """One hop: `entry` is (the shard stream it was read from, its entry id)."""
         client = self._client
         assert client is not None
         try:
             event = decode(fields, HopEvent)
         except DecodeError as exc:
-            await self._dead_letter(entry_id, fields, str(exc), event=None)
+            await self._dead_letter(entry, fields, str(exc), event=None)
             return
         try:
             split = hop_parts(event, fields)
         except DecodeError as exc:
-            await self._dead_letter(entry_id, fields, str(exc), event=event)
+            await self._dead_letter(entry, fields, str(exc), event=event)
             return
         if event.deadline < time.time():
-            await client.xack(self.stream, self.group, entry_id)
+            await client.xack(entry[0], self.group, entry[1])
             self._record(event, None, Outcome.EXPIRED, f"deadline passed before attempt {attempt}")
             return
-        self._in_flight[entry_id] = time.monotonic()
+        self._in_flight[entry] = time.monotonic()
         try:
             with tracing.process_span(self.group, self.replica, event.lifecycle, event.trace, attempt) as span:
                 reply = await self.host.answer(event, attempt, self.replica, split)
                 if reply.failure:
                     span.error(reply.failure, "hop_failed")
-            await self._reply(entry_id, event, reply)
+            await self._reply(entry, event, reply)
         finally:
-            self._in_flight.pop(entry_id, None)
+            self._in_flight.pop(entry, None)
         self.processed += 1
         self._record(event, reply, Outcome.FAILED if reply.failure else Outcome.OK, reply.failure)
 
-    async def _reply(self, entry_id: str, event: HopEvent, reply: HopReply) -> None:
+    async def _reply(self, entry: EntryRef, event: HopEvent, reply: HopReply) -> None:
         """Reply and ack (batched with the other replies of this loop turn); through an
         outage, retry alone while the caller may still wait. Given up, the entry stays
         pending (and expires when claimed again)."""
@@ -301,7 +301,7 @@ class WorkerReplica(BusApp):
         fields = encode_reply(reply)
         if self._batcher is not None:
             try:
-                await self._batcher.send(event.reply_to, fields, entry_id)
+                await self._batcher.send(event.reply_to, fields, entry)
                 return
             except RECONNECT_ERRORS:
                 pass
@@ -311,12 +311,12 @@ class WorkerReplica(BusApp):
                 await in_order(
                     client,
                     lambda pipe: pipe.xadd(event.reply_to, fields),
-                    lambda pipe: pipe.xack(self.stream, self.group, entry_id),
+                    lambda pipe: pipe.xack(entry[0], self.group, entry[1]),
                 )
                 return
             except RECONNECT_ERRORS as exc:
                 if time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
-                    log.error("reply_not_sent", entry_id=entry_id, hop_id=event.hop_id, error=str(exc))
+                    log.error("reply_not_sent", entry_id=entry[1], hop_id=event.hop_id, error=str(exc))
                     raise
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
@@ -344,14 +344,16 @@ class WorkerReplica(BusApp):
         )
 
     async def _dead_letter(
-        self, entry_id: str, fields: dict[bytes, bytes], reason: str, event: HopEvent | None
+        self, entry: EntryRef, fields: dict[bytes, bytes], reason: str, event: HopEvent | None
     ) -> None:
         """Move the entry aside; if we know who waits for it, tell them the hop failed."""
         client = self._client
         assert client is not None
+        stream, entry_id = entry
+
         def set_aside(pipe: Any) -> None:
             add_dead_letter(
-                pipe, self.keys.dead_letter, source=self.stream, entry_id=entry_id,
+                pipe, self.keys.dead_letter, source=stream, entry_id=entry_id,
                 reason=reason, fields=fields, consumer=self.replica,
             )
             if event is not None:
@@ -361,9 +363,9 @@ class WorkerReplica(BusApp):
                 )
                 pipe.xadd(event.reply_to, encode(failure))
 
-        await in_order(client, set_aside, lambda pipe: pipe.xack(self.stream, self.group, entry_id))
+        await in_order(client, set_aside, lambda pipe: pipe.xack(stream, self.group, entry_id))
         self.dead_lettered += 1
-        log.warning("dead_lettered", stream=self.stream, entry_id=entry_id, reason=reason)
+        log.warning("dead_lettered", stream=stream, entry_id=entry_id, reason=reason)
         if event is not None:
             self._record(event, None, Outcome.DEAD_LETTER, reason)
 
@@ -372,57 +374,27 @@ class WorkerReplica(BusApp):
     def _free(self) -> int:
         return self.concurrency - len(self._in_flight)
 
-    async def _read_loop(self) -> None:
-        """XREADGROUP as many new entries as there are free slots; one task per entry."""
-        backoff = 0.05
-        while not self._stopping:
-            free = self._free()
-            if free <= 0:
-                self._slot.clear()
-                await self._slot.wait()
-                continue
-            reader = self._reader
-            assert reader is not None
-            try:
-                response: Any = await reader.xreadgroup(
-                    self.group, self.replica, {self.stream: ">"}, count=free, block=READ_BLOCK_MS
-                )
-                backoff = 0.05
-            except RECONNECT_ERRORS as exc:
-                if self._stopping:
-                    return
-                log.warning("read_reconnecting", stream=self.stream, error=str(exc), retry_in=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                # the stream or group is gone (a Redis restart without persistence, a DEL)
-                log.warning("read_group_missing", stream=self.stream, group=self.group)
-                with contextlib.suppress(*RECONNECT_ERRORS):
-                    await ensure_group(reader, self.stream, self.group)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            for _stream, entries in response or ():
-                for raw_id, fields in entries:
-                    entry_id = text(raw_id)
-                    self._in_flight[entry_id] = time.monotonic()
-                    task = asyncio.create_task(self._run_read(entry_id, fields))
-                    self._hop_tasks.add(task)
-                    task.add_done_callback(self._hop_tasks.discard)
+    def _deliver(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        entry = (stream, entry_id)
+        self._in_flight[entry] = time.monotonic()
+        task = asyncio.create_task(self._run_read(entry, fields))
+        self._hop_tasks.add(task)
+        task.add_done_callback(self._hop_tasks.discard)
 
-    async def _run_read(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def _run_read(self, entry: EntryRef, fields: dict[bytes, bytes]) -> None:
         try:
-            await self.process(entry_id, fields, attempt=1)
+            await self.process(entry, fields, attempt=1)
         except RECONNECT_ERRORS as exc:
-            log.warning("hop_failed", entry_id=entry_id, error=str(exc))
+            log.warning("hop_failed", entry_id=entry[1], error=str(exc))
         except Exception:  # noqa: BLE001 - the entry stays pending; a sibling claims it
-            log.exception("hop_failed", entry_id=entry_id)
+            log.exception("hop_failed", entry_id=entry[1])
         finally:
-            self._in_flight.pop(entry_id, None)
-            self._slot.set()
+            self._in_flight.pop(entry, None)
+            self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.wake()
 
     # -------------------------------------------------------- background tasks
 
@@ -438,13 +410,15 @@ class WorkerReplica(BusApp):
         await heartbeat(self._redis(), self.keys, self.group, self.replica)
 
     async def _renew_leases(self) -> None:
-        """Keep claims on long-running hops fresh so siblings do not take them."""
-        ids = list(self._in_flight)
-        if ids:
-            await self._redis().xclaim(self.stream, self.group, self.replica, 0, ids, justid=True)  # type: ignore[arg-type]
+        """Keep claims on long-running hops fresh so siblings do not take them (per shard)."""
+        by_stream: dict[str, list[str]] = {}
+        for stream, entry_id in list(self._in_flight):
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            await self._redis().xclaim(stream, self.group, self.replica, 0, ids, justid=True)  # type: ignore[arg-type]
 
     def _take_over(self, entry: Claimed) -> Awaitable[None]:
-        self._in_flight[entry.entry_id] = time.monotonic()  # leased from now on
+        self._in_flight[(entry.stream, entry.entry_id)] = time.monotonic()  # leased from now on
         return self._run_claimed(entry)
 
     async def _run_claimed(self, entry: Claimed) -> None:
@@ -452,27 +426,30 @@ class WorkerReplica(BusApp):
             "claimed", entry_id=entry.entry_id, attempt=entry.attempt, replica=self.replica,
             previous_owner=entry.previous_owner,
         )
+        ref = (entry.stream, entry.entry_id)
         try:
             if entry.attempt > self.max_deliveries:
                 event = None
                 with contextlib.suppress(DecodeError):
                     event = decode(entry.fields, HopEvent)
                 await self._dead_letter(
-                    entry.entry_id, entry.fields,
-                    f"delivered {entry.attempt} times without an answer", event,
+                    ref, entry.fields, f"delivered {entry.attempt} times without an answer", event
                 )
                 return
-            await self.process(entry.entry_id, entry.fields, attempt=entry.attempt)
+            await self.process(ref, entry.fields, attempt=entry.attempt)
         except RECONNECT_ERRORS as exc:
             log.warning("claimed_hop_failed", entry_id=entry.entry_id, error=str(exc))
         finally:
-            self._in_flight.pop(entry.entry_id, None)
-            self._slot.set()
+            self._in_flight.pop(ref, None)
+            self._wake_reader()
 
     async def janitor_once(self) -> int:
+        """Trim every shard up to what was acked; forget siblings gone for long."""
         client = self._client
         assert client is not None
-        removed, _minid = await trim_acked(client, self.stream)
+        removed = 0
+        for stream in self.streams:
+            removed += (await trim_acked(client, stream))[0]
+            await prune_consumers(client, stream, self.group, self.keys.replicas(self.group))
         self.trimmed += removed
-        await prune_consumers(client, self.stream, self.group, self.keys.replicas(self.group))
         return removed

@@ -6,7 +6,7 @@
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
-Benches: hop, peer, full, streaming, scaleout, inprocess, tokens, tracing; one experiment,
+Benches: hop, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster; one experiment,
 fixes-streaming (on_chunk pipelining on and off, with the production Agent). The other
 experiments were removed once their fixes were in production; RESULTS.md keeps their
 figures.
@@ -37,7 +37,17 @@ def _with_redis(measure: Callable[[str], Awaitable[list[Row]]]) -> Callable[[], 
 
 
 def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
-    from tests.bench import full, hop, inprocess, peer, scaleout, streaming, tokens, tracing
+    from tests.bench import (
+        cluster,
+        full,
+        hop,
+        inprocess,
+        peer,
+        scaleout,
+        streaming,
+        tokens,
+        tracing,
+    )
     from tests.bench.experiments import streaming_matrix
 
     return {
@@ -49,6 +59,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         "inprocess": inprocess.measure,
         "tokens": tokens.measure,
         "tracing": _with_redis(tracing.measure),
+        "cluster": cluster.measure,
         "fixes-streaming": _with_redis(streaming_matrix.measure),
     }
 

@@ -439,12 +439,12 @@ async def processes() -> AsyncIterator[Processes]:
 
 async def wait_for_replicas(redis_url: str, prefix: str, wanted: dict[str, int], procs: Processes | None = None, timeout: float = 60.0) -> None:
     """Until every group in `wanted` has at least that many live replicas in the registry."""
+    from hookbus.bus.cluster import keys_for
     from hookbus.bus.connection import connect
-    from hookbus.bus.keys import Keys
     from hookbus.bus.registry import live_replicas
 
     client = connect(redis_url)
-    keys = Keys(prefix)
+    keys = keys_for(redis_url, prefix)
     try:
         async with asyncio.timeout(timeout):
             while True:
@@ -477,20 +477,20 @@ class BusSide:
 
 
 async def bus_side(redis_url: str, prefix: str, instance: str | None = None) -> BusSide:
+    from hookbus.bus.cluster import keys_for
     from hookbus.bus.connection import connect
     from hookbus.bus.events import EventWriter
-    from hookbus.bus.keys import Keys
     from hookbus.bus.registry import RegistryView
     from hookbus.bus.router import ReplyRouter
     from hookbus.bus.sessions import SessionStore
     from hookbus.services.orchestrator.bus_runtime import BusRuntime
 
-    keys = Keys(prefix)
+    keys = keys_for(redis_url, prefix)
     instance = instance or f"bench-orch-{uuid.uuid4().hex[:6]}"
     client = connect(redis_url)
     router = ReplyRouter(client, connect(redis_url, retries=0), keys.replies(instance))
     registry = RegistryView(client, keys)
-    events = EventWriter(client, keys.events)
+    events = EventWriter(client, keys)
     runtime = BusRuntime(keys, router, registry, SessionStore(client, keys), events, instance=instance)
     await router.start()
     await registry.start()

@@ -54,3 +54,36 @@ async def test_a_request_runs_its_journal_scripts_atomically_on_whichever_node_h
             assert (await journal.read(cid))["done"] == "1"
     finally:
         await client.aclose()
+
+
+async def test_status_sums_the_backlog_of_every_shard(redis_cluster: EmbeddedCluster, prefix: str) -> None:
+    """`hookbus status` (and KEDA's summed trigger) see one queue, not twelve."""
+    from hookbus.bus.client import HookbusClient
+    from hookbus.bus.connection import ensure_group
+    from hookbus.services.monitor import read_status
+
+    async with HookbusClient(redis_cluster.url, prefix=prefix) as client:
+        for stream in client.keys.request_streams:
+            await ensure_group(client.redis, stream, ORCHESTRATOR_GROUP)
+        requests = [await client.submit(f"queued {n}") for n in range(30)]
+        status = await read_status(client.redis, client.keys)
+        shards = {client.keys.shard_of(r.completion_id) for r in requests}
+    assert len(shards) > 6
+    assert status.requests_lag == 30 and status.requests_pending == 0
+
+
+async def test_a_request_queued_on_another_shard_is_refused_with_a_400(redis_cluster: EmbeddedCluster, prefix: str) -> None:
+    from hookbus import Agent
+    from hookbus.bus.envelopes import RequestEnvelope
+    from hookbus.skills import HookError
+    from tests.integration.stack import running_stack
+
+    async with running_stack(redis_cluster.url, prefix, Agent("cluster")) as (client, _, _):
+        request = RequestEnvelope(completion_id=f"chatcmpl-{uuid.uuid4().hex}", messages=[{"role": "user", "content": "hi"}],
+                                  deadline=time.time() + 30)
+        wrong = next(s for s in client.keys.request_streams if s != client.keys.requests_for(request.completion_id))
+        await client.redis.xadd(wrong, encode(request))  # type: ignore[arg-type]
+        items = [item async for item in client.items(request)]
+    assert items[-1].kind == "error"
+    error = HookError.from_dict(items[-1].error or {})
+    assert error.status_code == 400 and error.code == "misrouted_request"
