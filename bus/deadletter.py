@@ -1,19 +1,75 @@
 """The dead-letter stream: entries that could not be decoded or failed too many deliveries.
 
-Each dead letter keeps the original fields, where it came from and why, so an operator
-can inspect or replay it; the consumer that moved it acks the original and goes on.
+A dead letter says where the entry came from, why it was set aside, who set it aside and
+when, and describes the original without keeping it: each field's size and SHA-256, and
+of an envelope only its routing fields (kind, version, completion id, hop id, lifecycle,
+...). Message content, auth, session and state never reach the dead-letter stream: a
+request the orchestrator could not read still holds the caller's prompt and credentials.
+The digest lets an operator match a dead letter to a copy kept elsewhere (a client log).
+
+Retention is bounded in entries, bytes and time: at most DEAD_LETTER_MAXLEN entries of
+at most about ENTRY_BYTES each, none older than DEAD_LETTER_RETENTION seconds (trimmed
+at each new dead letter), and the whole stream expires that long after the last one.
+The consumer that moved an entry acks the original and goes on.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import time
+from typing import Any
 
 import redis.asyncio as aredis
 from redis.asyncio.client import Pipeline
 
-DEAD_LETTER_MAXLEN = 100_000
-MAX_FIELD_BYTES = 64 * 1024
-"""Original fields are kept up to this size each (an oversized request is not copied whole)."""
+DEAD_LETTER_MAXLEN = 10_000
+DEAD_LETTER_RETENTION = 7 * 24 * 3600
+REASON_CHARS = 1000
+ROUTING_TEXT = ("kind", "completion_id", "hop_id", "lifecycle", "stage_key", "replica")
+ROUTING_NUMBERS = ("v", "epoch", "deadline", "created")
+"""Envelope fields a dead letter keeps: they say what the entry was, never what it held
+(a number field holding anything but a number is dropped)."""
+ROUTING_CHARS = 200
+PARSE_AT_MOST = 256 * 1024
+"""Larger originals are described by size and digest only (not parsed for routing fields)."""
+ENTRY_BYTES = 4 * 1024
+"""About the most one dead letter holds: reason, routing fields and one line per field."""
+
+
+_INPUT_VALUE = re.compile(r"input_value=.*?, input_type=")
+"""Pydantic quotes the offending input in its errors: a reason keeps only its type."""
+
+
+def describe(fields: dict[bytes, bytes]) -> str:
+    """The original entry as JSON without its content: per field its size and digest,
+    and the routing fields of the envelope (`e`) when it is readable JSON."""
+    described: dict[str, Any] = {}
+    for key, value in list(fields.items())[:16]:
+        name = key.decode(errors="replace")[:64]
+        described[name] = {"bytes": len(value), "sha256": hashlib.sha256(value).hexdigest()}
+    routing = _routing(fields.get(b"e"))
+    return json.dumps({"fields": described, "routing": routing}, separators=(",", ":"))
+
+
+def _routing(raw: bytes | None) -> dict[str, Any]:
+    if raw is None or len(raw) > PARSE_AT_MOST:
+        return {}
+    try:
+        envelope = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(envelope, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for name in ROUTING_TEXT:
+        if isinstance(envelope.get(name), str):
+            kept[name] = envelope[name][:ROUTING_CHARS]
+    for name in ROUTING_NUMBERS:
+        if isinstance(envelope.get(name), int | float) and not isinstance(envelope[name], bool):
+            kept[name] = envelope[name]
+    return kept
 
 
 def add_dead_letter(
@@ -26,20 +82,20 @@ def add_dead_letter(
     fields: dict[bytes, bytes],
     consumer: str,
 ) -> None:
-    """Queue the dead-letter XADD on `pipe` (the caller acks in the same pipeline)."""
-    record: dict[bytes | str, bytes | str] = {
-        "source": source,
-        "entry_id": entry_id,
-        "reason": reason[:2000],
-        "consumer": consumer,
-        "ts": str(time.time()),
+    """Queue the dead-letter XADD and its trims on `pipe` (the caller acks in the same
+    pipeline)."""
+    now = time.time()
+    record: dict[str, str] = {
+        "source": source[:ROUTING_CHARS],
+        "entry_id": entry_id[:ROUTING_CHARS],
+        "reason": _INPUT_VALUE.sub("input_type=", reason[: 4 * REASON_CHARS])[:REASON_CHARS],
+        "consumer": consumer[:ROUTING_CHARS],
+        "ts": str(now),
+        "original": describe(fields),
     }
-    for key, value in fields.items():
-        if len(value) > MAX_FIELD_BYTES:
-            record[b"truncated:" + key] = str(len(value))
-            value = value[:MAX_FIELD_BYTES]
-        record[b"orig:" + key] = value
     pipe.xadd(dead_letter_stream, record, maxlen=DEAD_LETTER_MAXLEN, approximate=True)  # type: ignore[arg-type]
+    pipe.xtrim(dead_letter_stream, minid=f"{int((now - DEAD_LETTER_RETENTION) * 1000)}-0", approximate=False)
+    pipe.expire(dead_letter_stream, DEAD_LETTER_RETENTION)
 
 
 

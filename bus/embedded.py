@@ -3,11 +3,16 @@
 Not a mock: the same redis-server any production deployment runs (6.2), started on a
 free loopback port in a private directory, optionally with AOF so that a restart keeps
 every stream (the fault tests restart it under load).
+
+It requires a random password (the URL carries it), so another local user who finds the
+port cannot enqueue requests as any principal, and its files (AOF, log) are 0600 in a
+0700 directory.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -46,10 +51,12 @@ class EmbeddedRedis:
         directory: str | Path | None = None,
         appendonly: bool = True,
         extra_args: Sequence[str] = (),
+        auth: bool = True,
     ) -> None:
         """`extra_args`: more redis-server options (hookbus.bus.embedded_cluster adds the
-        cluster ones)."""
+        cluster ones); `auth=False` runs it without a password."""
         self.port = port or free_port()
+        self.password = secrets.token_urlsafe(24) if auth else None
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-")).resolve()
         self.appendonly = appendonly
@@ -58,7 +65,8 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
 
     @property
     def running(self) -> bool:
@@ -68,6 +76,7 @@ class EmbeddedRedis:
         if self.running:
             return self.url
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.chmod(0o700)
         args = [
             redis_server_binary(),
             "--port", str(self.port),
@@ -80,15 +89,19 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self.directory / "redis.log"),
+            *(["--requirepass", self.password] if self.password else []),
             *self.extra_args,
         ]
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            umask=0o077,  # the AOF and the log: 0600
+        )
         self._wait_ready(timeout)
         return self.url
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2)
         try:
             while time.monotonic() < deadline:
                 if self._process is not None and self._process.poll() is not None:
@@ -143,3 +156,11 @@ class EmbeddedRedis:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to a file only its owner may read (0600), also when it existed."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), 0o600)
+        file.write(text)

@@ -69,6 +69,7 @@ class EmbeddedCluster:
                 port=port,
                 directory=self.directory / f"node-{index}",
                 appendonly=False,
+                auth=False,  # nodes and their test clients talk without a password
                 extra_args=[
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",

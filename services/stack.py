@@ -20,7 +20,7 @@ from pathlib import Path
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.cluster import keys_for
 from hookbus.bus.connection import connect
-from hookbus.bus.embedded import EmbeddedRedis, free_port
+from hookbus.bus.embedded import EmbeddedRedis, free_port, write_private
 from hookbus.bus.settings import get_settings
 from hookbus.services.monitor import format_event, read_status, recent_events, wait_for
 from hookbus.skills import HookError
@@ -47,9 +47,12 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
     if not redis_url:
         embedded = EmbeddedRedis(directory=STATE_DIR / "redis", port=free_port())
         redis_url = embedded.start()
-        say(f"started an embedded Redis at {redis_url} (AOF in {embedded.directory})")
+        say(
+            f"started an embedded Redis on 127.0.0.1:{embedded.port} with a random password "
+            f"(its URL is in {STATE_DIR / 'redis-url'}, AOF in {embedded.directory})"
+        )
     STATE_DIR.mkdir(exist_ok=True)
-    (STATE_DIR / "redis-url").write_text(redis_url)
+    write_private(STATE_DIR / "redis-url", redis_url)  # it holds the password
     env = dict(os.environ, REDIS_URL=redis_url, HOOKBUS_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
     logs = STATE_DIR / "logs"
     logs.mkdir(exist_ok=True)

@@ -1,0 +1,44 @@
+"""The embedded Redis is not open to whoever finds its port, and keeps its files private."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import redis
+
+from hookbus.bus.embedded import EmbeddedRedis, write_private
+
+
+def test_the_embedded_redis_needs_its_random_password_and_keeps_private_files(tmp_path) -> None:
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=True)
+    other = EmbeddedRedis(directory=tmp_path / "other", appendonly=False)
+    try:
+        server.start()
+        other.start()
+        assert server.password and len(server.password) >= 24 and server.password != other.password
+        assert f":{server.password}@" in server.url
+        with redis.Redis(port=server.port) as stranger, pytest.raises(redis.AuthenticationError):
+            stranger.xadd("hookbus:requests", {"e": "{}"})  # the attack: enqueue as anyone
+        with redis.Redis(port=server.port, password="guess") as guesser, pytest.raises(redis.AuthenticationError):
+            guesser.ping()
+        with redis.Redis.from_url(server.url) as owner:
+            owner.set("k", "v")
+            owner.execute_command("BGREWRITEAOF")
+        files = [p for p in server.directory.rglob("*") if p.is_file()]
+        assert files, "the server wrote no files"
+        for path in files:
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, f"{path} is readable by others"
+        assert stat.S_IMODE(server.directory.stat().st_mode) == 0o700
+    finally:
+        server.cleanup()
+        other.cleanup()
+
+
+def test_the_redis_url_file_is_only_readable_by_its_owner(tmp_path) -> None:
+    path = tmp_path / "redis-url"
+    path.write_text("old")
+    path.chmod(0o644)
+    write_private(path, "redis://:secret@127.0.0.1:1/0")
+    assert path.read_text() == "redis://:secret@127.0.0.1:1/0"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
