@@ -40,18 +40,27 @@ def hook(
     scope: str = "all",
     timeout: float | None = None,
     critical: bool = False,
+    guard: bool = False,
 ) -> Callable[[F], F]:
     """Register a method as a hook on `lifecycle`; lower `priority` runs first.
 
     `scope` other than "all" runs only for callers holding that scope; `timeout`
     (seconds) counts as a failure when exceeded; `critical=True` turns a plain
     exception into a 500 that aborts the run instead of being logged and skipped.
+    `guard=True` makes the hook a check the request may not pass unchecked: when it
+    cannot give its verdict (its worker group has no live replica, it times out, or it
+    raises a plain exception) the request is refused with 503 `guard_unavailable`
+    (finalize_connection still runs). A `before_toolcall` hook needs no flag: one that
+    cannot run always blocks its tool call.
     """
     check_lifecycle(lifecycle)
     if timeout is not None and timeout <= 0:
         raise ValueError(f"hook timeout must be positive, got {timeout}")
+    if guard and lifecycle == "finalize_connection":
+        raise ValueError("a finalize_connection hook cannot be a guard: the request is over by then")
     descriptor = HookDescriptor(
-        lifecycle=lifecycle, priority=int(priority), scope=scope, timeout=timeout, critical=critical
+        lifecycle=lifecycle, priority=int(priority), scope=scope, timeout=timeout,
+        critical=critical, guard=guard,
     )
 
     def decorate(method: F) -> F:

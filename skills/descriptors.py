@@ -27,6 +27,7 @@ class HookDescriptor(BaseModel):
     scope: str = "all"
     timeout: float | None = None
     critical: bool = False
+    guard: bool = False
 
     @property
     def key(self) -> str:

@@ -6,9 +6,11 @@ behaves the same wherever the deployment puts it:
 
 - a `HookError` aborts the run (except in `finalize_connection`, where every hook runs);
 - a failure (a plain exception, a timeout, a hook that returns something other than
-  `HookData` or None, or a hop nobody answered) aborts the run as a 500 when the hook is
-  `critical`; in `before_toolcall` it blocks that tool call; elsewhere the data is left
-  unchanged and the chain goes on;
+  `HookData` or None, or a hop nobody answered) refuses the request with a 503
+  `guard_unavailable` when the hook is a `guard`, aborts the run as a 500 when it is
+  `critical`; in `before_toolcall` it blocks that tool call (also when no worker could
+  run the hook: it fails closed); elsewhere the data is left unchanged and the chain
+  goes on;
 - on every failure path the hook's changes to the data and to `ctx.state` are undone.
 
 `on_compaction` listeners run through `run_listeners` with the same calling and timeout
@@ -30,6 +32,7 @@ import structlog
 
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
+from hookbus.skills.descriptors import HookDescriptor
 from hookbus.skills.errors import HookError
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.skill import BoundHook
@@ -37,7 +40,7 @@ from hookbus.skills.skill import BoundHook
 log = structlog.get_logger("hookbus.hooks")
 
 
-Effect = Literal["abort", "block", "unchanged"]
+Effect = Literal["refuse", "abort", "block", "unchanged"]
 
 HookObserver = Callable[[str, str], AbstractContextManager[Any]]
 """Wraps each hook call, given (hook key, lifecycle): how a service traces hooks without
@@ -64,12 +67,18 @@ class ChainResult:
     blocked: bool = False
 
 
-def failure_effect(lifecycle: str, critical: bool, *, called: bool = True) -> Effect:
-    """What a failed hook does to the run. `called=False`: it never ran (no worker), so a
-    tool call is not blocked for it, only a critical hook still stops the run."""
-    if critical and lifecycle != "finalize_connection":
+def failure_effect(descriptor: HookDescriptor) -> Effect:
+    """What a failed hook does to the run, whether it ran and failed or never ran (no
+    worker): a guard refuses the request, a critical hook stops the run, a
+    before_toolcall hook blocks its call (a check that could not run does not let the
+    call through)."""
+    if descriptor.lifecycle == "finalize_connection":
+        return "unchanged"
+    if descriptor.guard:
+        return "refuse"
+    if descriptor.critical:
         return "abort"
-    if lifecycle == "before_toolcall" and called:
+    if descriptor.lifecycle == "before_toolcall":
         return "block"
     return "unchanged"
 
@@ -113,7 +122,7 @@ async def run_hooks(
             message = _describe(exc, bound.descriptor.timeout)
             log.warning("hook_failed", hook=bound.key, lifecycle=lifecycle, error=message, completion_id=ctx.completion_id)
             kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.ERROR
-            if _fail(result, lifecycle, bound.key, bound.descriptor.critical, message) == "unchanged":
+            if _fail(result, bound.descriptor, message) == "unchanged":
                 result.outcomes.append(_outcome(bound.key, started, kind, message))
                 continue
             result.outcomes.append(
@@ -128,31 +137,36 @@ async def run_hooks(
 
 def fail_unanswered(
     data: HookData,
-    hooks: Sequence[tuple[str, bool]],
+    hooks: Sequence[HookDescriptor],
     reason: str,
     outcome: Outcome,
 ) -> ChainResult:
-    """Hooks (key, critical) whose hop failed as a whole: the same rules as a hook that
-    failed, with the data unchanged. `Outcome.SKIPPED` (no worker) never blocks a tool
-    call, and a critical hook then fails the run with a 503 `no_worker`."""
-    result = ChainResult(data, [HookOutcome(key, 0.0, outcome, reason) for key, _ in hooks])
-    critical = next((key for key, is_critical in hooks if is_critical), None)
-    key = critical or hooks[0][0]
-    _fail(result, data.lifecycle, key, critical is not None, reason, called=outcome != Outcome.SKIPPED)
+    """Hooks whose hop failed as a whole: the same rules as a hook that failed, with the
+    data unchanged; the most drastic effect among them wins. `Outcome.SKIPPED` (no
+    worker): a critical hook fails the run with a 503 `no_worker`."""
+    result = ChainResult(data, [HookOutcome(h.key, 0.0, outcome, reason) for h in hooks])
+    order: list[Effect] = ["refuse", "abort", "block", "unchanged"]
+    first = min(hooks, key=lambda h: order.index(failure_effect(h)))
+    _fail(result, first, reason, called=outcome != Outcome.SKIPPED)
     return result
 
 
-def _fail(
-    result: ChainResult, lifecycle: str, hook_key: str, critical: bool, reason: str, *, called: bool = True
-) -> Effect:
-    effect = failure_effect(lifecycle, critical, called=called)
-    if effect == "abort":
+def _fail(result: ChainResult, descriptor: HookDescriptor, reason: str, *, called: bool = True) -> Effect:
+    effect = failure_effect(descriptor)
+    if effect == "refuse":
+        result.abort = guard_unavailable(descriptor.key, reason)
+    elif effect == "abort":
         status, code = (500, "hook_failed") if called else (503, "no_worker")
-        result.abort = HookError(status, code, f"critical hook {hook_key} failed: {reason}")
+        result.abort = HookError(status, code, f"critical hook {descriptor.key} failed: {reason}")
     elif effect == "block":
-        block_tool_call(result.data, hook_key, reason)
+        block_tool_call(result.data, descriptor.key, reason)
         result.blocked = True
     return effect
+
+
+def guard_unavailable(hook_key: str, reason: str) -> HookError:
+    """The refusal of a request whose guard hook could not give its verdict."""
+    return HookError(503, "guard_unavailable", f"the guard {hook_key} could not check this request: {reason}")
 
 
 def block_tool_call(data: HookData, hook_key: str, reason: str) -> None:

@@ -288,4 +288,4 @@ class BusRuntime:
 
 
 def _unanswered(segment: Segment, data: HookData, reason: str, outcome: Outcome) -> ChainResult:
-    return fail_unanswered(data, [(h.key, h.critical) for h in segment.hooks], reason, outcome)
+    return fail_unanswered(data, [h.descriptor for h in segment.hooks], reason, outcome)
