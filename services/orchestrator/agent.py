@@ -570,6 +570,9 @@ class Agent:
             state.error = Cancelled()
 
     async def _finalize(self, state: RunState) -> None:
+        if not await self._still_ours(state):
+            log.warning("finalize_skipped_lost_request", completion_id=state.completion_id)
+            return
         data = HookData.model_construct(
             lifecycle="finalize_connection",
             messages=state.conversation,
@@ -593,6 +596,14 @@ class Agent:
             error=state.error.code if state.error else None,
             ms=round((time.perf_counter() - state.started) * 1000, 2),
         )
+
+    async def _still_ours(self, state: RunState) -> bool:
+        """Whether this process may still finalize the request: an orchestrator that
+        stalled and was fenced out (a peer claimed the request and finalized it) must not
+        run finalize_connection again when it wakes. Asked of the runtime right before
+        finalize; in-process runs always own theirs."""
+        check = getattr(self.runtime, "still_owner", None)
+        return True if check is None else bool(await check(state.ctx))
 
     # ---------------------------------------------------------------- machinery
 

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -105,11 +106,16 @@ class _StageNotingRuntime(BusRuntime):
     its journal; written with the next lease renewal, not on the request's path)."""
 
     on_stage: Callable[[str, str], None] | None = None
+    owner_check: Callable[[str], Awaitable[bool]] | None = None
 
     def record_stage(self, completion_id, lifecycle, group, outcomes, duration_ms) -> None:  # type: ignore[no-untyped-def]
         super().record_stage(completion_id, lifecycle, group, outcomes, duration_ms)
         if self.on_stage is not None:
             self.on_stage(completion_id, lifecycle)
+
+    async def still_owner(self, ctx: Any) -> bool:
+        """Asked by the agent right before finalize_connection (see OrchestratorService.still_owner)."""
+        return True if self.owner_check is None else await self.owner_check(ctx.completion_id)
 
 
 class OrchestratorService(BusApp):
@@ -199,6 +205,7 @@ class OrchestratorService(BusApp):
             instance=self.instance,
         )
         runtime.on_stage = self.runs.note_stage
+        runtime.owner_check = self.still_owner
         self.runtime = runtime
         self.journal = Journal(client, self.keys)
         await router.start()
@@ -398,7 +405,10 @@ class OrchestratorService(BusApp):
         )
         if run.cancel_reason is not None and mode == "run":
             mode, error = "cancelled", Cancelled(f"the request was {run.cancel_reason}")
-        task = asyncio.create_task(self._produce(request, writer, mode, error), name=f"request-{cid}")
+        task = asyncio.create_task(
+            self._produce(request, writer, mode, error), name=f"request-{cid}",
+            context=_with_run(run),  # its hooks' tasks see which run they belong to
+        )
         run.task = task
         try:
             await asyncio.wait({task})
@@ -444,6 +454,25 @@ class OrchestratorService(BusApp):
         )
         return True
 
+    async def still_owner(self, completion_id: str) -> bool:
+        """Whether the run asking (the one whose task this is) may finalize its request:
+        no, only when it knows it lost it (fenced out, or the journal's epoch is past its
+        own: a peer claimed the request and runs its finalize). When in doubt, yes:
+        finalize must run at least once, and every write after it is fenced anyway."""
+        run = _current_run.get()
+        if run is None or run.completion_id != completion_id or not run.epoch:
+            return True
+        if run.fenced:
+            return False
+        try:
+            epoch = await self.client.hget(self.keys.journal(completion_id), "epoch")
+        except RECONNECT_ERRORS:
+            return True
+        if epoch is not None and int(epoch) > run.epoch:
+            self.runs.fence_out(run)
+            return False
+        return True
+
     async def _produce(
         self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
     ) -> ResponseItem:
@@ -479,6 +508,8 @@ class OrchestratorService(BusApp):
 
     async def _run_until_deadline(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
         remaining = None if request.deadline is None else request.deadline - time.time()
+        if remaining is not None and remaining <= 0:  # its client stopped waiting: run nothing
+            raise HookError(504, "deadline_exceeded", "the request's deadline passed before it started")
         try:
             async with asyncio.timeout(remaining):
                 return await self._run(request, writer)
@@ -540,6 +571,15 @@ class OrchestratorService(BusApp):
         finally:
             with contextlib.suppress(Exception):
                 await reader.aclose()
+
+
+_current_run: contextvars.ContextVar[Running | None] = contextvars.ContextVar("hookbus_run", default=None)
+
+
+def _with_run(run: Running) -> contextvars.Context:
+    context = contextvars.copy_context()
+    context.run(_current_run.set, run)
+    return context
 
 
 def _check_limits(raw: bytes, limits: RequestLimits) -> None:
