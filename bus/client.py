@@ -28,17 +28,25 @@ import redis.asyncio as aredis
 import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
+from redis.exceptions import ResponseError
 
 from hookbus.bus import tracecontext
 from hookbus.bus.cluster import keys_for, ready
-from hookbus.bus.connection import RECONNECT_ERRORS, connect
+from hookbus.bus.connection import RECONNECT_ERRORS, connect, out_of_memory
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.redis_values import text
 from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
-from hookbus.skills import AuthInfo, BusUnavailable, DeadlineExceeded, HookError, ModelSettings
+from hookbus.skills import (
+    AuthInfo,
+    BusUnavailable,
+    DeadlineExceeded,
+    HookError,
+    ModelSettings,
+    RedisOutOfMemory,
+)
 from hookbus.skills.model_settings import as_model_settings
 
 log = structlog.get_logger("hookbus.client")
@@ -135,6 +143,10 @@ class HookbusClient:
             await self._client.xadd(self.keys.requests_for(request.completion_id), fields)  # type: ignore[arg-type]
         except RECONNECT_ERRORS as exc:
             raise BusUnavailable(f"could not queue the request: {exc}") from exc
+        except ResponseError as exc:
+            if out_of_memory(exc):
+                raise RedisOutOfMemory() from exc
+            raise
         tracecontext.tag_current_span("hookbus.completion_id", request.completion_id)
         return request
 

@@ -118,22 +118,25 @@ Stage = Callable[[Any], None]
 """Queues commands on a pipeline."""
 
 
-async def in_order(client: aredis.Redis | RedisCluster, *stages: Stage) -> list[Any]:
+async def in_order(
+    client: aredis.Redis | RedisCluster, *stages: Stage, raise_on_error: bool = True
+) -> list[Any]:
     """Run the stages' commands so that each stage is applied before the next begins.
 
     A single Redis runs one pipeline's commands in order: one round trip for all. A
     cluster pipeline sends each node its batch concurrently, so each stage gets its own
-    round trip there."""
+    round trip there. With `raise_on_error=False`, a command Redis refused is its
+    exception in the results (the others ran)."""
     if not is_cluster_client(client):
         async with client.pipeline(transaction=False) as pipe:
             for stage in stages:
                 stage(pipe)
-            return list(await pipe.execute())
+            return list(await pipe.execute(raise_on_error=raise_on_error))
     results: list[Any] = []
     for stage in stages:
         async with client.pipeline(transaction=False) as pipe:
             stage(pipe)
-            results += await pipe.execute()
+            results += await pipe.execute(raise_on_error=raise_on_error)
     return results
 
 

@@ -15,6 +15,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterError,
     ConnectionError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
     ResponseError,
@@ -68,6 +69,11 @@ def connect(
     if is_cluster(url):
         return cluster_client(url, **options)  # type: ignore[return-value]
     return aredis.Redis.from_url(url, **options)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write at `maxmemory` (policy noeviction): "OOM command not allowed"."""
+    return isinstance(exc, OutOfMemoryError)
 
 
 def instance_name(role: str) -> str:

@@ -67,12 +67,21 @@ class EventWriter:
             raise
 
     async def _flush_loop(self) -> None:
+        """Monitor records are best effort: a batch Redis refuses (out of memory) is
+        dropped; trouble is logged when it starts and when it ends."""
+        failing = False
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             await asyncio.sleep(FLUSH_EVERY)
             try:
                 await self.flush()
-            except RECONNECT_ERRORS as exc:
-                log.warning("events_flush_failed", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one batch
+                if not failing:
+                    log.warning("events_flush_failed", error=str(exc))
+                    failing = True
                 await asyncio.sleep(0.5)
+                continue
+            if failing:
+                log.info("events_flush_recovered")
+                failing = False

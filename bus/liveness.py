@@ -22,7 +22,7 @@ import redis
 import structlog
 
 from hookbus.bus.cluster import is_cluster
-from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.connection import RECONNECT_ERRORS, out_of_memory
 
 log = structlog.get_logger("hookbus.liveness")
 
@@ -123,15 +123,15 @@ class LivenessThread:
     def _run(self, job: Job, client: redis.Redis) -> None:
         try:
             job.run(client)
-        except RECONNECT_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001 - the thread must outlive any one failure
+            if not (isinstance(exc, RECONNECT_ERRORS) or out_of_memory(exc)):
+                log.exception(f"{job.what}_failed")
+                return
             if self.on_trouble is not None:
                 self.on_trouble()
             if job.what not in self._failing:  # one line when it starts failing, not one per try
                 self._failing.add(job.what)
                 log.warning(f"{job.what}_failing", error=str(exc))
-            return
-        except Exception:  # noqa: BLE001 - the thread must outlive any one failure
-            log.exception(f"{job.what}_failed")
             return
         if job.what in self._failing:
             self._failing.discard(job.what)

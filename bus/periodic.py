@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.connection import RECONNECT_ERRORS, out_of_memory
 
 log = structlog.get_logger("hookbus.periodic")
 
@@ -25,19 +25,30 @@ async def repeat(
     when: Callable[[], bool] | None = None,
     on_trouble: Callable[[], None] | None = None,
 ) -> None:
-    """Run `once` every `interval` seconds (when `when()` allows) until cancelled."""
+    """Run `once` every `interval` seconds (when `when()` allows) until cancelled.
+
+    Redis being unreachable or out of memory is logged once when it starts and once when
+    it ends (not once per round); anything else with its traceback."""
+    failing = False
     while True:
         await asyncio.sleep(interval)
         if when is not None and not when():
             continue
         try:
             await once()
-        except RECONNECT_ERRORS as exc:
+        except Exception as exc:  # noqa: BLE001 - background work must survive anything
+            if not (isinstance(exc, RECONNECT_ERRORS) or out_of_memory(exc)):
+                log.exception(f"{what}_failed")
+                continue
             if on_trouble is not None:
                 on_trouble()
-            log.warning(f"{what}_failed", error=str(exc))
-        except Exception:  # noqa: BLE001 - background work must survive anything
-            log.exception(f"{what}_failed")
+            if not failing:
+                log.warning(f"{what}_failed", error=str(exc))
+                failing = True
+            continue
+        if failing:
+            log.info(f"{what}_recovered")
+            failing = False
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None, timeout: float = 5.0) -> None:

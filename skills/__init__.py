@@ -12,9 +12,11 @@ from hookbus.skills.errors import (
     ContextTooLong,
     DeadlineExceeded,
     DuplicateCompletionId,
+    GuardUnavailable,
     HookError,
     OrchestratorLost,
     PaymentRequired,
+    RedisOutOfMemory,
     UpstreamError,
 )
 from hookbus.skills.lifecycle import LIFECYCLES, Lifecycle
@@ -30,6 +32,7 @@ __all__ = [
     "Context",
     "DeadlineExceeded",
     "DuplicateCompletionId",
+    "GuardUnavailable",
     "HookCall",
     "HookData",
     "HookError",
@@ -38,6 +41,7 @@ __all__ = [
     "ModelSettings",
     "OrchestratorLost",
     "PaymentRequired",
+    "RedisOutOfMemory",
     "Session",
     "Skill",
     "UpstreamError",

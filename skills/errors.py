@@ -113,6 +113,27 @@ class BusUnavailable(HookError):
         super().__init__(503, "bus_unavailable", message)
 
 
+class RedisOutOfMemory(HookError):
+    """503: Redis is at maxmemory (policy noeviction): nothing can be queued."""
+
+    def __init__(
+        self,
+        message: str = (
+            "Redis is out of memory (maxmemory reached, policy noeviction): no request can be "
+            "queued until memory is freed or maxmemory raised"
+        ),
+    ) -> None:
+        super().__init__(503, "redis_out_of_memory", message)
+
+
+class GuardUnavailable(HookError):
+    """503: a guard hook (`@hook(..., guard=True)`) could not give its verdict, so the
+    request was refused rather than let through unchecked."""
+
+    def __init__(self, hook_key: str, reason: str) -> None:
+        super().__init__(503, "guard_unavailable", f"the guard {hook_key} could not check this request: {reason}")
+
+
 class OrchestratorLost(HookError):
     """503: the orchestrator running the request stopped; another one finalized it."""
 
@@ -149,6 +170,7 @@ _KINDS: dict[str, type[HookError]] = {
     kind.__name__: kind
     for kind in (
         HookError, PaymentRequired, Cancelled, DeadlineExceeded, BusUnavailable,
+        RedisOutOfMemory, GuardUnavailable,
         OrchestratorLost, DuplicateCompletionId, ContextTooLong, UpstreamError,
     )
 }

@@ -33,7 +33,7 @@ import structlog
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
 from hookbus.skills.descriptors import HookDescriptor
-from hookbus.skills.errors import HookError
+from hookbus.skills.errors import GuardUnavailable, HookError
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.skill import BoundHook
 
@@ -154,7 +154,7 @@ def fail_unanswered(
 def _fail(result: ChainResult, descriptor: HookDescriptor, reason: str, *, called: bool = True) -> Effect:
     effect = failure_effect(descriptor)
     if effect == "refuse":
-        result.abort = guard_unavailable(descriptor.key, reason)
+        result.abort = GuardUnavailable(descriptor.key, reason)
     elif effect == "abort":
         status, code = (500, "hook_failed") if called else (503, "no_worker")
         result.abort = HookError(status, code, f"critical hook {descriptor.key} failed: {reason}")
@@ -164,9 +164,7 @@ def _fail(result: ChainResult, descriptor: HookDescriptor, reason: str, *, calle
     return effect
 
 
-def guard_unavailable(hook_key: str, reason: str) -> HookError:
-    """The refusal of a request whose guard hook could not give its verdict."""
-    return HookError(503, "guard_unavailable", f"the guard {hook_key} could not check this request: {reason}")
+
 
 
 def block_tool_call(data: HookData, hook_key: str, reason: str) -> None:

@@ -509,7 +509,7 @@ class OrchestratorService(BusApp):
     async def _run_until_deadline(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
         remaining = None if request.deadline is None else request.deadline - time.time()
         if remaining is not None and remaining <= 0:  # its client stopped waiting: run nothing
-            raise HookError(504, "deadline_exceeded", "the request's deadline passed before it started")
+            raise DeadlineExceeded("the request's deadline passed before it started")
         try:
             async with asyncio.timeout(remaining):
                 return await self._run(request, writer)

@@ -88,7 +88,9 @@ EntryRef = tuple[str, str]
 class ReplyBatcher:
     """Replies ready in one event-loop turn go out in one pipeline: their XADDs, then one
     XACK of all their entry ids (reply before ack). `send` raises what the pipeline
-    raised; the caller then retries that hop alone."""
+    raised (the caller then retries that hop alone), or, for a reply Redis refused (its
+    `reply_to` is a key of another type), that refusal for that reply alone: the replies
+    batched with it are sent."""
 
     def __init__(self, client: aredis.Redis, group: str) -> None:
         self.client, self.group = client, group
@@ -125,7 +127,7 @@ class ReplyBatcher:
                 pipe.xack(stream, self.group, *entry_ids)
 
         try:
-            await in_order(self.client, replies, acks)
+            results = await in_order(self.client, replies, acks, raise_on_error=False)
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
             for *_, future in batch:
                 if not future.done():
@@ -134,9 +136,15 @@ class ReplyBatcher:
                 raise
             return
         self.batches += 1
-        for *_, future in batch:
-            if not future.done():
+        acked = results[-1]
+        for (*_, future), result in zip(batch, results, strict=False):
+            if future.done():
+                continue
+            problem = result if isinstance(result, Exception) else acked if isinstance(acked, Exception) else None
+            if problem is None:
                 future.set_result(None)
+            else:
+                future.set_exception(problem)
 
 
 class WorkerReplica(BusApp):
@@ -305,6 +313,9 @@ class WorkerReplica(BusApp):
                 return
             except RECONNECT_ERRORS:
                 pass
+            except ResponseError as exc:  # this reply_to cannot take a reply: nobody will get it
+                log.error("reply_refused", entry_id=entry_id, hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
+                return  # the batch acked its entry
         backoff = 0.05
         while True:
             try:

@@ -27,6 +27,9 @@ from tests.integration.processes import free_port
 pytestmark = pytest.mark.slow
 
 BIG, SMALL = "sk-big-caller-0123456789", "sk-small-caller-0123456789"
+CLAIM_IDLE = 3.0
+"""Seconds without a heartbeat after which a peer claims: short, so a starved heartbeat
+would show, yet above the scheduling gaps of a 2-core machine under a shared test run."""
 LATENCY_BOUND = 10.0
 """Seconds a small request may take while the big one runs (generous: 2 shared cores)."""
 
@@ -67,7 +70,7 @@ async def test_a_maximal_request_leaves_other_callers_health_and_the_lease_alone
     api_keys = tmp_path / "keys.json"
     api_keys.write_text(json.dumps({BIG: {"peer_user_id": "big"}, SMALL: {"peer_user_id": "small"}}))
     owners = [
-        procs.orchestrator("tests.faults.fault_skills:agent", instance=name, claim_idle=1)
+        procs.orchestrator("tests.faults.fault_skills:agent", instance=name, claim_idle=CLAIM_IDLE)
         for name in ("orch-a", "orch-b")
     ]
     gateway = procs.gateway(port=gateway_port, api_keys=api_keys)
