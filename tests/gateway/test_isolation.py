@@ -22,7 +22,7 @@ from tests.gateway.conftest import Notes
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.integration.stack import running_stack
 
-ALICE, BOB = "sk-iso-alice", "sk-iso-bob"
+ALICE, BOB = "sk-iso-alice-0123456789", "sk-iso-bob-0123456789"
 KEYS = {ALICE: {"peer_user_id": "alice", "scopes": []}, BOB: {"peer_user_id": "bob", "scopes": []}}
 
 
