@@ -40,6 +40,7 @@ import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
+from redis.exceptions import ResponseError
 
 from hookbus.bus.claims import (
     Claimed,
@@ -115,14 +116,15 @@ class ReplyBatcher:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        by_stream: dict[str, list[str]] = {}
+        for _, _, (stream, entry_id), _ in batch:
+            by_stream.setdefault(stream, []).append(entry_id)
+
         def replies(pipe: Any) -> None:
             for reply_to, fields, _, _ in batch:
                 pipe.xadd(reply_to, fields)
 
         def acks(pipe: Any) -> None:
-            by_stream: dict[str, list[str]] = {}
-            for _, _, (stream, entry_id), _ in batch:
-                by_stream.setdefault(stream, []).append(entry_id)
             for stream, entry_ids in by_stream.items():
                 pipe.xack(stream, self.group, *entry_ids)
 
@@ -136,11 +138,12 @@ class ReplyBatcher:
                 raise
             return
         self.batches += 1
-        acked = results[-1]
-        for (*_, future), result in zip(batch, results, strict=False):
+        acked = dict(zip(by_stream, results[len(batch):], strict=True))
+        for (_, _, (stream, _), future), result in zip(batch, results, strict=False):
             if future.done():
                 continue
-            problem = result if isinstance(result, Exception) else acked if isinstance(acked, Exception) else None
+            ack = acked[stream]
+            problem = result if isinstance(result, Exception) else ack if isinstance(ack, Exception) else None
             if problem is None:
                 future.set_result(None)
             else:
@@ -314,7 +317,7 @@ class WorkerReplica(BusApp):
             except RECONNECT_ERRORS:
                 pass
             except ResponseError as exc:  # this reply_to cannot take a reply: nobody will get it
-                log.error("reply_refused", entry_id=entry_id, hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
+                log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
                 return  # the batch acked its entry
         backoff = 0.05
         while True:
