@@ -238,3 +238,14 @@ def test_base_is_listed_in_full():
     listed = set(load_yaml(K8S_BASE / "kustomization.yaml")["resources"])
     present = {path.name for path in K8S_BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == present
+
+
+@overlays
+def test_every_api_keys_secret_is_one_the_gateway_accepts(directory):
+    """The gateway refuses placeholder and short keys at start: a shipped overlay whose
+    keys it would refuse leaves the gateway crash-looping."""
+    from hookbus.services.gateway.auth import parse_api_keys
+
+    secrets = [d for d in rendered(directory) if d["kind"] == "Secret" and "api-keys.json" in d.get("stringData", {})]
+    for secret in secrets:
+        assert parse_api_keys(secret["stringData"]["api-keys.json"], short_name(directory))
