@@ -27,6 +27,7 @@ import redis
 import redis.asyncio as aredis
 import structlog
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from hookbus.bus.keys import Keys
 from hookbus.bus.settings import get_settings
@@ -84,10 +85,29 @@ def keys_for(url: str, prefix: str, *, shards: int | None = None) -> Keys:
     return Keys(prefix, shards=count, cluster=cluster)
 
 
+class TopologyTolerantCluster(RedisCluster):
+    """redis-py's asyncio cluster client, for a slot map that changes under load.
+
+    When a slot migrates or a master fails over, redis-py (8.1) reloads its map and
+    closes connections that a concurrent command of the same client has already taken:
+    that command then fails inside redis-py with an AttributeError (a writer or reader of
+    None) instead of a connection error, and nothing retries it (seen in the slot
+    migration test: hops lost as 500s). Here that failure is what it is, a closed
+    connection, so the client's own retry reloads the map and sends the command again on
+    a fresh connection."""
+
+    async def _execute_command(self, target_node: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super()._execute_command(target_node, *args, **kwargs)
+        except AttributeError as exc:
+            self._initialize = True
+            raise RedisConnectionError(f"connection closed under a slot map change: {exc}") from exc
+
+
 def cluster_client(url: str, *, max_connections: int, retry: Any, retry_on_error: list[type[Exception]], **options: Any) -> RedisCluster:
     """A `RedisCluster` with the same retry and timeout options as single-Redis clients
     (`max_connections` is per node)."""
-    return RedisCluster.from_url(
+    return TopologyTolerantCluster.from_url(
         url,
         max_connections=max_connections,
         retry=retry,
