@@ -23,16 +23,6 @@ class Ledger(Skill):
         self.finalized.append((ctx.completion_id, data.error.status_code if data.error else None))
 
 
-class Upper(Skill):
-    name = "upper"
-
-    @hook("on_chunk")
-    def shout(self, data: HookData, ctx: Context) -> HookData:
-        if data.content:
-            data.content = data.content.upper()
-        return data
-
-
 class Notes(Skill):
     name = "notes"
 

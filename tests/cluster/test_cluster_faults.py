@@ -18,8 +18,8 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.embedded_cluster import EmbeddedCluster
 from hookbus.bus.shards import slot_of
 from hookbus.skills import HookError
-from tests.cluster.skills import Ledger, Upper
-from tests.integration.stack import running_stack
+from tests.cluster.skills import Ledger
+from tests.integration.stack import Upper, running_stack
 
 pytestmark = pytest.mark.slow
 

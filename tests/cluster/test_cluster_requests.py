@@ -14,8 +14,8 @@ from hookbus import Agent, CompactionPolicy
 from hookbus.bus.embedded_cluster import EmbeddedCluster
 from hookbus.bus.shards import slot_of
 from hookbus.services.gateway.cancel import request_cancel
-from tests.cluster.skills import Ledger, Notes, RemoteCounter, Upper, conversation
-from tests.integration.stack import running_stack
+from tests.cluster.skills import Ledger, Notes, RemoteCounter, conversation
+from tests.integration.stack import Upper, running_stack
 
 
 def commandstats(cluster: EmbeddedCluster) -> dict[int, dict[str, int]]:

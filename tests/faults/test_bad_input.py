@@ -16,17 +16,7 @@ from hookbus.services.monitor import recent_events
 from hookbus.skills import Context, HookData, Skill, hook
 from hookbus.skills.descriptors import HookDescriptor
 from tests.faults.helpers import pending, read_until_terminal
-from tests.integration.stack import running_stack, wait_for_groups
-
-
-class Upper(Skill):
-    name = "upper"
-
-    @hook("on_chunk")
-    def shout(self, data: HookData, ctx: Context) -> HookData:
-        if data.content:
-            data.content = data.content.upper()
-        return data
+from tests.integration.stack import Upper, running_stack, wait_for_groups
 
 
 class WrongLifecycle(Skill):

@@ -14,7 +14,19 @@ from hookbus.bus.client import HookbusClient
 from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
-from hookbus.skills import Skill
+from hookbus.skills import Context, HookData, Skill, hook
+
+
+class Upper(Skill):
+    """The worker-group skill the stack tests stream through: every chunk's text upper-cased."""
+
+    name = "upper"
+
+    @hook("on_chunk")
+    def shout(self, data: HookData, ctx: Context) -> HookData:
+        if data.content:
+            data.content = data.content.upper()
+        return data
 
 
 @contextlib.asynccontextmanager

@@ -5,18 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from hookbus import Agent
-from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook, tool
-from tests.integration.stack import running_stack
-
-
-class Upper(Skill):
-    name = "upper"
-
-    @hook("on_chunk")
-    def shout(self, data: HookData, ctx: Context) -> HookData:
-        if data.content:
-            data.content = data.content.upper()
-        return data
+from hookbus.skills import Context, PaymentRequired, Skill, hook, tool
+from tests.integration.stack import Upper, running_stack
 
 
 async def test_a_streamed_request_goes_through_a_worker_group_and_back(redis_url, prefix):
