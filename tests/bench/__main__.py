@@ -6,7 +6,7 @@
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
-Benches: hop, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster; one experiment,
+Benches: hop, cost, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster; one experiment,
 fixes-streaming (on_chunk pipelining on and off, with the production Agent). The other
 experiments were removed once their fixes were in production; RESULTS.md keeps their
 figures.
@@ -39,6 +39,7 @@ def _with_redis(measure: Callable[[str], Awaitable[list[Row]]]) -> Callable[[], 
 def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
     from tests.bench import (
         cluster,
+        cost,
         full,
         hop,
         inprocess,
@@ -52,6 +53,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
 
     return {
         "hop": _with_redis(hop.measure),
+        "cost": _with_redis(cost.measure),
         "peer": _with_redis(peer.measure),
         "full": _with_redis(full.measure),
         "streaming": _with_redis(streaming.measure),

@@ -149,3 +149,42 @@ class Sleeper(Skill):
     @hook("on_chunk", 10)
     async def wait(self, data: HookData, ctx: Context) -> None:
         await asyncio.sleep(0.02)
+
+
+# ------------------------------------------------------------- cost of one request
+
+_policy: dict[str, Any] = {"name": "cost-policy"}
+_noop_hooks(_policy, list(LIFECYCLES), 10, "p")
+CostPolicy = type("CostPolicy", (Skill,), _policy)
+"""Group `policy`: a no-op hook on every lifecycle, on_chunk included (as the built-in
+skills together have)."""
+
+_audit: dict[str, Any] = {"name": "cost-audit"}
+_noop_hooks(_audit, ["on_connection", "before_toolcall", "finalize_connection"], 20, "a")
+CostAudit = type("CostAudit", (Skill,), _audit)
+"""Group `audit`: a credit check, a tool guard and the charge at the end (after policy's)."""
+
+COST_ANSWER_WORDS = 16
+
+
+class CostLookup(Skill):
+    """The request's one in-process tool; its result makes the model's answer 20 words."""
+
+    name = "cost-lookup"
+
+    @tool
+    async def lookup(self, key: str = "x") -> str:
+        """Look a key up.
+
+        Args:
+            key: what to look up
+        """
+        return " ".join(f"{key}{n}" for n in range(COST_ANSWER_WORDS))
+
+
+COST_PROMPT = "Look it up. [[tool:lookup {\"key\": \"k\"}]]"
+"""One tool round, then the answer "The tool lookup returned: k0 ... k15" (20 text chunks)."""
+
+
+def cost_agent() -> Agent:
+    return Agent("bench-cost", instructions="You are a benchmark.", skills=[CostLookup()])

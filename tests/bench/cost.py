@@ -1,0 +1,280 @@
+"""Bench: what one streamed request costs, summed over every process (issue 14).
+
+The demo-like request: an openai client streams "Look it up. [[tool:lookup ...]]" through
+a real `hookbus gateway`; the orchestrator's offline model calls the in-process tool
+`lookup` once, then answers in 20 text chunks. Two worker groups: `policy` has a no-op
+hook on every lifecycle (on_chunk included), `audit` one on on_connection,
+before_toolcall and finalize_connection (tests.bench.skills: CostPolicy, CostAudit).
+
+Figures per request, from a run of sequential requests (c=1):
+- Redis commands (INFO commandstats deltas, commands a script runs included), by command;
+- Redis CPU (INFO cpu, user + system of the server);
+- Python CPU of each service process (/proc), and their sum;
+- hops (the worker groups' monitor records) and wall time;
+and streamed requests/s at c=8. What the services do with no request (heartbeats,
+registry, claims, janitor) is measured in an idle window of the same stack and subtracted
+at its rate, so the figures are the request's own; the idle rates are printed too.
+
+Run alone: `python -m tests.bench.cost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tests.bench.common import (
+    PYTHON,
+    Processes,
+    Row,
+    bench_env,
+    bench_redis,
+    cpu_seconds,
+    new_prefix,
+    print_rows,
+    processes,
+    quiet_logs,
+    scaled,
+    wait_for_replicas,
+)
+from tests.bench.skills import COST_ANSWER_WORDS, COST_PROMPT
+
+SEQUENTIAL = 40
+PARALLEL = 8
+PARALLEL_REQUESTS = 120
+IDLE_SECONDS = 3.0
+TEXT_CHUNKS = COST_ANSWER_WORDS + 4
+SERVICES = ("gateway", "orchestrator", "worker-policy", "worker-audit")
+
+
+@dataclass
+class Snapshot:
+    """Counters of Redis and of each service process at one moment."""
+
+    at: float
+    commands: Counter[str]
+    redis_cpu: float
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def minus(self, other: Snapshot) -> Snapshot:
+        commands = Counter(self.commands)
+        commands.subtract(other.commands)
+        return Snapshot(
+            self.at - other.at, commands, self.redis_cpu - other.redis_cpu,
+            {name: self.cpu[name] - other.cpu[name] for name in self.cpu},
+        )
+
+
+async def snapshot(client, pids: dict[str, int]) -> Snapshot:  # type: ignore[no-untyped-def]
+    stats = await client.info("commandstats")
+    cpu = await client.info("cpu")
+    commands = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+    return Snapshot(
+        time.perf_counter(), commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        {name: cpu_seconds(pid) for name, pid in pids.items()},
+    )
+
+
+@dataclass
+class PerRequest:
+    """One request's share of a measured window, the idle rate taken out."""
+
+    commands: dict[str, float]
+    redis_cpu_ms: float
+    cpu_ms: dict[str, float]
+    wall_ms: float
+
+    @property
+    def total_commands(self) -> float:
+        return sum(self.commands.values())
+
+    @property
+    def python_cpu_ms(self) -> float:
+        return sum(self.cpu_ms.values())
+
+
+def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
+    scale = window.at / idle.at
+    names = set(window.commands) | set(idle.commands)
+    commands = {
+        name: (window.commands[name] - idle.commands[name] * scale) / requests for name in names
+    }
+    commands = {name: n for name, n in commands.items() if abs(n) >= 0.05 and name not in ("info",)}
+    return PerRequest(
+        commands,
+        (window.redis_cpu - idle.redis_cpu * scale) / requests * 1000,
+        {name: (window.cpu[name] - idle.cpu[name] * scale) / requests * 1000 for name in window.cpu},
+        window.at / requests * 1000,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def start_stack(procs: Processes, redis_url: str, prefix: str) -> tuple[str, dict[str, int]]:
+    """The four service processes; returns the gateway's base URL and the pids by name."""
+    from hookbus.bus.keys import Keys
+    from tests.bench.full import wait_for_orchestrator
+
+    pids = {
+        "worker-policy": procs.worker(redis_url, prefix, "policy", ["tests.bench.skills:CostPolicy"], concurrency=32).pid,
+        "worker-audit": procs.worker(redis_url, prefix, "audit", ["tests.bench.skills:CostAudit"], concurrency=32).pid,
+    }
+    await wait_for_replicas(redis_url, prefix, {"policy": 1, "audit": 1}, procs)
+    pids["orchestrator"] = procs.orchestrator(redis_url, prefix, "tests.bench.skills:cost_agent").pid
+    port = free_port()
+    gateway = procs.spawn(
+        [PYTHON, "-m", "hookbus.services.cli", "gateway", "--port", str(port)],
+        bench_env(redis_url, prefix), "gateway",
+    )
+    pids["gateway"] = gateway.pid
+    from hookbus.bus.client import HookbusClient
+
+    client = HookbusClient(redis_url, prefix=prefix)
+    try:
+        await wait_for_orchestrator(client, Keys(prefix), procs)
+    finally:
+        await client.close()
+    base = f"http://127.0.0.1:{port}/v1"
+    await _wait_for_gateway(base, procs)
+    return base, pids
+
+
+async def _wait_for_gateway(base: str, procs: Processes, timeout: float = 60.0) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as http, asyncio.timeout(timeout):
+        while True:
+            procs.check_alive()
+            try:
+                if (await http.get(f"{base}/models")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+
+
+async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
+    """One streamed request as a client makes it; checks the answer; returns its id."""
+    stream = await openai_client.chat.completions.create(
+        model="offline", messages=[{"role": "user", "content": COST_PROMPT}], stream=True,
+    )
+    words, finishes, completion_id = 0, 0, ""
+    async for chunk in stream:
+        completion_id = chunk.id
+        if chunk.choices and chunk.choices[0].delta.content:
+            words += len(chunk.choices[0].delta.content.split())
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finishes += 1
+    if words != TEXT_CHUNKS or finishes != 1:
+        raise RuntimeError(f"expected {TEXT_CHUNKS} words and one finish, got {words} and {finishes}")
+    return completion_id
+
+
+async def hops_of(client, prefix: str, completion_ids: set[str]) -> Counter[str]:  # type: ignore[no-untyped-def]
+    """Hops per lifecycle of these requests, from the workers' monitor records."""
+    from hookbus.bus.envelopes import MonitorRecord, decode
+    from hookbus.bus.keys import Keys
+
+    hops: Counter[str] = Counter()
+    for _, fields in await client.xrange(Keys(prefix).events):
+        record = decode(fields, MonitorRecord)
+        if record.kind == "hop" and record.completion_id in completion_ids:
+            hops[record.lifecycle] += 1
+    return hops
+
+
+@dataclass
+class CostResult:
+    cost: PerRequest
+    idle: Snapshot
+    hops: Counter[str]
+    requests: int
+    rate: float
+
+
+async def run_cost(redis_url: str) -> CostResult:
+    import openai
+
+    from hookbus.bus.connection import connect
+
+    prefix = new_prefix("cost")
+    redis = connect(redis_url)
+    async with processes() as procs:
+        base, pids = await start_stack(procs, redis_url, prefix)
+        client = openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0)
+        try:
+            for _ in range(3):
+                await one_request(client)
+            await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
+            before = await snapshot(redis, pids)
+            await asyncio.sleep(IDLE_SECONDS)
+            idle = (await snapshot(redis, pids)).minus(before)
+            requests = scaled(SEQUENTIAL)
+            before = await snapshot(redis, pids)
+            ids = {await one_request(client) for _ in range(requests)}
+            await asyncio.sleep(0.3)  # the last request's records, acks and finalize writes
+            window = (await snapshot(redis, pids)).minus(before)
+            window.at -= 0.3
+            cost = per_request(window, idle, requests)
+            hops = await hops_of(redis, prefix, ids)
+            parallel = scaled(PARALLEL_REQUESTS)
+            began = time.perf_counter()
+            queue = iter(range(parallel))
+
+            async def drive() -> None:
+                for _ in queue:
+                    await one_request(client)
+
+            await asyncio.gather(*(drive() for _ in range(PARALLEL)))
+            rate = parallel / (time.perf_counter() - began)
+        finally:
+            await client.close()
+            await redis.aclose()
+    return CostResult(cost, idle, hops, requests, rate)
+
+
+def report(result: CostResult) -> list[Row]:
+    cost, idle = result.cost, result.idle
+    print(f"\n[cost] one streamed request (gateway, orchestrator, 2 worker groups), {result.requests} sequential")
+    print(f"  wall {cost.wall_ms:.1f} ms per request; c={PARALLEL}: {result.rate:.1f} requests/s")
+    hops = sum(result.hops.values())
+    print(f"  hops {hops / result.requests:.1f} per request: "
+          + ", ".join(f"{lc} {n / result.requests:.1f}" for lc, n in sorted(result.hops.items())))
+    print(f"  Redis commands {cost.total_commands:.1f} per request:")
+    for name, n in sorted(cost.commands.items(), key=lambda kv: -kv[1]):
+        print(f"    {name:<12} {n:7.1f}")
+    print(f"  Redis CPU {cost.redis_cpu_ms:.2f} ms per request")
+    print(f"  Python CPU {cost.python_cpu_ms:.1f} ms per request: "
+          + ", ".join(f"{name} {ms:.1f}" for name, ms in cost.cpu_ms.items()))
+    idle_commands = sum(idle.commands.values()) / idle.at
+    print(f"  idle (subtracted): {idle_commands:.1f} commands/s, Redis CPU {idle.redis_cpu / idle.at * 1000:.2f} ms/s, "
+          f"Python CPU {sum(idle.cpu.values()) / idle.at * 1000:.1f} ms/s")
+    return [
+        Row("cost", "Redis commands per streamed request", cost.total_commands, "", target="<=60"),
+        Row("cost", "Redis CPU per streamed request", cost.redis_cpu_ms, "ms", target="<=2"),
+        Row("cost", "Python CPU per streamed request (all processes)", cost.python_cpu_ms, "ms", target="<=25"),
+        Row("cost", "hops per streamed request", hops / result.requests, ""),
+        Row("cost", f"streamed requests/s at c={PARALLEL}", result.rate, "req/s"),
+    ]
+
+
+async def measure(redis_url: str) -> list[Row]:
+    quiet_logs()
+    return report(await run_cost(redis_url))
+
+
+async def main() -> None:
+    with bench_redis() as url:
+        rows = await measure(url)
+    print_rows("cost", rows)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
