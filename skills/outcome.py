@@ -7,13 +7,15 @@ import enum
 
 
 class Outcome(enum.StrEnum):
-    """What happened to one hook call (or hop): the one vocabulary of logs, events, metrics."""
+    """What happened to one hook call (or hop, or request): the one vocabulary of logs,
+    events, metrics."""
 
     OK = "ok"
-    ERROR = "error"
-    """It failed: raised, returned the wrong type, or its hop's reply was unusable."""
     FAILED = "failed"
-    """The hop failed as a whole in the worker (an unknown hook, unreadable data)."""
+    """It ran and failed: raised, or returned the wrong type (a request: it ended with an error)."""
+    HOP_FAILED = "hop_failed"
+    """Its hop failed as a whole, so what the hook did is unknown: the worker could not
+    run the hop (an unknown hook, unreadable data, dead-lettered) or its reply was unusable."""
     TIMEOUT = "timeout"
     BLOCKED = "blocked"
     """It failed in `before_toolcall`, so the tool call was blocked."""

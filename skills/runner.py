@@ -121,7 +121,7 @@ async def run_hooks(
             _restore(result.data, saved_fields, ctx, saved_state)
             message = _describe(exc, bound.descriptor.timeout)
             log.warning("hook_failed", hook=bound.key, lifecycle=lifecycle, error=message, completion_id=ctx.completion_id)
-            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.ERROR
+            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.FAILED
             if _fail(result, bound.descriptor, message) == "unchanged":
                 result.outcomes.append(_outcome(bound.key, started, kind, message))
                 continue
@@ -189,7 +189,7 @@ async def run_listeners(
         except Exception as exc:  # noqa: BLE001 - a listener never breaks anything
             message = _describe(exc, timeout)
             log.warning("listener_failed", hook=key, error=message, completion_id=completion_id)
-            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.ERROR
+            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.FAILED
             outcomes.append(_outcome(key, started, kind, message))
             continue
         outcomes.append(_outcome(key, started, Outcome.OK))

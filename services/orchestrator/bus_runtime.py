@@ -117,12 +117,12 @@ class BusRuntime:
         except HopTimeout as exc:
             return _unanswered(segment, data, str(exc), Outcome.TIMEOUT)
         if reply.failure:
-            return _unanswered(segment, data, f"worker group {group!r}: {reply.failure}", Outcome.ERROR)
+            return _unanswered(segment, data, f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED)
         try:
             return self._apply(reply, data, ctx)
         except (ValidationError, ValueError, KeyError) as exc:
             log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
-            return _unanswered(segment, data, f"reply in the wrong shape: {exc}", Outcome.ERROR)
+            return _unanswered(segment, data, f"reply in the wrong shape: {exc}", Outcome.HOP_FAILED)
 
     async def _call(
         self, group: str, event: HopEvent, timeout: float, hooks: Sequence[str],
@@ -243,7 +243,7 @@ class BusRuntime:
         except HopTimeout as exc:
             return unanswered(str(exc), Outcome.TIMEOUT)
         if reply.failure:
-            return unanswered(f"worker group {group!r}: {reply.failure}", Outcome.ERROR)
+            return unanswered(f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED)
         if ctx is not None:
             ctx.state = reply.state
             ctx.session.data = reply.session

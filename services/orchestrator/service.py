@@ -448,7 +448,7 @@ class OrchestratorService(BusApp):
                 kind="request", completion_id=cid,
                 lifecycle="request" if mode == "run" else f"request:{mode}",
                 replica=self.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
-                outcome=Outcome.OK if terminal.kind != "error" else Outcome.ERROR,
+                outcome=Outcome.OK if terminal.kind != "error" else Outcome.FAILED,
                 error=(terminal.error or {}).get("message"),
             )
         )

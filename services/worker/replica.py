@@ -301,7 +301,7 @@ class WorkerReplica(BusApp):
         finally:
             self._in_flight.pop(entry, None)
         self.processed += 1
-        self._record(event, reply, Outcome.FAILED if reply.failure else Outcome.OK, reply.failure)
+        self._record(event, reply, Outcome.HOP_FAILED if reply.failure else Outcome.OK, reply.failure)
 
     async def _reply(self, entry: EntryRef, event: HopEvent, reply: HopReply) -> None:
         """Reply and ack (batched with the other replies of this loop turn); through an

@@ -8,7 +8,7 @@ import time
 import uuid
 
 from hookbus import Agent
-from hookbus.bus.envelopes import HopEvent, HopReply, MonitorRecord, decode, encode
+from hookbus.bus.envelopes import HookRef, HopEvent, HopReply, MonitorRecord, decode, encode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.registry import GroupAnnouncement, announce, heartbeat
@@ -17,6 +17,7 @@ from hookbus.skills import Context, HookData, Skill, hook
 from hookbus.skills.descriptors import HookDescriptor
 from tests.faults.helpers import pending, read_until_terminal
 from tests.integration.stack import Upper, running_stack, wait_for_groups
+from tests.waiting import wait_for
 
 
 class WrongLifecycle(Skill):
@@ -91,6 +92,30 @@ async def test_garbage_on_a_hooks_stream_is_dead_lettered_and_the_worker_goes_on
         assert await pending(redis, keys.hooks("shouty"), "shouty") == 0
 
 
+async def test_a_hop_naming_a_hook_the_worker_lacks_fails_as_a_whole(redis_url, prefix):
+    """The worker answers with `failure` and records its hop as `hop_failed`, not as a hook
+    that ran and failed."""
+    async with running_stack(redis_url, prefix, Agent("t"), {"shouty": [Upper()]}) as (client, _, _):
+        redis, keys = client.redis, client.keys
+        cid, reply_to = new_id(), f"{prefix}:test-replies"
+        event = HopEvent(
+            hop_id=uuid.uuid4().hex, completion_id=cid, lifecycle="on_chunk", stage_key="on_chunk",
+            hooks=[HookRef(skill="upper", method="whisper")], data={"lifecycle": "on_chunk"},
+            ctx={}, reply_to=reply_to, deadline=time.time() + 10,
+        )
+        await redis.xadd(keys.hooks("shouty"), encode(event))
+        replies = await wait_for(lambda: redis.xrange(reply_to))
+        assert len(replies) == 1
+        reply = decode(replies[0][1], HopReply)
+        assert reply.failure is not None and "no hook 'upper.whisper'" in reply.failure
+
+        async def hop_records() -> list[MonitorRecord]:
+            return [r for r in await recent_events(redis, keys) if r.completion_id == cid and r.kind == "hop"]
+
+        (record,) = await wait_for(hop_records)
+        assert record.outcome == "hop_failed" and record.error == reply.failure
+
+
 async def test_garbage_on_a_reply_stream_is_dropped_and_the_router_goes_on(redis_url, prefix):
     async with running_stack(redis_url, prefix, Agent("t"), {"shouty": [Upper()]}) as (client, services, _):
         router = services[0].runtime.router
@@ -126,7 +151,7 @@ async def test_a_reply_of_the_wrong_lifecycle_counts_as_the_hook_failing(redis_u
         completion = await client.complete("[[echo]] untouched", completion_id=cid)
         assert completion.choices[0].message.content == "untouched"
         stage = await _stage(client, cid, "on_connection")
-        assert stage.outcome == "error" and "reply is for on_message" in (stage.error or "")
+        assert stage.outcome == "hop_failed" and "reply is for on_message" in (stage.error or "")
 
 
 async def test_a_raw_reply_in_the_wrong_shape_counts_as_the_hook_failing(redis_url, prefix):
@@ -163,7 +188,7 @@ async def test_a_raw_reply_in_the_wrong_shape_counts_as_the_hook_failing(redis_u
             task.cancel()
         assert completion.choices[0].message.content == "as written"
         stage = await _stage(client, cid, "on_connection")
-        assert stage.group == group and stage.outcome == "error"
+        assert stage.group == group and stage.outcome == "hop_failed"
         assert "reply in the wrong shape" in (stage.error or "")
 
 

@@ -98,7 +98,7 @@ async def test_a_poison_hop_that_kills_every_replica_ends_in_the_dead_letter_str
         ]
 
     stages = await wait_for(on_connection_stages, timeout=5)
-    assert stages and stages[0].outcome == "error" and "dead-lettered" in (stages[0].error or "")
+    assert stages and stages[0].outcome == "hop_failed" and "dead-lettered" in (stages[0].error or "")
     assert await redis.xpending(keys.hooks("poison"), "poison") == {
         "pending": 0, "min": None, "max": None, "consumers": [],
     }

@@ -54,7 +54,7 @@ async def test_metrics_after_traffic(gateway):
             ready = (
                 sample(text, "hookbus_hops_total", group="tools", lifecycle="tool", outcome="ok")
                 and sample(text, "hookbus_stage_duration_seconds_count", lifecycle="on_connection", group="billing")
-                and sample(text, "hookbus_agent_requests_total", outcome="error")
+                and sample(text, "hookbus_agent_requests_total", outcome="failed")
             )
             return text if ready else None
 

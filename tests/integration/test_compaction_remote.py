@@ -144,7 +144,7 @@ async def test_the_worker_calls_each_named_skill_and_reports_failures_per_skill(
     reply = await host.answer(hop(["broken", "counter"], outcome, ctx.model_dump(mode="json")), 1, "r1")
     assert reply.failure is None
     assert [(o.hook, o.outcome) for o in reply.outcomes] == [
-        ("broken.on_compaction", "error"),
+        ("broken.on_compaction", "failed"),
         ("counter.on_compaction", "ok"),
     ]
     assert reply.outcomes[0].error == "RuntimeError: listener down"

@@ -124,5 +124,5 @@ async def test_an_on_compaction_failure_is_recorded_alike_in_process_and_in_a_gr
         found = await wait_for(records, timeout=5)
     assert outcome.stage == "summarized"
     by_group = {e.group: (e.hooks, e.outcome, e.error) for e in found}
-    failure = (["broken-listener.on_compaction"], "error", "RuntimeError: listener down")
+    failure = (["broken-listener.on_compaction"], "failed", "RuntimeError: listener down")
     assert by_group == {None: failure, "listeners": failure}

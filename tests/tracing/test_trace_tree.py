@@ -272,7 +272,7 @@ async def test_failures_set_the_status_of_their_spans(
     assert explode.status == "ERROR" and explode.attributes["error.type"] == "RuntimeError"
     assert "the after_llm_call hook broke" in explode.status_message
     (hop,) = [s for s in spans if s.span_id == _parent_of(spans, explode, hops=2)]
-    assert hop.name == "hop guard" and hop.attributes["hookbus.hook_outcome"] == "error"
+    assert hop.name == "hop guard" and hop.attributes["hookbus.hook_outcome"] == "failed"
 
 
 def _parent_of(spans: list[ReceivedSpan], span: ReceivedSpan, *, hops: int) -> str:
