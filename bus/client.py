@@ -12,6 +12,17 @@ deadline raises a 504 HookError instead of hanging.
 Through a Redis outage the client keeps trying until the request's deadline: sending
 retries with backoff (then a 503 `bus_unavailable`), reading reconnects. A response item
 that cannot be decoded is copied to the dead-letter stream and skipped.
+
+When Redis runs out of memory (`maxmemory`, policy noeviction) it refuses every XADD, so
+the orchestrator cannot write the answer of a request already in flight. The waiting
+client finds out for itself: whenever its read of the response stream comes back empty,
+it asks Redis whether it would refuse a write next to that stream (a SETRANGE of nothing
+on a key never written: no effect, but refused at maxmemory as XADD is). Refused on
+`OOM_REFUSALS` empty reads in a row (2-4 s), it ends the request with a 503
+`redis_out_of_memory` and publishes its cancel (PUBLISH is not refused at maxmemory), so
+the orchestrator stops the run and finalize_connection runs with a 499, as on a
+disconnect; the orchestrator stores that terminal item when memory returns
+(hookbus.bus.responses).
 """
 
 from __future__ import annotations
@@ -52,6 +63,13 @@ from hookbus.skills.model_settings import as_model_settings
 log = structlog.get_logger("hookbus.client")
 
 DEFAULT_TIMEOUT = 300.0
+OOM_REFUSALS = 2
+"""Empty reads in a row (each waits up to 2 s) on which Redis refused writes for want of
+memory before a waiting request gives up: a short spike at the limit is not its end."""
+ANSWER_LOST_TO_OOM = (
+    "Redis is out of memory (maxmemory reached, policy noeviction): the answer to this "
+    "request cannot be written, so it was given up; free memory or raise maxmemory"
+)
 
 
 class HookbusClient:
@@ -158,6 +176,7 @@ class HookbusClient:
         deadline = request.deadline or (time.time() + self.timeout)
         last_id: bytes | str = "0-0"
         backoff = 0.05
+        refusals = 0
         while True:
             remaining = deadline - time.time()
             if remaining <= 0:
@@ -168,6 +187,13 @@ class HookbusClient:
                     {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
                 )
                 backoff = 0.05
+                if response or not await self._refusing_writes(request.completion_id):
+                    refusals = 0
+                else:
+                    refusals += 1
+                    if refusals >= OOM_REFUSALS:
+                        await self._give_up(request.completion_id)
+                        raise RedisOutOfMemory(ANSWER_LOST_TO_OOM)
             except RECONNECT_ERRORS as exc:
                 log.warning("response_read_retry", completion_id=request.completion_id, error=str(exc))
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.time())))
@@ -189,6 +215,22 @@ class HookbusClient:
                         yield item
                         return
                     yield item
+
+    async def _refusing_writes(self, completion_id: str) -> bool:
+        """Whether Redis refuses writes where this request's answer goes: SETRANGE of
+        nothing on a key never written does nothing, but is refused at maxmemory. Any
+        other refusal (an ACL without SETRANGE) counts as no: it must not end the read."""
+        try:
+            await self._reader.setrange(self.keys.memory_probe(completion_id), 0, "")
+        except ResponseError as exc:
+            return out_of_memory(exc)
+        return False
+
+    async def _give_up(self, completion_id: str) -> None:
+        """Tell the orchestrator nobody waits for this answer any more (best effort)."""
+        log.warning("answer_lost_to_redis_out_of_memory", completion_id=completion_id)
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await self._reader.publish(self.keys.cancel_channel, completion_id)
 
     async def _skip_bad_item(self, stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], reason: str) -> None:
         log.warning("bad_response_item_skipped", stream=stream, reason=reason)

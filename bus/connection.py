@@ -72,8 +72,17 @@ def connect(
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Redis refused a write at `maxmemory` (policy noeviction): "OOM command not allowed"."""
-    return isinstance(exc, OutOfMemoryError)
+    """Redis refused a write at `maxmemory` (policy noeviction): "OOM command not allowed",
+    as a command's own error or, from a Lua script (Redis 6.2: "Error running script ...
+    -OOM command not allowed"), inside a plain ResponseError."""
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "-OOM command not allowed" in str(exc)
+    )
+
+
+def retryable(exc: BaseException) -> bool:
+    """Redis unreachable for now, or refusing writes for want of memory: worth another try."""
+    return isinstance(exc, RECONNECT_ERRORS) or out_of_memory(exc)
 
 
 def instance_name(role: str) -> str:

@@ -107,6 +107,11 @@ class Keys:
         """String key whose existence means "cancel this request"; its value is the reason."""
         return self._sharded("cancel", self.shard_of(completion_id), completion_id)
 
+    def memory_probe(self, completion_id: str) -> str:
+        """A key never written, in the slot of the request's response stream: a client
+        waiting for the answer asks it whether Redis refuses writes there (hookbus.bus.client)."""
+        return self._sharded("memory-probe", self.shard_of(completion_id), completion_id)
+
     @property
     def cancel_channel(self) -> str:
         """Pub/sub channel; each message is the completion id of a request to cancel

@@ -9,20 +9,28 @@ the terminal item goes with the request's ack in one script (`finish`). A fenced
 writer drops what it holds, calls `on_fenced` and writes nothing more. A batch that
 failed because Redis was unreachable is retried with backoff, in order; the journal's
 item count makes a retried batch idempotent, so no chunk is stored twice.
+
+A write Redis refuses for want of memory (`maxmemory`, policy noeviction) is retried the
+same way, but never given up: the request's lease is still renewed meanwhile (the
+renewal script's first write, XCLAIM, is not refused at maxmemory), so no other
+orchestrator takes the request over, and the terminal item and the ack are stored, once,
+when memory returns. It is logged when it starts and when it ends, not at each retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aredis
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
-from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.connection import RECONNECT_ERRORS, out_of_memory, retryable
 from hookbus.bus.envelopes import ResponseItem, encode
 from hookbus.bus.journal import FENCED, Journal
 
@@ -31,6 +39,8 @@ log = structlog.get_logger("hookbus.responses")
 RESPONSE_TTL = 3600
 TERMINAL_KINDS = frozenset({"final", "error", "done"})
 RETRY_CAP = 1.0
+_WRITE_ERRORS = (*RECONNECT_ERRORS, ResponseError)
+"""What a write may fail with: those worth a retry are sorted out by `retryable`."""
 
 
 class Fenced(RuntimeError):
@@ -79,6 +89,8 @@ class ResponseWriter:
         self.written = 0
         self.fenced = False
         self.stage = ""
+        self.refused_since: float | None = None
+        """Monotonic time Redis started refusing this writer's writes for want of memory."""
 
     def add(self, item: ResponseItem) -> None:
         if self.fenced:
@@ -91,15 +103,18 @@ class ResponseWriter:
         """Write the terminal item after everything before it (and ack `ack` in the same
         step when fenced); returns once it is stored: True, or False if fenced out.
 
-        Raises a connection error if Redis stays unreachable for `give_up_after` seconds.
+        Raises a connection error if Redis stays unreachable for `give_up_after` seconds;
+        waits as long as it takes while Redis refuses the writes for want of memory.
         """
         assert terminal.kind in TERMINAL_KINDS
         if self.fenced:
             return False
-        if self._drain is not None and not self._drain.done():
+        while self._drain is not None and not self._drain.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._drain), give_up_after)
             except TimeoutError as exc:
+                if self.refused_since is not None:
+                    continue
                 await self.close()
                 raise RedisConnectionError(f"{self.stream}: Redis unreachable for {give_up_after:g}s") from exc
         if self.fenced:
@@ -116,14 +131,15 @@ class ResponseWriter:
                         await self._client.xack(ack.requests, ack.group, ack.entry_id)
                     self.written += len(self._pending)
                     self._pending.clear()
+                    self._stored()
                     return True
-                return await self._finish_fenced(ack)
-            except RECONNECT_ERRORS as exc:
-                if loop.time() + backoff > deadline:
+                stored = await self._finish_fenced(ack)
+                self._stored()
+                return stored
+            except _WRITE_ERRORS as exc:
+                if not retryable(exc) or (not out_of_memory(exc) and loop.time() + backoff > deadline):
                     raise
-                log.warning("response_write_retry", stream=self.stream, error=str(exc), retry_in=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_CAP)
+                backoff = await self._wait_to_retry(exc, backoff)
 
     async def close(self) -> None:
         """Stop writing (drop what is not stored yet)."""
@@ -160,16 +176,43 @@ class ResponseWriter:
                     await self._pipeline(batch)
                 else:
                     await self._write_fenced(batch)
-            except RECONNECT_ERRORS as exc:
-                log.warning("response_write_retry", stream=self.stream, error=str(exc), retry_in=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_CAP)
+            except _WRITE_ERRORS as exc:
+                if not retryable(exc):
+                    raise
+                backoff = await self._wait_to_retry(exc, backoff)
                 continue
+            self._stored()
             backoff = 0.05
             if self.fenced:
                 return
             del self._pending[: len(batch)]
             self.written += len(batch)
+
+    async def _wait_to_retry(self, exc: Exception, backoff: float) -> float:
+        """Sleep before the next attempt; returns the backoff after it."""
+        if not out_of_memory(exc):
+            log.warning("response_write_retry", stream=self.stream, error=str(exc), retry_in=backoff)
+        elif self.refused_since is None:
+            self.refused_since = time.monotonic()
+            log.warning(
+                "response_write_waiting_for_memory", completion_id=self._completion_id,
+                stream=self.stream, error=str(exc),
+            )
+        await asyncio.sleep(backoff)
+        return min(backoff * 2, RETRY_CAP)
+
+    def _stored(self) -> None:
+        if self.refused_since is not None:
+            waited = time.monotonic() - self.refused_since
+            self.refused_since = None
+            log.info(
+                "response_write_resumed", completion_id=self._completion_id, stream=self.stream,
+                waited_s=round(waited, 1),
+            )
+
+    @property
+    def _completion_id(self) -> str | None:
+        return self._fence.completion_id if self._fence is not None else None
 
     async def _pipeline(self, batch: list[ResponseItem]) -> None:
         async with self._client.pipeline(transaction=False) as pipe:

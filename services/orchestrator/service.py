@@ -43,6 +43,7 @@ import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
+from redis.exceptions import ResponseError
 
 from hookbus.bus.claims import heartbeat_every
 from hookbus.bus.cluster import forget_topology, in_order, keys_for, ready
@@ -52,6 +53,7 @@ from hookbus.bus.connection import (
     ensure_group,
     instance_name,
     raw_entry_parser,
+    retryable,
 )
 from hookbus.bus.deadletter import add_dead_letter
 from hookbus.bus.envelopes import (
@@ -301,7 +303,9 @@ class OrchestratorService(BusApp):
                 begun = await self.journal.begin(
                     request.completion_id, entry_id, self.instance, now=time.time()
                 )
-            except RECONNECT_ERRORS as exc:
+            except (*RECONNECT_ERRORS, ResponseError) as exc:
+                if not retryable(exc):  # unreachable, or out of memory: try again later
+                    raise
                 # Left pending: this process claims it back after a while (hookbus.bus.claims).
                 log.error("request_not_started", completion_id=request.completion_id, error=str(exc))
                 return
