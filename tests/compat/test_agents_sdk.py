@@ -95,3 +95,12 @@ async def test_the_sdks_tool_choice_and_model_settings_reach_the_model(upstream_
     assert (first["temperature"], first["top_p"], first["seed"]) == (0.3, 0.7, 5)
     assert first["max_tokens"] == 100  # pinned by the agent (the SDK asked for 50)
     assert first["messages"][0]["content"].endswith("SDK instructions.")
+
+
+async def test_the_sdk_sees_an_upstream_429_as_a_rate_limit_with_its_retry_after(upstream_gateway, recording):
+    recording.answer(up.error(429, "Slow down", "rate_limit_exceeded", headers={"Retry-After": "6"}))
+    with pytest.raises(openai.RateLimitError) as caught:
+        await Runner.run(sdk_agent(upstream_gateway, UPSTREAM_MODEL), "hi")
+    assert caught.value.response.headers["retry-after"] == "6"
+    assert caught.value.code == "rate_limit_exceeded"
+    assert len(recording.received) == 1  # the SDK's client has max_retries=0: one upstream call

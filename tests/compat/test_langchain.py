@@ -84,3 +84,25 @@ async def test_langchain_sees_an_upstream_429_as_a_rate_limit(upstream_gateway, 
     with pytest.raises(openai.RateLimitError) as caught:
         await chat(upstream_gateway, UPSTREAM_MODEL).ainvoke("hi")
     assert caught.value.response.headers["retry-after"] == "2"
+
+
+@lc_tool
+def other(q: str) -> str:
+    """Another lookup."""
+    return f"other {q}"
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"tool_choice": "other"}, ["other"]),
+        ({"tool_choice": "none"}, []),
+        ({}, ["lookup", "lookup"]),
+        ({"parallel_tool_calls": False}, ["lookup"]),
+    ],
+)
+async def test_bind_tools_tool_choice_and_parallel_tool_calls_are_honoured(offline_gateway, options, expected):
+    content = "no directive" if "tool_choice" in options else '[[tool:lookup {"q": "a"}]] [[tool:lookup {"q": "b"}]]'
+    asked = await chat(offline_gateway).bind_tools([lookup, other], **options).ainvoke(content)
+    assert [c["name"] for c in asked.tool_calls] == expected
+    assert asked.response_metadata["finish_reason"] == ("tool_calls" if expected else "stop")
