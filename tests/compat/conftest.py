@@ -41,6 +41,26 @@ def function_tool(name: str) -> dict[str, Any]:
     }
 
 
+TWO_LOOKUPS = '[[tool:lookup {"q": "a"}]] [[tool:lookup {"q": "b"}]]'
+TOOL_CHOICE_CASES = pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "other"}}}, ["other"]),
+        ({"tool_choice": "none"}, []),
+        ({}, ["lookup", "lookup"]),
+        ({"parallel_tool_calls": False}, ["lookup"]),
+    ],
+)
+"""tool_choice and parallel_tool_calls against the offline model, offered the client tools
+`lookup` and `other`: the request's `options` and the names of the calls expected back."""
+
+
+def tool_choice_prompt(options: dict[str, Any]) -> str:
+    """What the offline model is asked in a TOOL_CHOICE_CASES case: two lookups unless a
+    tool_choice decides, which must then decide alone (a prompt with no directive)."""
+    return "no directive" if "tool_choice" in options else TWO_LOOKUPS
+
+
 class Calc(Skill):
     name = "calc"
 

@@ -13,10 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.compat import upstream as up
-from tests.compat.conftest import AGENT_RULES, UPSTREAM_MODEL, function_tool
+from tests.compat.conftest import (
+    AGENT_RULES,
+    TOOL_CHOICE_CASES,
+    UPSTREAM_MODEL,
+    function_tool,
+    tool_choice_prompt,
+)
 from tests.compat.test_upstream import EVERY_PARAMETER
 
 LOOKUP = function_tool("lookup")
@@ -151,18 +156,9 @@ async def test_a_streamed_mixed_response_returns_the_client_call_and_keeps_the_s
     assert answer.text == "The tool add returned: 42\nThe tool lookup returned: found"
 
 
-@pytest.mark.parametrize(
-    ("options", "expected"),
-    [
-        ({"tool_choice": {"type": "function", "function": {"name": "other"}}}, ["other"]),
-        ({"tool_choice": "none"}, []),
-        ({}, ["lookup", "lookup"]),
-        ({"parallel_tool_calls": False}, ["lookup"]),
-    ],
-)
+@TOOL_CHOICE_CASES
 async def test_tool_choice_and_parallel_tool_calls_are_honoured(offline_gateway, options, expected):
-    content = '[[tool:lookup {"q": "a"}]] [[tool:lookup {"q": "b"}]]' if "tool_choice" not in options else "no directive"
-    sse = await stream(offline_gateway, ask(content, tools=[LOOKUP, function_tool("other")], **options))
+    sse = await stream(offline_gateway, ask(tool_choice_prompt(options), tools=[LOOKUP, function_tool("other")], **options))
     assert [c["function"]["name"] for c in sse.tool_calls()] == expected
     assert_one_turn(sse, "tool_calls" if expected else "stop")
 
