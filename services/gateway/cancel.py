@@ -8,6 +8,9 @@ non-streamed answer) the gateway, in one pipelined round trip:
    message below still sees it;
 2. `PUBLISH {prefix}cancel <completion_id>` - the prompt nudge.
 
+When Redis is out of memory (`maxmemory`, policy noeviction) it refuses the marker but
+still takes the PUBLISH, so the request is cancelled all the same if it is running.
+
 The orchestrator that runs the request cancels its agent task on either signal;
 `finalize_connection` then runs once with a 499 error. The reason is
 `client_disconnected` (the client closed the connection) or `gateway_stopped` (the
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import redis.asyncio as aredis
 import structlog
+from redis.exceptions import ResponseError
 
-from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.connection import RECONNECT_ERRORS, out_of_memory
 from hookbus.bus.keys import Keys
 
 log = structlog.get_logger("hookbus.gateway")
@@ -36,10 +40,19 @@ async def request_cancel(
     try:
         # two round trips, not one pipeline: a cluster pipeline cannot carry PUBLISH
         # (and a disconnect is rare); the marker first, so a listener that is told can see it
-        await client.set(keys.cancel(completion_id), reason, ex=CANCEL_TTL)
+        await _mark(client, keys, completion_id, reason)
         await client.publish(keys.cancel_channel, completion_id)
     except RECONNECT_ERRORS as exc:
         log.warning("cancel_not_sent", completion_id=completion_id, error=str(exc))
         return False
     log.info("request_cancelled", completion_id=completion_id, reason=reason)
     return True
+
+
+async def _mark(client: aredis.Redis, keys: Keys, completion_id: str, reason: str) -> None:
+    try:
+        await client.set(keys.cancel(completion_id), reason, ex=CANCEL_TTL)
+    except ResponseError as exc:
+        if not out_of_memory(exc):
+            raise
+        log.warning("cancel_marker_refused", completion_id=completion_id, error=str(exc))

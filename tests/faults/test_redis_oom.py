@@ -290,3 +290,33 @@ async def test_a_request_read_while_redis_is_full_runs_when_memory_returns(tmp_p
         assert items[-1].completion["choices"][0]["message"]["content"] == "later"
         assert [json.loads(line)["completion_id"] for line in ledger.read_text().splitlines()] == [request.completion_id]
         assert "Traceback" not in orchestrator.log_tail(10_000), orchestrator.log_tail(10_000)[-3000:]
+
+
+async def test_a_client_that_hangs_up_while_redis_is_full_gets_its_request_cancelled(tmp_path, service_env) -> None:
+    """The gateway's cancel marker is refused, its PUBLISH is not: finalize runs at once."""
+    ledger = tmp_path / "finalized.jsonl"
+    async with redis_of_its_own(tmp_path, service_env, HOOKBUS_TEST_LEDGER=str(ledger)) as stack:
+        orchestrator = stack.procs.orchestrator("tests.faults.oom_skills:agent", instance="orch-oom", claim_idle=1)
+        await stack.procs.wait_ready(orchestrator)
+        body = {"model": "offline", "stream": True, "messages": [{"role": "user", "content": LONG_STREAM + "bye"}]}
+        async with (
+            running_gateway(stack.server.url, PREFIX, models=["offline"]) as gateway,
+            httpx.AsyncClient(base_url=gateway.url, timeout=30) as http,
+        ):
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                completion_id = response.headers["x-hookbus-completion-id"]
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        break
+                fill(stack.server.url)
+            hung_up_at = time.monotonic()  # long before the gateway would give up on its own
+
+            def finalized() -> list[dict[str, Any]]:
+                return [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+
+            assert await wait_for(lambda: asyncio.to_thread(finalized), timeout=10), "finalize did not run"
+            took = time.monotonic() - hung_up_at
+        assert [(f["completion_id"], f["error"]) for f in finalized()] == [(completion_id, 499)]
+        print(f"finalize ran {took:.2f} s after the client hung up")
+        assert took < 1.5, took  # the model alone streams for 50 s more; the gateway gives up after 2-4 s
+        free(stack.server.url)
