@@ -67,7 +67,7 @@ class Slow(Skill):
         ctx.state["slow_replica"] = NAME
         seconds = param(text, "hold")
         if seconds and ("holdfirst" not in text or ctx.call.attempt == 1):
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(seconds)  # the point: a hook that holds its hop
         return data
 
 

@@ -81,7 +81,7 @@ async def read_until_terminal(
         try:
             response = await client.xread({stream: last}, count=500, block=500)
         except (ConnectionError, OSError, aredis.ConnectionError, aredis.TimeoutError):
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(backoff)  # Redis is down (a restart test): retry, backing off
             backoff = min(backoff * 2, 1.0)
             continue
         for _name, entries in response or ():

@@ -34,13 +34,17 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-async def dead_letters(client, keys, source: str) -> list[dict[bytes, bytes]]:
-    for _ in range(50):
-        found = [f for _id, f in await client.xrange(keys.dead_letter) if f[b"source"] == source.encode()]
-        if found:
-            return found
-        await asyncio.sleep(0.02)
-    return []
+async def dead_letters(client, keys, source: str, count: int = 1) -> list[dict[bytes, bytes]]:
+    """The dead letters set aside from `source`, once there are `count` of them (or after 1 s)."""
+
+    async def found() -> list[dict[bytes, bytes]]:
+        return [f for _id, f in await client.xrange(keys.dead_letter) if f[b"source"] == source.encode()]
+
+    async def enough() -> list[dict[bytes, bytes]] | None:
+        letters = await found()
+        return letters if len(letters) >= count else None
+
+    return await wait_for(enough, timeout=1) or await found()
 
 
 async def test_garbage_on_the_requests_stream_is_dead_lettered_and_answered_when_possible(redis_url, prefix):
@@ -63,7 +67,7 @@ async def test_garbage_on_the_requests_stream_is_dead_lettered_and_answered_when
         oversized = await read_until_terminal(redis, keys, too_big, timeout=10)
         assert oversized.error["status_code"] == 413 and oversized.error["code"] == "request_too_large"
 
-        letters = await dead_letters(redis, keys, keys.requests)
+        letters = await dead_letters(redis, keys, keys.requests, count=5)
         assert len(letters) == 5
         assert not any(k.startswith(b"orig:") for f in letters for k in f)  # no content kept
         # and the orchestrator goes on serving
@@ -78,12 +82,7 @@ async def test_garbage_on_a_hooks_stream_is_dead_lettered_and_the_worker_goes_on
         redis, keys = client.redis, client.keys
         await redis.xadd(keys.hooks("shouty"), {"e": "{not json"})
         await redis.xadd(keys.hooks("shouty"), {"e": json.dumps({"v": 2, "kind": "hop"})})
-        letters = await dead_letters(redis, keys, keys.hooks("shouty"))
-        for _ in range(50):
-            if len(letters) == 2:
-                break
-            await asyncio.sleep(0.02)
-            letters = await dead_letters(redis, keys, keys.hooks("shouty"))
+        letters = await dead_letters(redis, keys, keys.hooks("shouty"), count=2)
         assert len(letters) == 2
         assert all(f[b"reason"].startswith(b"not a valid HopEvent") for f in letters)
         chunks = [c async for c in client.stream("[[echo]] loud and clear")]
@@ -193,10 +192,15 @@ async def test_a_raw_reply_in_the_wrong_shape_counts_as_the_hook_failing(redis_u
 
 
 async def _stage(client, cid: str, lifecycle: str) -> MonitorRecord:
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        for record in await recent_events(client.redis, client.keys):
-            if record.completion_id == cid and record.kind == "stage" and record.lifecycle == lifecycle:
-                return record
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no {lifecycle} stage record for {cid}")
+    async def record() -> MonitorRecord | None:
+        return next(
+            (
+                r for r in await recent_events(client.redis, client.keys)
+                if r.completion_id == cid and r.kind == "stage" and r.lifecycle == lifecycle
+            ),
+            None,
+        )
+
+    found = await wait_for(record, timeout=3)
+    assert found is not None, f"no {lifecycle} stage record for {cid}"
+    return found

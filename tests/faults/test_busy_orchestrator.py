@@ -96,7 +96,7 @@ async def test_a_maximal_request_leaves_other_callers_health_and_the_lease_alone
         while not big.done():
             latencies.append(await small_request(http))
             health.append((await http.get("/healthz")).status_code)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the pace of the small requests sent while the big one runs
         response = await big
         took = time.monotonic() - began
 

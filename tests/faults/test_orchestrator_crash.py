@@ -3,7 +3,6 @@ orchestrator` processes, a worker group hosting a finalize counter."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
@@ -105,7 +104,11 @@ async def test_a_stalled_owner_that_lost_its_request_writes_nothing_after(procs,
     finally:
         stalled.resume()
     assert outcome.error is not None and outcome.error["code"] == "orchestrator_lost", procs.logs()
-    await asyncio.sleep(2.5)  # the old owner runs again: it must find out it lost the request
+
+    async def old_owner_gave_up() -> bool:  # it ran on after SIGCONT and found it had lost the request
+        return any("request_fenced_out" in line and cid in line for line in stalled.log_tail(400).splitlines())
+
+    assert await wait_for(old_owner_gave_up, timeout=15), stalled.log_tail(50)
     assert await items_after_terminal(redis, keys, outcome) == []
     assert await terminal_count(redis, keys, cid) == 1
     after = await Journal(redis, Keys(prefix)).read(cid)

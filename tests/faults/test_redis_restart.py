@@ -14,6 +14,7 @@ from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import pending, read_until_terminal, submit
 from tests.integration.processes import Processes
+from tests.waiting import wait_for
 
 AGENT = "tests.faults.fault_skills:agent"
 GROUP_SKILLS = ("tests.faults.fault_skills:Ledger", "tests.faults.fault_skills:Touch")
@@ -44,7 +45,11 @@ async def test_services_ride_out_a_redis_restart_and_every_request_ends(own_redi
             text = "[[words:20]] [[delay:50]]" if n % 2 else "[[delay:600]] [[echo]] patient"
             await submit(client, keys, text, completion_id=cid, stream=bool(n % 2), timeout=90)
         readers = [asyncio.create_task(read_until_terminal(client, keys, cid, timeout=90)) for cid in first]
-        await asyncio.sleep(0.4)
+
+        async def in_flight() -> bool:  # read by the orchestrators, not yet answered (each takes >= 0.6 s)
+            return await pending(client, keys.requests, ORCHESTRATOR_GROUP) >= len(first) // 3
+
+        assert await wait_for(in_flight, timeout=10), procs.logs()
         await asyncio.to_thread(own_redis.restart, down_for=1.5)
 
         outcomes = await asyncio.gather(*readers)
@@ -63,8 +68,11 @@ async def test_services_ride_out_a_redis_restart_and_every_request_ends(own_redi
         assert all(o.terminal is not None and o.terminal.kind == "done" for o in later), [o.terminal for o in later]
         assert all(o.text == "back to normal" for o in later)
         assert all(p.alive for p in procs.procs), procs.logs()
-        await asyncio.sleep(0.5)
-        assert await pending(client, keys.requests, ORCHESTRATOR_GROUP) == 0
+
+        async def all_acked() -> bool:  # each request is acked right after its terminal item
+            return await pending(client, keys.requests, ORCHESTRATOR_GROUP) == 0
+
+        assert await wait_for(all_acked, timeout=5)
         print(f"redis restart: {ok}/{len(first)} in-flight requests succeeded; errors: {errors}")
     finally:
         procs.close()

@@ -12,6 +12,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.services.monitor import recent_events
 from hookbus.skills import Context, HookData, HookError, Skill, hook
 from tests.integration.stack import running_stack, wait_for_groups
+from tests.waiting import wait_for
 
 
 def rewrite(data: HookData, text: str) -> HookData:
@@ -26,7 +27,7 @@ class Sleepy(Skill):
 
     @hook("on_connection", 10)
     async def doze(self, data: HookData, ctx: Context) -> HookData:
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)  # the point: a hook slower than its hop's timeout
         return rewrite(data, "[[echo]] rewritten by a late hook")
 
 
@@ -35,7 +36,7 @@ class SleepyCritical(Skill):
 
     @hook("on_connection", 20, scope="critical", critical=True)
     async def doze(self, data: HookData, ctx: Context) -> HookData:
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)  # the point: a critical hook slower than its hop's timeout
         return data
 
 
@@ -46,21 +47,24 @@ class OwnTimeout(Skill):
 
     @hook("on_connection", 30, timeout=0.3)
     async def slow(self, data: HookData, ctx: Context) -> HookData:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the point: slower than its own 0.3 s timeout
         return rewrite(data, "[[echo]] never applied")
 
 
 async def stage_events(client, cid, lifecycle="on_connection", count=1):
     """The stage records of one request (the event writer flushes every few ms)."""
-    for _ in range(100):
-        events = [
+
+    async def events():
+        return [
             e for e in await recent_events(client.redis, client.keys)
             if e.completion_id == cid and e.kind == "stage" and e.lifecycle == lifecycle
         ]
-        if len(events) >= count:
-            return events
-        await asyncio.sleep(0.02)
-    return events
+
+    async def enough():
+        found = await events()
+        return found if len(found) >= count else None
+
+    return await wait_for(enough, timeout=2) or await events()
 
 
 async def test_a_hop_past_its_timeout_counts_as_the_hook_failing_and_its_late_reply_is_ignored(redis_url, prefix):
@@ -72,8 +76,11 @@ async def test_a_hop_past_its_timeout_counts_as_the_hook_failing_and_its_late_re
         assert completion.choices[0].message.content == "the original"  # the late hook's change never applied
         [stage] = [s for s in await stage_events(client, cid) if s.group == "sleepy"]
         assert stage.outcome == "timeout" and "no reply" in (stage.error or "")
-        await asyncio.sleep(1.2)
-        assert runtime.router.late_replies == 1
+
+        async def late_replies() -> int:  # the hook answers 1.2 s after it started
+            return runtime.router.late_replies
+
+        assert await wait_for(late_replies, timeout=5) == 1
 
         # the same for a critical hook aborts the run with a 500
         with pytest.raises(HookError) as caught:
@@ -113,11 +120,12 @@ async def test_a_group_without_live_replicas_is_skipped_or_503_when_critical(red
         for worker in workers:  # the groups stay announced, but no replica is alive
             await worker.stop()
         registry = services[0].runtime.registry
-        for _ in range(100):
+
+        async def both_dead() -> bool:
             await registry.refresh()
-            if not registry.is_live("optional") and not registry.is_live("required"):
-                break
-            await asyncio.sleep(0.05)
+            return not registry.is_live("optional") and not registry.is_live("required")
+
+        assert await wait_for(both_dead, timeout=5)
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         completion = await client.complete("[[echo]] without workers", completion_id=cid)
         assert completion.choices[0].message.content == "without workers"
@@ -160,8 +168,9 @@ async def test_a_client_deadline_ends_in_a_504_instead_of_a_hang(redis_url, pref
         with pytest.raises(HookError) as caught:
             await client.complete("[[delay:3000]] slow", completion_id=cid, timeout=1.0)
         assert caught.value.status_code == 504
-        for _ in range(40):
-            if any(c == cid for c, _ in Ledger.seen):
-                break
-            await asyncio.sleep(0.05)
+
+        async def finalized() -> bool:
+            return any(c == cid for c, _ in Ledger.seen)
+
+        assert await wait_for(finalized, timeout=2)
         assert [s for c, s in Ledger.seen if c == cid] == [504]  # the status the client got

@@ -13,6 +13,7 @@ from hookbus.bus.trim import trim_acked
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.faults.helpers import pending
 from tests.integration.stack import running_stack
+from tests.waiting import wait_for
 
 
 async def test_trim_keeps_pending_and_undelivered_entries_of_every_group(redis):
@@ -50,7 +51,7 @@ class Hold(Skill):
     @hook("on_connection", 10)
     async def wait(self, data: HookData, ctx: Context) -> HookData:
         if "hold" in (data.messages[-1].get("content") or ""):
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the point: its hop stays pending while the janitors run
         return data
 
 
@@ -73,10 +74,7 @@ async def test_after_a_run_the_streams_are_bounded_and_a_pending_hop_survives_th
 
         # a request in flight: its hop is pending in "hold" while every janitor runs
         held = asyncio.create_task(client.complete("[[echo]] hold on"))
-        for _ in range(100):
-            if await pending(redis, keys.hooks("hold"), "hold"):
-                break
-            await asyncio.sleep(0.01)
+        assert await wait_for(lambda: pending(redis, keys.hooks("hold"), "hold"), timeout=5, every=0.01)
         [entry] = await redis.xpending_range(keys.hooks("hold"), "hold", "-", "+", 10)
         for worker in workers:
             await worker.janitor_once()

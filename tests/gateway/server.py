@@ -20,6 +20,7 @@ import uvicorn
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.limits import RequestLimits
 from hookbus.services.gateway import create_app
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -79,11 +80,11 @@ async def running_gateway(
     thread.start()
     await asyncio.to_thread(ready.wait, 10)
     server: uvicorn.Server = holder["server"]
-    for _ in range(1000):
-        if server.started or holder.get("errors"):
-            break
-        await asyncio.sleep(0.01)
-    if not server.started:
+
+    async def started_or_failed() -> bool:
+        return bool(server.started or holder.get("errors"))
+
+    if not await wait_for(started_or_failed, timeout=10, every=0.01) or not server.started:
         raise RuntimeError(f"the gateway did not start: {holder.get('errors')}")
     gateway = RunningGateway(f"http://127.0.0.1:{port}", server, thread, holder["app"])
     try:

@@ -63,7 +63,7 @@ async def test_a_disconnect_mid_stream_cancels_the_request_and_finalize_runs_onc
     assert await wait_for(finalized, timeout=5) == 1, "finalize_connection did not run after the disconnect"
     data = await sessions.load("alice", session_id)
     assert data["error"] == 499
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # a "nothing more happens" check: no second finalize within a second
     assert (await sessions.load("alice", session_id))["finalized"] == 1, "finalize_connection ran more than once"
 
 

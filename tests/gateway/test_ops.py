@@ -181,13 +181,14 @@ async def test_serve_warns_when_auth_is_off_and_stops_gracefully_on_sigterm(redi
         )
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-                response = None
-                for _ in range(200):
+
+                async def answered() -> httpx.Response | None:
                     try:
-                        response = await http.get("/v1/models")
-                        break
+                        return await http.get("/v1/models")
                     except httpx.TransportError:
-                        await asyncio.sleep(0.05)
+                        return None
+
+                response = await wait_for(answered, timeout=10)
                 assert response is not None, "the gateway never answered"
             proc.send_signal(signal.SIGTERM)
             async with asyncio.timeout(15):

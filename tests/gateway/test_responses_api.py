@@ -266,7 +266,7 @@ async def test_a_disconnect_mid_stream_cancels_the_run_and_finalize_runs_once(ga
     assert await wait_for(lambda: client.redis.exists(client.keys.cancel(response_id)), timeout=3)
     data = await finalized(sessions, session)
     assert data["error"] == 499 and data["completion_id"] == response_id
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # a "nothing more happens" check: no second finalize within a second
     assert (await sessions.load("alice", session))["finalized"] == 1, "finalize_connection ran more than once"
 
 

@@ -98,7 +98,7 @@ async def test_a_slowloris_client_is_cut_off_at_the_header_timeout_while_others_
         started = time.perf_counter()
         answer = asyncio.create_task(read_until_closed(reader, timeout=15))
         with contextlib.suppress(ConnectionError):
-            while not answer.done():  # one header byte every 0.2 s: it never completes
+            while not answer.done():  # the point: one header byte every 0.2 s, it never completes
                 writer.write(b"X")
                 await writer.drain()
                 await asyncio.sleep(0.2)
@@ -168,7 +168,7 @@ async def test_running_out_of_file_descriptors_logs_a_line_per_episode_not_a_tra
             with contextlib.suppress(BlockingIOError):
                 s.connect(("127.0.0.1", gw.port))
             sockets.append(s)
-        await asyncio.sleep(4)  # the gateway keeps failing to accept meanwhile
+        await asyncio.sleep(4)  # the point: 4 s of failing accepts must log one line, not one per accept
         for s in sockets:
             s.close()
 

@@ -31,6 +31,8 @@ import httpx
 import redis.asyncio as aredis
 
 from hookbus.bus.keys import Keys
+from hookbus.bus.registry import REFRESH_EVERY
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,6 +92,12 @@ class Proc:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _still_running(proc: Proc) -> None:
+    """Raise, with its log, if `proc` exited: nothing it was to do will happen."""
+    if not proc.alive:
+        raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}\n{proc.log_tail()}")
 
 
 class Processes:
@@ -169,18 +177,18 @@ class Processes:
 
     async def wait_http(self, proc: Proc, url: str, timeout: float = 30.0) -> None:
         """Until `url` answers at all (any status)."""
-        deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=2) as http:
-            while True:
-                if not proc.alive:
-                    raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}\n{proc.log_tail()}")
+
+            async def answers() -> bool:
+                _still_running(proc)
                 try:
                     await http.get(url)
-                    return
                 except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{proc.name} not answering {url}\n{proc.log_tail()}") from None
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
+
+            if not await wait_for(answers, timeout=timeout, every=0.1):
+                raise TimeoutError(f"{proc.name} not answering {url}\n{proc.log_tail()}")
 
     def restart(self, proc: Proc) -> Proc:
         """The same command again (same name), as a supervisor would after a crash."""
@@ -191,26 +199,27 @@ class Processes:
     async def wait_ready(self, *procs: Proc, timeout: float = 30.0) -> None:
         """Until each process wrote a heartbeat after it started (it is consuming)."""
         client = aredis.Redis.from_url(self.env["REDIS_URL"])
+        waiting = list(procs)
+
+        async def all_ready() -> bool:
+            still = []
+            for proc in waiting:
+                _still_running(proc)
+                key = self.keys.replicas(proc.group) if proc.role == "worker" else self.keys.orchestrators
+                score = await client.zscore(key, proc.name)
+                fresh_since = time.time() - (time.monotonic() - proc.started)
+                if score is None or float(score) < fresh_since:
+                    still.append(proc)
+            waiting[:] = still
+            return not waiting
+
         try:
-            deadline = time.monotonic() + timeout
-            waiting = list(procs)
-            while waiting:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not ready in {timeout}s: {[p.name for p in waiting]}\n{self.logs(waiting)}")
-                still = []
-                for proc in waiting:
-                    if not proc.alive:
-                        raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}\n{proc.log_tail()}")
-                    key = self.keys.replicas(proc.group) if proc.role == "worker" else self.keys.orchestrators
-                    score = await client.zscore(key, proc.name)
-                    fresh_since = time.time() - (time.monotonic() - proc.started)
-                    if score is None or float(score) < fresh_since:
-                        still.append(proc)
-                waiting = still
-                if waiting:
-                    await asyncio.sleep(0.05)
+            if not await wait_for(all_ready, timeout=timeout):
+                raise TimeoutError(f"not ready in {timeout}s: {[p.name for p in waiting]}\n{self.logs(waiting)}")
             if any(p.role == "worker" for p in procs):
-                await asyncio.sleep(0.6)  # orchestrators refresh their registry view every 0.5 s
+                # The orchestrators' registry views (in their own processes, not observable
+                # from here) pick the new replicas up on their next refresh, every 0.5 s.
+                await asyncio.sleep(REFRESH_EVERY + 0.1)
         finally:
             await client.aclose()
 

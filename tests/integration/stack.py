@@ -5,7 +5,6 @@ Tests that kill processes use tests/integration/processes.py instead.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
@@ -15,6 +14,7 @@ from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 from hookbus.skills import Context, HookData, Skill, hook
+from tests.waiting import wait_for
 
 
 class Upper(Skill):
@@ -70,14 +70,15 @@ async def running_stack(
 
 async def wait_for_groups(services: Sequence[OrchestratorService], count: int, timeout: float = 5.0) -> None:
     """Until every orchestrator's registry view has `count` live groups."""
-    async with asyncio.timeout(timeout):
-        while True:
-            ready = True
-            for service in services:
-                assert service.runtime is not None
-                await service.runtime.registry.refresh()
-                live = [g for g in service.runtime.registry.groups if service.runtime.registry.is_live(g)]
-                ready = ready and len(live) >= count
-            if ready:
-                return
-            await asyncio.sleep(0.05)
+
+    async def ready() -> bool:
+        enough = True
+        for service in services:
+            assert service.runtime is not None
+            registry = service.runtime.registry
+            await registry.refresh()
+            enough = enough and len([g for g in registry.groups if registry.is_live(g)]) >= count
+        return enough
+
+    if not await wait_for(ready, timeout=timeout):
+        raise TimeoutError(f"fewer than {count} live worker groups after {timeout} s")

@@ -8,8 +8,10 @@ import subprocess
 import sys
 
 from hookbus import Agent
+from hookbus.services.monitor import recent_events
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.integration.stack import running_stack
+from tests.waiting import wait_for
 
 
 def tagger(label: str, priority: int) -> type[Skill]:
@@ -51,7 +53,7 @@ class SlowCounter(Skill):
 
     @hook("before_llm_call")
     async def wait(self, data, ctx):
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the point: a hook slow enough that one replica cannot take it all
 
 
 async def test_two_replicas_of_a_group_both_take_work_under_load(redis_url, prefix):
@@ -76,7 +78,12 @@ async def test_status_and_monitor_show_what_happened(redis_url, prefix, service_
     groups = {"group-a": [tagger("a10", 10)()]}
     async with running_stack(redis_url, prefix, Agent("ops"), groups, replicas=2) as (client, _, workers):
         completion = await client.complete("[[echo]] watch me")
-        await asyncio.sleep(0.2)  # event writers flush every 20 ms
+
+        async def recorded() -> bool:  # event writers flush in batches, after the answer
+            records = [r for r in await recent_events(client.redis, client.keys) if r.completion_id == completion.id]
+            return len(records) >= 3 and any(r.kind == "request" for r in records)
+
+        assert await wait_for(recorded, timeout=5)
         status = await asyncio.to_thread(hookbus, service_env, "status")
         events = await asyncio.to_thread(
             hookbus, service_env, "monitor", "--from-start", "--completion-id", completion.id, "--count", "3",

@@ -24,6 +24,7 @@ from hookbus.services.worker.replica import WorkerReplica
 from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook
 from hookbus.skills.builtin import ContentFilter
 from tests.integration.stack import running_stack
+from tests.waiting import wait_for
 
 
 class Gate(Skill):
@@ -56,18 +57,22 @@ async def test_concurrency_bounds_prefetch_exactly_and_replies_are_batched(redis
                 ctx={}, reply_to=reply_to, deadline=time.time() + 30,
             )
             await client.xadd(keys.hooks("gated"), encode(event))  # type: ignore[arg-type]
-        await asyncio.sleep(1.5)
+
+        async def two_entered() -> bool:
+            return Gate.entered >= 2
+
+        assert await wait_for(two_entered, timeout=5)
+        await asyncio.sleep(0.5)  # a "nothing more happens" check: a worker that read past its bound would have by now
         pending = await client.xpending(keys.hooks("gated"), "gated")
         assert pending["pending"] == 2  # read = in flight = --concurrency, nothing more
         assert Gate.entered == 2
         Gate.gate.set()
-        replies: list[HopReply] = []
-        for _ in range(50):
-            entries = await client.xrange(reply_to)
-            replies = [decode(fields, HopReply) for _, fields in entries]
-            if len(replies) == 6:
-                break
-            await asyncio.sleep(0.1)
+
+        async def all_replies() -> list[HopReply] | None:
+            found = [decode(fields, HopReply) for _, fields in await client.xrange(reply_to)]
+            return found if len(found) >= 6 else None
+
+        replies = await wait_for(all_replies, timeout=5) or []
         assert sorted(r.hop_id for r in replies) == [f"hop-{n}" for n in range(6)]
         assert not any(r.failure for r in replies)
         assert (await client.xpending(keys.hooks("gated"), "gated"))["pending"] == 0
@@ -90,7 +95,7 @@ class Jitter(Skill):
         Jitter.running += 1
         Jitter.most = max(Jitter.most, Jitter.running)
         try:
-            await asyncio.sleep(random.uniform(0, 0.01))
+            await asyncio.sleep(random.uniform(0, 0.01))  # the point: replies come back out of order
         finally:
             Jitter.running -= 1
         if data.content:
@@ -188,7 +193,7 @@ class StopAtFive(Skill):
 
     @hook("on_chunk")
     async def stop(self, data: HookData, ctx: Context) -> None:
-        await asyncio.sleep(random.uniform(0, 0.005))
+        await asyncio.sleep(random.uniform(0, 0.005))  # the point: hops finish out of order
         if data.chunk_index == 5:
             raise PaymentRequired("out of credit mid-answer")
 

@@ -80,7 +80,7 @@ def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
                 if answer.status == 200:
                     return server
         except OSError:
-            time.sleep(1)
+            time.sleep(1)  # poll interval of this condition wait (the server loads its model)
     server.kill()
     raise SystemExit(f"FAIL start: the llama.cpp server did not come up in 180 s (see {SERVER_LOG})")
 

@@ -14,6 +14,7 @@ import pytest
 from hookbus import Agent
 from hookbus.services.orchestrator.agent import ROUND_CAP_NOTE
 from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from tests.waiting import wait_for
 
 
 class Recorder(Skill):
@@ -392,9 +393,13 @@ async def test_an_llm_error_ends_the_run_with_finalize_once():
 
 
 async def test_cancelling_the_caller_still_finalizes_once_with_499():
-    final = Finalizer()
-    task = asyncio.create_task(Agent("t", skills=[final]).run("[[delay:5000]] slow"))
-    await asyncio.sleep(0.3)
+    final, recorder = Finalizer(), Recorder()
+    task = asyncio.create_task(Agent("t", skills=[recorder, final]).run("[[delay:5000]] slow"))
+
+    async def calling_the_model() -> bool:
+        return bool(recorder.of("before_llm_call"))
+
+    assert await wait_for(calling_the_model, timeout=5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -427,7 +432,7 @@ async def test_hook_timeout_counts_as_a_failure():
     class Slow(Skill):
         @hook("on_connection", timeout=0.05)
         async def slow(self, data, ctx):
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # the point: slower than its 0.05 s timeout
             data.messages.append({"role": "user", "content": "late"})
             return data
 

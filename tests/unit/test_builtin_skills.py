@@ -61,7 +61,7 @@ class Toolbox(Skill):
     async def nap(self, ms: int) -> str:
         """Sleep for ms milliseconds."""
         self.ran.append(f"nap {ms}")
-        await asyncio.sleep(ms / 1000)
+        await asyncio.sleep(ms / 1000)  # the point: a tool that takes its time
         return f"slept {ms}"
 
 
@@ -440,7 +440,7 @@ async def test_every_hook_works_on_a_fresh_instance_with_a_json_round_tripped_co
     await SecuritySkill().check_tool_call(before, travel(ctx))
     await PerformanceMonitor().tool_started(before, ctx)
     await AnalyticsSkill().count_connection(HookData(lifecycle="on_connection"), ctx)
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # the point: the tool call takes >= 20 ms, which the monitor measures
     ctx = travel(ctx)  # another replica
     after = HookData(
         lifecycle="after_toolcall", tool_call=tool_call, tool_id="call_1", tool_result="ok"

@@ -35,6 +35,7 @@ from hookbus.services.testing.offline_server import (
     OfflineModelServer,
     shared_offline_base_url,
 )
+from tests.waiting import wait_for
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -734,8 +735,13 @@ async def test_stop_cuts_a_stream_in_progress() -> None:
             stream: Any = await api.chat.completions.create(
                 model="offline", messages=[user("[[delay:300]] [[words:100]]")], stream=True
             )
-            consumer = asyncio.create_task(_drain(stream))
-            await asyncio.sleep(0.4)
+            received: list[Any] = []
+            consumer = asyncio.create_task(_drain(stream, received))
+
+            async def streaming() -> bool:
+                return bool(received)
+
+            assert await wait_for(streaming, timeout=5)
             started = time.perf_counter()
             await asyncio.to_thread(server.stop)
             assert time.perf_counter() - started < 3
@@ -745,8 +751,10 @@ async def test_stop_cuts_a_stream_in_progress() -> None:
         server.stop()
 
 
-async def _drain(stream: Any) -> int:
-    return len([chunk async for chunk in stream])
+async def _drain(stream: Any, received: list[Any]) -> int:
+    async for chunk in stream:
+        received.append(chunk)
+    return len(received)
 
 
 def test_servers_side_by_side_get_their_own_ports() -> None:

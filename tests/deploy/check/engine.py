@@ -63,7 +63,7 @@ def docker_engine() -> Iterator[str]:
         while not engine_answers():
             if daemon.poll() is not None or time.monotonic() > deadline:
                 raise CheckFailed(f"dockerd did not start; its log: {log}")
-            time.sleep(1)
+            time.sleep(1)  # poll interval of this condition wait
         yield "started"
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -88,7 +88,7 @@ def wait_finalized(stack: Stack, outcomes: list[Outcome]) -> dict[str, evidence.
             return found
         if time.monotonic() > deadline:
             raise CheckFailed(f"no finalize for {len(missing)} of {len(wanted)} requests: {sorted(missing)[:5]}")
-        time.sleep(2)
+        time.sleep(2)  # poll interval of this condition wait (each poll reads every container's log)
 
 
 async def paying_load(stack: Stack, count: int, text: str, *, tag: str, parallel: int = 8) -> list[Outcome]:
@@ -144,7 +144,7 @@ def kill_mid_load(stack: Stack) -> str:
 
     async def scenario() -> list[Outcome]:
         running = asyncio.create_task(paying_load(stack, 24, SLOW, tag="kill", parallel=12))
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5)  # the kill lands mid-load: the first 12 requests take ~1.8 s each
         victims = [stack.containers("worker-guard")[0], stack.containers("orchestrator")[0]]
         await asyncio.to_thread(run, [docker_cli(), "kill", *victims])
         return await running
@@ -158,7 +158,7 @@ def drain_on_stop(stack: Stack) -> str:
 
     async def scenario() -> tuple[list[Outcome], float]:
         running = asyncio.create_task(paying_load(stack, 12, SLOW, tag="stop", parallel=12))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the stop lands mid-load: the 12 requests take ~1.8 s each
         started = time.monotonic()
         await asyncio.to_thread(run, [docker_cli(), "stop", "--time", "45", victim])
         return await running, time.monotonic() - started
@@ -185,7 +185,7 @@ def restart_redis(stack: Stack) -> str:
             break
         if time.monotonic() - restarted > RECOVERY_TIMEOUT:
             raise CheckFailed(f"no answer {RECOVERY_TIMEOUT:.0f} s after the Redis restart: {first}")
-        time.sleep(1)
+        time.sleep(1)  # poll interval of this condition wait (the recovery time is what it measures)
     recovered = time.monotonic() - restarted
     outcomes = asyncio.run(paying_load(stack, 12, "[[words:10]] after the restart", tag="redis"))
     expect(all(o.terminal == "completed" for o in outcomes), f"after the restart: {outcome_summary(outcomes)}")

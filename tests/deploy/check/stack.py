@@ -113,7 +113,7 @@ class Stack:
                 return round(time.monotonic() - started, 1)
             if time.monotonic() - started > timeout:
                 raise CheckFailed(f"not healthy after {timeout:.0f} s: {unhealthy}")
-            time.sleep(2)
+            time.sleep(2)  # poll interval of this condition wait
 
     def name(self, container: str) -> str:
         return str(self.inspect(container)["Name"]).lstrip("/")
