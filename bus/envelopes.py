@@ -239,3 +239,25 @@ def _summary(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()[:5]
     )
+
+
+class MonitorBatch(Envelope):
+    """One entry of the `events` stream since monitor records are batched: every record
+    one writer flushed to one events shard at once, in the order they were emitted. An
+    entry holding a bare MonitorRecord (what writers before batching wrote) is still
+    read: `monitor_records` decodes both."""
+
+    kind: Literal["batch"] = "batch"
+    records: list[MonitorRecord]
+
+
+def encode_monitor_batch(records: list[MonitorRecord]) -> dict[bytes, bytes]:
+    return encode(MonitorBatch.model_construct(records=records))
+
+
+def monitor_records(fields: dict[bytes, bytes]) -> list[MonitorRecord]:
+    """The records of one `events` entry, batched or a single record; DecodeError if neither."""
+    try:
+        return decode(fields, MonitorBatch).records
+    except DecodeError:
+        return [decode(fields, MonitorRecord)]

@@ -23,7 +23,7 @@ from faststream.specification import AsyncAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from hookbus.bus.cluster import declare_mode
-from hookbus.bus.envelopes import HopEvent, HopReply, MonitorRecord, RequestEnvelope, ResponseItem
+from hookbus.bus.envelopes import HopEvent, HopReply, MonitorBatch, RequestEnvelope, ResponseItem
 from hookbus.bus.keys import Keys
 from hookbus.services.gateway.openapi import openapi_document as _gateway_openapi
 from hookbus.skills import Context, HookData, Skill, hook
@@ -80,11 +80,13 @@ def asyncapi_document(
         ),
     )
     orchestrator.broker.publisher(
-        stream=keys.events, title="events", schema=MonitorRecord,
+        stream=keys.events, title="events", schema=MonitorBatch,
         description=(
-            "The monitor firehose (capped): one record per stage segment and per request "
-            "from orchestrators, one per hop from worker replicas. `hookbus monitor` and the "
-            "gateway's /metrics read it."
+            "The monitor firehose (capped at about 100 000 records): one record per stage "
+            "segment and per request from orchestrators, one per hop from worker replicas; "
+            "an entry is a MonitorBatch of the records one writer flushed at once (readers "
+            "also accept an entry holding one bare MonitorRecord, as writers before batching "
+            "wrote). `hookbus monitor` and the gateway's /metrics read it."
         ),
     )
     orchestrator.broker.publisher(

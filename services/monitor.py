@@ -1,7 +1,7 @@
 """`hookbus monitor` and `hookbus status`: what the bus is doing, read from Redis.
 
 The monitor follows the `events` firehose (one record per hop, stage segment and
-request); status reads the registry, heartbeats and consumer-group counters.
+request; an entry holds the records of one writer's flush, hookbus.bus.events); status reads the registry, heartbeats and consumer-group counters.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import redis.asyncio as aredis
 from pydantic import BaseModel
 
 from hookbus.bus.cluster import latest_ids, xread_streams
-from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
+from hookbus.bus.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.redis_values import text
 from hookbus.bus.registry import REPLICA_TTL, GroupAnnouncement
 
 LAG_SCAN_LIMIT = 10_000
+RECENT_PAGE = 500
+"""Entries per XREVRANGE while collecting the newest records."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ async def follow_events(
     client: aredis.Redis, keys: Keys, *, from_start: bool = False, block_ms: int = 1000
 ) -> AsyncIterator[MonitorRecord]:
     """Every event record from now on (or from the start of the capped streams), forever;
-    records of one read from several event shards come in time order."""
+    the records of one read (entries of several writers and event shards) come in time order."""
     streams = keys.event_streams
     positions: dict[str, Any] = (
         dict.fromkeys(streams, "0-0") if from_start else await latest_ids(client, streams)
@@ -55,13 +57,9 @@ async def follow_events(
         response = await xread_streams(client, positions, count=500, block_ms=block_ms)
         batch = []
         for stream, entries in response:
-            for entry_id, fields in entries:
-                positions[text(stream)] = entry_id
-                try:
-                    batch.append(decode(fields, MonitorRecord))
-                except DecodeError:
-                    continue
-        for record in sorted(batch, key=lambda r: r.ts) if len(response) > 1 else batch:
+            positions[text(stream)] = entries[-1][0]
+            batch += _decoded(entries)
+        for record in sorted(batch, key=lambda r: r.ts):
             yield record
 
 
@@ -69,18 +67,33 @@ async def recent_events(client: aredis.Redis, keys: Keys, count: int = 10_000) -
     """The newest `count` records (of every event shard), oldest first."""
     records = []
     for stream in keys.event_streams:
-        entries: Any = await client.xrevrange(stream, count=count)
-        records += _decoded(reversed(entries))
-    if keys.shards == 1:
-        return records
+        records += await _newest(client, stream, count)
     return sorted(records, key=lambda r: r.ts)[-count:]
+
+
+async def _newest(client: aredis.Redis, stream: str, count: int) -> list[MonitorRecord]:
+    """At least the newest `count` records of one stream (all it has when fewer), read
+    backwards a page of entries at a time."""
+    pages: list[list[MonitorRecord]] = []
+    found, before = 0, "+"
+    while found < count:
+        entries: Any = await client.xrevrange(stream, max=before, count=RECENT_PAGE)
+        if not entries:
+            break
+        page = _decoded(reversed(entries))
+        pages.append(page)
+        found += len(page)
+        if len(entries) < RECENT_PAGE:
+            break
+        before = f"({text(entries[-1][0])}"
+    return [record for page in reversed(pages) for record in page]
 
 
 def _decoded(entries: Any) -> list[MonitorRecord]:
     records = []
     for _entry_id, fields in entries:
         try:
-            records.append(decode(fields, MonitorRecord))
+            records += monitor_records(fields)
         except DecodeError:
             continue
     return records

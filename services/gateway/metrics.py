@@ -7,7 +7,7 @@ Three sources:
   that arrive mid-stream), latency, time to the first streamed chunk, disconnects;
 - **the `events` stream** (`hookbus_stage_*`, `hookbus_hop*`, `hookbus_agent_*`): a
   background task follows the monitor firehose from the moment the gateway started and
-  turns each MonitorRecord into histogram observations - lifecycle stages per lifecycle
+  turns each MonitorRecord (entries hold batches of them, hookbus.bus.events) into histogram observations - lifecycle stages per lifecycle
   and per hook group (`group="local"` for in-process hooks), hops per worker group, and
   whole requests as the orchestrators saw them. These describe the whole bus, not just this
   gateway's requests: with several gateways, aggregate them with `max`, not `sum`;
@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hookbus.bus.cluster import latest_ids, xread_streams
 from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.envelopes import DecodeError, MonitorRecord, decode
+from hookbus.bus.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.redis_values import text_or_none
 from hookbus.bus.registry import REPLICA_TTL
@@ -270,14 +270,15 @@ class EventsFollower:
                 await asyncio.sleep(1.0)
                 continue
             for stream, entries in response:
-                for entry_id, fields in entries:
-                    positions[str(text_or_none(stream))] = entry_id
+                positions[str(text_or_none(stream))] = entries[-1][0]
+                for _entry_id, fields in entries:
                     try:
-                        record = decode(fields, MonitorRecord)
+                        records = monitor_records(fields)
                     except DecodeError:
                         continue
-                    self._metrics.events_read.inc()
-                    self._metrics.observe_record(record)
+                    self._metrics.events_read.inc(len(records))
+                    for record in records:
+                        self._metrics.observe_record(record)
 
 
 class MetricsMiddleware:

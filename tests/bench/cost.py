@@ -179,14 +179,14 @@ async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
 
 async def hops_of(client, prefix: str, completion_ids: set[str]) -> Counter[str]:  # type: ignore[no-untyped-def]
     """Hops per lifecycle of these requests, from the workers' monitor records."""
-    from hookbus.bus.envelopes import MonitorRecord, decode
+    from hookbus.bus.envelopes import monitor_records
     from hookbus.bus.keys import Keys
 
     hops: Counter[str] = Counter()
     for _, fields in await client.xrange(Keys(prefix).events):
-        record = decode(fields, MonitorRecord)
-        if record.kind == "hop" and record.completion_id in completion_ids:
-            hops[record.lifecycle] += 1
+        for record in monitor_records(fields):
+            if record.kind == "hop" and record.completion_id in completion_ids:
+                hops[record.lifecycle] += 1
     return hops
 
 

@@ -40,7 +40,8 @@ def test_the_asyncapi_document_describes_every_stream_with_its_envelope():
     assert set(payload("hooks:{group}")["properties"]) == set(HopEvent.model_fields)
     assert payload("responses")["title"] == "ResponseItem"
     assert payload("replies")["title"] == "HopReply"
-    assert payload("events")["title"] == "MonitorRecord"
+    assert payload("events")["title"] == "MonitorBatch"
+    assert "MonitorRecord" in schemas
     assert "reason" in payload("dead-letter")["properties"]
     assert "EmptyPayload" not in schemas
     # every $ref resolves inside the document
