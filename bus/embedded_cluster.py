@@ -135,19 +135,24 @@ class EmbeddedCluster:
             except redis.RedisError:
                 return False
         expected_replicas = self.replicas_wanted * self.masters_wanted
-        if expected_replicas and not self._replicas_synced():
+        if expected_replicas and not self._replicas_synced(expected_replicas):
             return False
         return len({tuple(v) for v in views}) == 1
 
-    def _replicas_synced(self) -> bool:
+    def _replicas_synced(self, expected: int) -> bool:
+        """Every replica a replica already (a node told to replicate may still say master)
+        and linked to its master."""
+        replicas = 0
         for port, server in self.servers.items():
             if not server.running:
                 continue
             with self.client(port) as node:
                 info = node.info("replication")
-                if info.get("role") == "slave" and info.get("master_link_status") != "up":
-                    return False
-        return True
+                if info.get("role") == "slave":
+                    if info.get("master_link_status") != "up":
+                        return False
+                    replicas += 1
+        return replicas >= expected
 
     def _knows_all(self, port: int) -> bool:
         with self.client(port) as node:

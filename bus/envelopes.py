@@ -11,6 +11,17 @@ only the routing fields (its `data` is absent and its `ctx` is `{}`). A reply ca
 only when the hooks changed the data, so a hook that only looks costs no data on the way
 back. Tool and compaction hops, and all other envelopes, are version 1 (everything in
 `e`); HopEvent and HopReply decode both versions.
+
+A batched on_chunk hop (`HopEvent.chunks` > 0, version 2) carries several chunks of one
+stream in one hop: `d` is a JSON array of that many on_chunk HookData in the model's
+order, `full_content` only on the first (each next one's is the previous one's plus its
+own `content`: the worker rebuilds it, so a batch does not carry the text so far once per
+chunk). The worker runs the chain over them one after another, so every hook sees the
+state the previous chunk left. Its reply says how many it ran (`processed`: all of them,
+unless a HookError stopped the chain at the last one) and, when any changed, has `d` as a
+JSON array with one item per processed chunk: the changed HookData, or null for a chunk
+the hooks left unchanged. A worker of an older build answers a batch with a failure, so
+upgrade workers before orchestrators.
 """
 
 from __future__ import annotations
@@ -108,6 +119,9 @@ class HopEvent(Envelope):
     trace: TraceCarrier | None = Field(
         default=None, description="W3C trace context of the orchestrator's hop span (absent when not traced)."
     )
+    chunks: int = Field(
+        default=0, ge=0, description="A batched on_chunk hop: how many chunks `d` holds (0: one stage's data)."
+    )
 
 
 class HookTiming(BaseModel):
@@ -139,6 +153,9 @@ class HopReply(Envelope):
     outcomes: list[HookTiming] = Field(default_factory=list)
     failure: str | None = Field(default=None, description="Why the hop as a whole failed.")
     duration_ms: float = 0.0
+    processed: int = Field(
+        default=0, ge=0, description="A batched on_chunk hop: the chunks the chain ran over."
+    )
 
     @property
     def data_json(self) -> bytes | None:

@@ -36,7 +36,7 @@ from hookbus.services import tracing
 from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
-from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
+from hookbus.services.orchestrator.chunk_pipeline import ChunkIn, stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.instructions import with_instructions
@@ -60,6 +60,11 @@ ROUND_CAP_NOTE = (
 )
 DEADLINE_SLACK = 0.05
 """A cancellation this close to the deadline is the deadline's (timers fire a little early)."""
+DEFAULT_CHUNK_BATCH = 64
+"""Chunks one on_chunk hop carries at most: big enough that a fast model's stream costs a
+few hops, small enough that one hop's entry stays a few tens of kB."""
+
+
 class Agent:
     """An agent: a model, instructions, skills; `run` or `run_stream` one request at a time or many.
 
@@ -71,11 +76,11 @@ class Agent:
     them), `pinned_settings` the values a client cannot change (they replace the client's);
     see hookbus.skills.model_settings for which call each field applies to.
 
-    `chunk_window`: how many on_chunk hops of one request may be in flight at once when
-    every on_chunk hook is remote (hookbus.services.orchestrator.chunk_pipeline). 1 (the
-    default) sends them one at a time: pipelining is opt-in (`Agent(..., chunk_window=64)`)
-    until it has a longer record (a shutdown stall seen with it came from redis-py
-    swallowing a cancel, now handled).
+    `chunk_batch`: at most how many streamed chunks one on_chunk hop carries when the
+    stage's hooks all live in one worker group (hookbus.services.orchestrator.
+    chunk_pipeline: each hop takes the chunks that arrived while the previous one was in
+    flight; hooks see exactly what one hop per chunk would show them). 1 sends one hop
+    per chunk.
     """
 
     def __init__(
@@ -88,14 +93,14 @@ class Agent:
         max_tool_rounds: int = 50,
         runtime: Runtime | None = None,
         compaction_policy: CompactionPolicy | None = None,
-        chunk_window: int = 1,
+        chunk_batch: int = DEFAULT_CHUNK_BATCH,
         model_settings: ModelSettings | dict[str, Any] | None = None,
         pinned_settings: ModelSettings | dict[str, Any] | None = None,
     ) -> None:
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
-        if chunk_window < 1:
-            raise ValueError("chunk_window must be >= 1")
+        if chunk_batch < 1:
+            raise ValueError("chunk_batch must be >= 1")
         self.name = name
         self.llm = llm or LLM()
         self.model = model or get_settings().model or "offline"
@@ -104,7 +109,7 @@ class Agent:
         self.pinned_settings = as_model_settings(pinned_settings) or ModelSettings()
         self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
         self._compactor = Compactor(self.llm, self.model, self.skills, compaction_policy)
-        self._chunk_window = chunk_window
+        self._chunk_batch = chunk_batch
         self.max_tool_rounds = max_tool_rounds
         self.runtime: Runtime = runtime or LocalRuntime()
         self._local_hooks = [h for skill in self.skills for h in skill.bound_hooks()]
@@ -200,9 +205,9 @@ class Agent:
     # ---------------------------------------------------------------- compaction
 
     @property
-    def chunk_window(self) -> int:
-        """On_chunk hops of one request in flight at once (set when the agent is built)."""
-        return self._chunk_window
+    def chunk_batch(self) -> int:
+        """At most how many chunks one on_chunk hop carries (set when the agent is built)."""
+        return self._chunk_batch
 
     @property
     def compaction_policy(self) -> CompactionPolicy:
@@ -425,10 +430,10 @@ class Agent:
         settings: ModelSettings,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One streamed LLM call; every chunk goes through on_chunk before the client sees it
-        (pipelined when every on_chunk hook is remote and `chunk_window` > 1)."""
+        (batched when the stage is one remote segment and `chunk_batch` > 1)."""
         chunks = stream_chunks(
             state, self.llm.stream(self.model, messages, tools, settings), self.model,
-            self._on_chunk, self._chunk_window,
+            self._on_chunk, self._on_chunks, self._chunk_batch,
         )
         async with contextlib.aclosing(chunks) as visible:
             async for chunk in visible:
@@ -441,9 +446,28 @@ class Agent:
             lifecycle="on_chunk", chunk=chunk, content=content, chunk_index=index, full_content=full
         )
         data = await self._stage(state, data, f"on_chunk#{index}")
-        if data.chunk is not None and data.content != content and data.chunk.choices:
-            data.chunk.choices[0].delta.content = data.content
-        return data.chunk
+        return _visible_chunk(data, content)
+
+    async def _on_chunks(
+        self, state: RunState, chunks: Sequence[ChunkIn]
+    ) -> tuple[list[ChatCompletionChunk | None], HookError | None]:
+        """Several chunks through the one remote on_chunk segment in one hop."""
+        (segment,) = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+        data = [
+            HookData.model_construct(
+                lifecycle="on_chunk", chunk=c.chunk, content=c.content, chunk_index=c.index, full_content=c.full
+            )
+            for c in chunks
+        ]
+        with tracing.stage_span("on_chunk", f"on_chunk#{chunks[0].index}"):
+            started = time.perf_counter()
+            result = await self.runtime.hop_chunks(segment, data, state.ctx)
+            self.runtime.record_stage(
+                state.completion_id, "on_chunk", segment.group, result.outcomes,
+                (time.perf_counter() - started) * 1000,
+            )
+        shown = result.data[:-1] if result.abort is not None else result.data
+        return [_visible_chunk(d, c.content) for d, c in zip(shown, chunks, strict=False)], result.abort
 
     async def _after_llm_call(self, state: RunState, iteration: int) -> dict[str, Any]:
         response = state.last_response
@@ -682,6 +706,13 @@ class Agent:
                 "usage": state.usage.model_dump() if state.usage else None,
             }
         )
+
+
+def _visible_chunk(data: HookData, content: str) -> ChatCompletionChunk | None:
+    """The chunk the client gets after on_chunk: hooks that changed `content` change its text."""
+    if data.chunk is not None and data.content != content and data.chunk.choices:
+        data.chunk.choices[0].delta.content = data.content
+    return data.chunk
 
 
 def _round_cap_message() -> dict[str, Any]:

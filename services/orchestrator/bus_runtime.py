@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
 
+from hookbus.bus.chunk_batch import dump_chunks, load_results
 from hookbus.bus.envelopes import (
     COMPACTION_LIFECYCLE,
     HookRef,
@@ -31,11 +32,14 @@ from hookbus.bus.router import HopTimeout, ReplyRouter
 from hookbus.bus.sessions import SessionStore
 from hookbus.services import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
+from hookbus.services.orchestrator.runtime import ChunkBatchResult
 from hookbus.skills import Context, HookData, HookError
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
 
 log = structlog.get_logger("hookbus.bus_runtime")
+
+R = TypeVar("R")
 
 DEFAULT_HOP_TIMEOUT = 30.0
 HOP_GRACE = 0.25
@@ -93,36 +97,58 @@ class BusRuntime:
     async def hop(
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
     ) -> ChainResult:
+        # the split format: data and context dumped once each, straight to JSON
+        return await self._hook_hop(
+            segment, ctx, data.lifecycle, stage_key, data.model_dump_json().encode(),
+            self._segment_timeout(segment),
+            apply=lambda reply: self._apply(reply, data, ctx),
+            fail=lambda reason, outcome: _unanswered(segment, data, reason, outcome),
+        )
+
+    async def hop_chunks(self, segment: Segment, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
+        """One hop for several chunks (hookbus.bus.chunk_batch); its timeout allows every
+        chunk its hooks' timeouts, as one hop per chunk would."""
+        return await self._hook_hop(
+            segment, ctx, "on_chunk", f"on_chunk#{chunks[0].chunk_index}", dump_chunks(chunks),
+            self._segment_timeout(segment) * len(chunks), count=len(chunks),
+            apply=lambda reply: self._apply_chunks(reply, chunks, ctx),
+            fail=lambda reason, outcome: _batch_unanswered(segment, chunks, reason, outcome),
+        )
+
+    async def _hook_hop(
+        self, segment: Segment, ctx: Context, lifecycle: str, stage_key: str, data_json: bytes,
+        timeout: float, *, apply: Callable[[HopReply], R], fail: Callable[[str, Outcome], R], count: int = 0,
+    ) -> R:
+        """Send a hook hop (split format) and wait for its reply: `apply` makes the
+        result of a usable reply, `fail` the one of a hop nobody answered usably."""
         group = segment.group
         assert group is not None
-        keys = [h.key for h in segment.hooks]
         if not self.registry.is_live(group):
-            return _unanswered(segment, data, f"no live replica in worker group {group!r}", Outcome.SKIPPED)
-        timeout = self._segment_timeout(segment)
+            return fail(f"no live replica in worker group {group!r}", Outcome.SKIPPED)
         event = HopEvent(
             hop_id=uuid.uuid4().hex,
             completion_id=ctx.completion_id,
-            lifecycle=data.lifecycle,
+            lifecycle=lifecycle,
             stage_key=stage_key,
             hooks=[HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks],
             ctx={},
             reply_to=self.router.reply_stream,
             deadline=time.time() + timeout,
             epoch=self.epoch,
+            chunks=count,
         )
-        # the split format: data and context dumped once each, straight to JSON
-        split = (data.model_dump_json().encode(), ctx.model_dump_json().encode())
+        keys = [h.key for h in segment.hooks]
         try:
-            reply = await self._call(group, event, timeout + HOP_GRACE, keys, split)
+            reply = await self._call(group, event, timeout + HOP_GRACE, keys, (data_json, ctx.model_dump_json().encode()))
         except HopTimeout as exc:
-            return _unanswered(segment, data, str(exc), Outcome.TIMEOUT)
+            return fail(str(exc), Outcome.TIMEOUT)
         if reply.failure:
-            return _unanswered(segment, data, f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED)
+            return fail(f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED)
         try:
-            return self._apply(reply, data, ctx)
+            return apply(reply)
         except (ValidationError, ValueError, KeyError) as exc:
             log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
-            return _unanswered(segment, data, f"reply in the wrong shape: {exc}", Outcome.HOP_FAILED)
+            return fail(f"reply in the wrong shape: {exc}", Outcome.HOP_FAILED)
 
     async def _call(
         self, group: str, event: HopEvent, timeout: float, hooks: Sequence[str],
@@ -155,14 +181,21 @@ class BusRuntime:
             new_data = data
         if new_data.lifecycle != data.lifecycle:
             raise ValueError(f"reply is for {new_data.lifecycle}, not {data.lifecycle}")
-        ctx.state = reply.state
-        ctx.session.data = reply.session
-        return ChainResult(
-            new_data,
-            [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes],
-            HookError.from_dict(reply.abort) if reply.abort else None,
-            reply.blocked,
-        )
+        return ChainResult(new_data, *_taken(reply, ctx), reply.blocked)
+
+    def _apply_chunks(self, reply: HopReply, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
+        """The batch reply's data: a chunk whose result is null (or a reply without data)
+        keeps the caller's own HookData."""
+        processed = reply.processed
+        if not 0 < processed <= len(chunks) or (processed < len(chunks) and reply.abort is None):
+            raise ValueError(f"reply ran {processed} of {len(chunks)} chunks")
+        results = load_results(reply.data_json) if reply.data_json is not None else [None] * processed
+        if len(results) != processed:
+            raise ValueError(f"reply has {len(results)} results for {processed} chunks")
+        data = [r if r is not None else c for r, c in zip(results, chunks, strict=False)]
+        if any(d.lifecycle != "on_chunk" for d in data):
+            raise ValueError("reply is not for on_chunk")
+        return ChunkBatchResult(data, *_taken(reply, ctx))
 
     def _segment_timeout(self, segment: Segment) -> float:
         return sum(h.timeout or self.default_timeout for h in segment.hooks)
@@ -287,5 +320,21 @@ class BusRuntime:
         )
 
 
+def _taken(reply: HopReply, ctx: Context) -> tuple[list[HookOutcome], HookError | None]:
+    """A usable reply's state and session into `ctx`; its outcomes and abort."""
+    ctx.state = reply.state
+    ctx.session.data = reply.session
+    outcomes = [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes]
+    return outcomes, HookError.from_dict(reply.abort) if reply.abort else None
+
+
 def _unanswered(segment: Segment, data: HookData, reason: str, outcome: Outcome) -> ChainResult:
     return fail_unanswered(data, [h.descriptor for h in segment.hooks], reason, outcome)
+
+
+def _batch_unanswered(segment: Segment, chunks: Sequence[HookData], reason: str, outcome: Outcome) -> ChunkBatchResult:
+    """The failure rules once for the batch: every chunk unchanged, or the run aborted
+    at the first chunk (a critical hook)."""
+    failed = _unanswered(segment, chunks[0], reason, outcome)
+    kept = [failed.data] if failed.abort is not None else list(chunks)
+    return ChunkBatchResult(kept, failed.outcomes, failed.abort)

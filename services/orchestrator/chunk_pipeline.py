@@ -1,22 +1,15 @@
-"""A streamed LLM call's chunks through `on_chunk`, in the model's order, optionally pipelined.
+"""A streamed LLM call's chunks through `on_chunk`, in the model's order, batched.
 
-Every chunk goes through the on_chunk hooks before the client sees it. When every on_chunk
-segment is remote (a worker group) and the agent's `chunk_window` is above 1, the chunks
-are pipelined: chunk i+1 is sent to the hooks before chunk i's reply is back (up to
-`chunk_window` chunks of this request in flight), and the client still gets the results
-strictly in the model's order. Each chunk's hooks run on a snapshot of `ctx.state` /
-`ctx.session.data` taken when it was sent, so the pipeline is only kept while on_chunk
-hooks leave them unchanged: the first reply that changes them is applied, the chunks sent
-after it (which saw the old state) are sent again, one at a time, and the rest of the call
-runs sequentially as with in-process hooks. The first chunk always goes alone, so hooks
-that keep per-request state on every chunk (the built-in ContentFilter, Analytics) are
-detected on chunk 0 and run strictly sequentially from the start. The catch: a hook that
-starts writing `ctx.state` only at a later chunk may already have been called for up to
-`chunk_window - 1` following chunks with the older state; those calls are discarded and
-made again, so such a hook's side effects outside `ctx` can happen twice for them. A
-HookError on chunk i ends the stream at chunk i (the results of later chunks already sent
-are dropped). In-process on_chunk hooks (or a chain mixing both) are always called one
-chunk at a time.
+Every chunk goes through the on_chunk hooks before the client sees it. When the stage is
+one remote segment (its hooks all in one worker group), the chunks are batched
+adaptively: a task reads the model's stream while the hooks work, and each hop carries
+every chunk that arrived while the previous hop was in flight (up to `batch`; the first
+hop leaves as soon as the first chunk is there, with whatever came with it). The worker runs the chain over the batch's chunks one after
+another, so each hook sees the state the previous chunk left: the same calls, in the
+same order, with the same data as one hop per chunk, only fewer hops. Nothing is
+speculative. A HookError on a chunk ends the stream there: the chunks before it reach
+the client, the rest are dropped. In-process hooks, or a chain over several segments
+(whose hooks of different places would interleave per chunk), run one chunk at a time.
 """
 
 from __future__ import annotations
@@ -24,33 +17,34 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from openai.types.chat import ChatCompletionChunk
 
 from hookbus.services.orchestrator.assemble import ChunkAssembler
 from hookbus.services.orchestrator.run_state import RunState
-from hookbus.skills import Context
+from hookbus.skills import HookError
 
 OnChunk = Callable[[RunState, ChatCompletionChunk, str, int, str], Awaitable[ChatCompletionChunk | None]]
 """Runs one chunk through the on_chunk stage: (state, chunk, content, index, full_content)."""
 
 
-@dataclass
-class _ChunkHop:
-    """One pipelined on_chunk hop: its inputs, the state it was sent with, its future."""
+@dataclass(frozen=True, slots=True)
+class ChunkIn:
+    """One chunk from the model, as the on_chunk stage gets it."""
 
     chunk: ChatCompletionChunk
     content: str
     index: int
     full: str
-    state: dict[str, Any]
-    session: dict[str, Any]
-    future: asyncio.Future[ChatCompletionChunk | None] | None = None
-    ctx: Context | None = None
+
+
+OnChunks = Callable[
+    [RunState, Sequence[ChunkIn]], Awaitable[tuple[list[ChatCompletionChunk | None], HookError | None]]
+]
+"""Runs several chunks through a one-segment remote on_chunk stage in one hop: the
+visible result of each chunk before the HookError that stopped the chain, and that error."""
 
 
 async def stream_chunks(
@@ -58,13 +52,14 @@ async def stream_chunks(
     source: AsyncGenerator[ChatCompletionChunk, None],
     model: str,
     on_chunk: OnChunk,
-    chunk_window: int,
+    on_chunks: OnChunks,
+    batch: int,
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
     """The chunks of `source` (one LLM stream) as the client sees them; sets
     `state.last_response` to the assembled completion at the end."""
     segments = state.plan.segments("on_chunk", state.ctx.auth.scopes)
-    if segments and chunk_window > 1 and all(s.group is not None for s in segments):
-        chunks = _pipelined(state, source, model, on_chunk, chunk_window)
+    if batch > 1 and len(segments) == 1 and segments[0].group is not None:
+        chunks = _batched(state, source, model, on_chunks, batch)
     else:
         chunks = _sequential(state, source, model, on_chunk if segments else None)
     async with contextlib.aclosing(chunks) as visible_chunks:
@@ -118,101 +113,66 @@ async def _sequential(
     state.last_response = assembly.assembler.completion()
 
 
-async def _pipelined(
+async def _batched(
     state: RunState,
     source: AsyncGenerator[ChatCompletionChunk, None],
     model: str,
-    on_chunk: OnChunk,
-    window: int,
+    on_chunks: OnChunks,
+    batch: int,
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
-    """A producer task reads the model's stream and sends each chunk's hop at once (up to
-    `window` unsettled); this generator settles them in order and yields each as soon as
-    it and every earlier one is back."""
+    """A reader task takes the model's chunks as they come (holding at most `2 * batch`
+    unsent); this generator sends what has gathered, one hop at a time, and yields the
+    results in order."""
     assembly = _Assembly(state.completion_id, model)
-    ctx = state.ctx
-    pending: collections.deque[_ChunkHop] = collections.deque()
-    wake, room, first_settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    sequential = False
+    waiting: collections.deque[ChunkIn] = collections.deque()
+    arrived, room = asyncio.Event(), asyncio.Event()
     finished = False
     failure: BaseException | None = None
 
-    def send(chunk: ChatCompletionChunk, content: str, index: int, full: str) -> _ChunkHop:
-        hop = _ChunkHop(chunk, content, index, full, ctx.state, ctx.session.data)
-        if not sequential:
-            # the hop's own Context: its reply rebinds this copy's state/session, not ctx's
-            own = ctx.model_copy(update={"session": ctx.session.model_copy()})
-            hop.ctx = own
-            hop.future = asyncio.ensure_future(
-                on_chunk(dataclasses.replace(state, ctx=own), chunk, content, index, full)
-            )
-        return hop
-
-    async def produce() -> None:
+    async def read() -> None:
         nonlocal finished, failure
         try:
             async with contextlib.aclosing(source) as stream:
                 async for chunk in stream:
                     content, full = assembly.take_in(chunk)
-                    index = state.chunks_seen
+                    waiting.append(ChunkIn(chunk, content, state.chunks_seen, full))
                     state.chunks_seen += 1
-                    pending.append(send(chunk, content, index, full))
-                    wake.set()
-                    if index == 0:  # the first chunk goes alone: it tells whether hooks keep state
-                        await first_settled.wait()
-                    while len(pending) >= window:
+                    arrived.set()
+                    await asyncio.sleep(0)  # chunks the client buffered come one by one: a waiting hop leaves at once
+                    while len(waiting) >= 2 * batch:
                         room.clear()
                         await room.wait()
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
             failure = exc
         finally:
             finished = True
-            wake.set()
+            arrived.set()
 
-    async def settle(hop: _ChunkHop) -> ChatCompletionChunk | None:
-        """Chunk `hop`'s result, in order; sent again alone if it ran on an old state."""
-        nonlocal sequential
-        if hop.future is None or hop.ctx is None:
-            return await on_chunk(state, hop.chunk, hop.content, hop.index, hop.full)
-        if hop.state is not ctx.state or hop.session is not ctx.session.data:
-            hop.future.cancel()
-            return await on_chunk(state, hop.chunk, hop.content, hop.index, hop.full)
-        visible = await hop.future
-        own = hop.ctx
-        if own.state != ctx.state or own.session.data != ctx.session.data:
-            ctx.state = own.state
-            ctx.session.data = own.session.data
-            sequential = True  # hooks keep state: no more speculation in this call
-        return visible
-
-    producer = asyncio.ensure_future(produce())
+    reader = asyncio.ensure_future(read())
     try:
         while True:
-            if not pending:
+            if not waiting:
                 if finished:
                     break
-                wake.clear()
-                await wake.wait()
+                arrived.clear()
+                await arrived.wait()
                 continue
-            hop = pending.popleft()
+            taken = [waiting.popleft() for _ in range(min(batch, len(waiting)))]
             room.set()
-            try:
-                visible = await settle(hop)
-            finally:
-                if hop.index == 0:
-                    first_settled.set()
-            if assembly.send_out(visible):
-                assert visible is not None
-                yield visible
+            visible, abort = await on_chunks(state, taken)
+            for shown in visible:
+                if assembly.send_out(shown):
+                    assert shown is not None
+                    yield shown
+            if abort is not None:
+                raise abort
         if failure is not None:
             raise failure
     finally:
-        if not producer.done():
-            producer.cancel()
+        if not reader.done():
+            reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await producer
-        for hop in pending:
-            if hop.future is not None:
-                hop.future.cancel()
+                await reader
     state.last_response = assembly.assembler.completion()
 
 

@@ -10,17 +10,29 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
-from hookbus.skills import Context, HookData
+from hookbus.skills import Context, HookData, HookError
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import ChainResult, HookOutcome
 
 log = structlog.get_logger("hookbus.runtime")
+
+
+@dataclass(slots=True)
+class ChunkBatchResult:
+    """A remote on_chunk segment run over several chunks in one hop: the data of each
+    chunk the chain ran over, in order (fewer than sent only when `abort` stopped it at
+    the last one), and one outcome per hook for the whole batch."""
+
+    data: list[HookData]
+    outcomes: list[HookOutcome] = field(default_factory=list)
+    abort: HookError | None = None
 
 
 class Runtime(Protocol):
@@ -35,6 +47,9 @@ class Runtime(Protocol):
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
     ) -> ChainResult:
         """Run a remote segment in its worker group and bring back the result."""
+
+    async def hop_chunks(self, segment: Segment, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
+        """Run a remote on_chunk segment over `chunks` (in the model's order) in one hop."""
 
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str: ...
 
@@ -84,6 +99,9 @@ class LocalRuntime:
     async def hop(
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
     ) -> ChainResult:
+        raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")
+
+    async def hop_chunks(self, segment: Segment, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
         raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")
 
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from hookbus.bus.chunk_batch import dump_results, load_chunks
 from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
 from hookbus.bus.registry import GroupAnnouncement
 from hookbus.services import tracing
@@ -80,16 +81,25 @@ class GroupHost:
         reply.duration_ms = (time.perf_counter() - started) * 1000
         return reply
 
-    async def _run_hooks(
-        self, event: HopEvent, ctx: Context, attempt: int, reply: HopReply,
-        data_json: bytes | None = None, split: bool = False,
-    ) -> None:
+    def _bound(self, event: HopEvent) -> list[BoundHook]:
         bound = []
         for ref in event.hooks:
             hook = self.hooks.get(ref.key)
             if hook is None:
                 raise UnknownHook(f"group {self.group!r} has no hook {ref.key!r}")
             bound.append(hook)
+        return bound
+
+    async def _run_hooks(
+        self, event: HopEvent, ctx: Context, attempt: int, reply: HopReply,
+        data_json: bytes | None = None, split: bool = False,
+    ) -> None:
+        bound = self._bound(event)
+        if event.chunks:
+            if not split or data_json is None:
+                raise ValueError("a batched on_chunk hop needs its chunks in the 'd' field")
+            await self._run_chunks(bound, load_chunks(data_json), ctx, attempt, reply)
+            return
         if split:
             data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=event.lifecycle)
         else:
@@ -109,6 +119,35 @@ class GroupHost:
             HookTiming(hook=o.hook, duration_ms=o.duration_ms, outcome=o.outcome, error=o.error)
             for o in result.outcomes
         ]
+
+    async def _run_chunks(
+        self, bound: list[BoundHook], chunks: list[HookData], ctx: Context, attempt: int, reply: HopReply
+    ) -> None:
+        """The chain over each chunk in turn (each sees the state the previous one left),
+        up to a HookError; per hook, the reply's outcome sums its calls' time and keeps
+        its first failure."""
+        results: list[bytes | None] = []
+        timings: dict[str, HookTiming] = {}
+        for chunk in chunks:
+            before = chunk.model_dump_json().encode()
+            result = await run_hooks(
+                bound, chunk, ctx, stage_key=f"on_chunk#{chunk.chunk_index}", attempt=attempt,
+                observe=tracing.hook_observer(),
+            )
+            after = result.data.model_dump_json().encode()
+            results.append(after if after != before else None)
+            for o in result.outcomes:
+                timing = timings.setdefault(o.hook, HookTiming(hook=o.hook, duration_ms=0.0, outcome=o.outcome))
+                timing.duration_ms += o.duration_ms
+                if timing.error is None and o.error is not None:
+                    timing.outcome, timing.error = o.outcome, o.error
+            if result.abort is not None:
+                reply.abort = result.abort.to_dict()
+                break
+        reply.processed = len(results)
+        if any(r is not None for r in results):
+            reply.data_json = dump_results(results)
+        reply.outcomes = list(timings.values())
 
     async def _on_compaction(self, event: HopEvent, reply: HopReply) -> None:
         """Call `on_compaction(outcome, ctx)` of each named skill through the runner's

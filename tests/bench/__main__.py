@@ -2,14 +2,12 @@
 
     python -m tests.bench                    # everything (about 6-8 minutes on 2 cores)
     python -m tests.bench hop peer           # some of them
-    python -m tests.bench --no-experiments   # the benches of issue 7 only
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
-Benches: hop, cost, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster; one experiment,
-fixes-streaming (on_chunk pipelining on and off, with the production Agent). The other
-experiments were removed once their fixes were in production; RESULTS.md keeps their
-figures.
+Benches: hop, cost, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster.
+The experiments (copies of production code with one change each) were removed once their
+fixes were in production; RESULTS.md keeps their figures.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
 embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
 """
@@ -49,7 +47,6 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         tokens,
         tracing,
     )
-    from tests.bench.experiments import streaming_matrix
 
     return {
         "hop": _with_redis(hop.measure),
@@ -62,7 +59,6 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         "tokens": tokens.measure,
         "tracing": _with_redis(tracing.measure),
         "cluster": cluster.measure,
-        "fixes-streaming": _with_redis(streaming_matrix.measure),
     }
 
 
@@ -87,11 +83,10 @@ def machine() -> str:
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
     parser.add_argument("names", nargs="*", help="benches to run (default: all)")
-    parser.add_argument("--no-experiments", action="store_true", help="skip the fixes-* experiments")
     parser.add_argument("--markdown", default=None, help="also write the machine and the table to this file")
     args = parser.parse_args(argv)
     available = benches()
-    names = args.names or [n for n in available if not (args.no_experiments and n.startswith("fixes"))]
+    names = args.names or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:
         parser.error(f"unknown bench(es) {unknown}; choose from {list(available)}")

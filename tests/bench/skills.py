@@ -129,13 +129,13 @@ STREAM_PROMPT = "[[words:500]]"
 
 
 def stream_agent() -> Agent:
-    """The streaming bench measures the opt-in pipelining of remote on_chunk hops."""
-    return Agent("bench-stream", chunk_window=64)
+    """The default: remote on_chunk hops batched (Agent.chunk_batch)."""
+    return Agent("bench-stream")
 
 
 def sequential_stream_agent() -> Agent:
-    """The default: one on_chunk hop of a request in flight at a time."""
-    return Agent("bench-stream-sequential")
+    """One on_chunk hop per chunk (`chunk_batch=1`), the baseline of batching."""
+    return Agent("bench-stream-sequential", chunk_batch=1)
 
 
 # --------------------------------------------------------------------------- scale-out

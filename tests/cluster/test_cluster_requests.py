@@ -54,7 +54,7 @@ async def test_requests_of_every_kind_are_answered_on_a_cluster(redis_cluster: E
     # finalize ran exactly once for every request, the cancelled one with its 499
     assert len(ledger.finalized) == 24 + 6 + 1 + 1 == len({cid for cid, _ in ledger.finalized})
     assert dict(ledger.finalized)[request.completion_id] == 499
-    assert sum(w.processed for w in workers) >= 24 * 5
+    assert sum(w.processed for w in workers) >= 24  # at least one on_chunk hop per stream
     # the requests were spread over the shards (completion ids are random)
     assert len({client.keys.shard_of(cid) for cid, _ in ledger.finalized}) >= 8
 

