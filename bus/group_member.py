@@ -3,16 +3,17 @@ and every worker replica (group `{group}` on `hooks:{group}`) are: the four back
 loops that keep a group healthy, written once.
 
 - **heartbeat** (every `heartbeat_every(claim_idle)`): `beat()` writes this consumer's
-  heartbeat; a slow or missed one marks the connection unsteady. A consumer that writes
-  its heartbeat elsewhere (an orchestrator, on its liveness thread, bus/liveness.py)
-  passes no `beat` and reports each heartbeat to `steadiness.heartbeat_ok`.
+  heartbeat; a slow or missed one marks the connection unsteady.
 - **claim** (every `claim_idle / 2`, only while steady): the orphans of the group
   (hookbus.bus.claims) are claimed, as many as this consumer has room for, and each one is
   handed to `take_over` as a task of its own.
 - **lease** (every `claim_idle / 3`): `renew()` keeps the claims on what this consumer runs
-  fresh, so a sibling never takes over a long-running entry of a live consumer (no `renew`:
-  renewed elsewhere, as an orchestrator's liveness thread does).
+  fresh, so a sibling never takes over a long-running entry of a live consumer.
 - **janitor** (every `trim_every`): `tidy()` trims the stream and forgets old consumers.
+
+The heartbeat and the lease run as tasks on the event loop (a worker replica), or, given
+`on_thread` (an orchestrator, whose loop one large request may keep busy), on a liveness
+thread with its own connection (bus/liveness.py), so a busy loop is not taken for dead.
 
 What each service does in `beat`, `renew`, `tidy` and `take_over` is its own (a worker
 renews with XCLAIM JUSTID, an orchestrator through its fenced journal); when to stop which
@@ -24,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import redis
 import redis.asyncio as aredis
 
 from hookbus.bus.claims import (
@@ -38,10 +40,22 @@ from hookbus.bus.claims import (
     find_orphans,
     heartbeat_every,
 )
+from hookbus.bus.liveness import Job, LivenessThread
 from hookbus.bus.periodic import cancel_and_wait, repeat
 from hookbus.bus.registry import HEARTBEAT_EVERY
 
 Loop = Literal["heartbeat", "claim", "lease", "janitor"]
+
+
+@dataclass(frozen=True)
+class OnThread:
+    """The heartbeat and the lease renewal as blocking calls, each given the liveness
+    thread's own client; `name` names the thread."""
+
+    redis_url: str
+    name: str
+    beat: Callable[[redis.Redis], Any]
+    renew: Callable[[redis.Redis], Any]
 
 
 class GroupMember:
@@ -57,10 +71,13 @@ class GroupMember:
         take_over: Callable[[Claimed], Awaitable[Any]],
         beat: Callable[[], Awaitable[Any]] | None = None,
         renew: Callable[[], Awaitable[Any]] | None = None,
+        on_thread: OnThread | None = None,
         streams: Sequence[str] = (),
     ) -> None:
         """`rules` name the first shard; `streams` every shard of the stream (default:
-        `rules.stream` alone); `busy()` the (shard, entry id) pairs this consumer runs."""
+        `rules.stream` alone); `busy()` the (shard, entry id) pairs this consumer runs.
+        The heartbeat and the lease: `beat` and `renew` on the event loop, or `on_thread`."""
+        assert (beat is None and renew is None) or on_thread is None, "beat and renew: on the loop or on a thread"
         self.rules = rules
         self.streams = list(streams) or [rules.stream]
         self.steadiness = Steadiness(rules.claim_idle)
@@ -73,6 +90,8 @@ class GroupMember:
         self._renew = renew
         self._tidy = tidy
         self._take_over = take_over
+        self._on_thread = on_thread
+        self._thread: LivenessThread | None = None
         self._started_at = time.monotonic()
         self._loops: dict[Loop, asyncio.Task[None]] = {}
         self.taken: set[asyncio.Task[Any]] = set()
@@ -93,21 +112,40 @@ class GroupMember:
                 repeat(self._trim_every, self._tidy, what="janitor"), name="hookbus-janitor"
             ),
         }
+        beat_every, lease_every = heartbeat_every(claim_idle, HEARTBEAT_EVERY), claim_idle / 3
         if self._beat is not None:
             self._loops["heartbeat"] = asyncio.create_task(
-                repeat(heartbeat_every(claim_idle, HEARTBEAT_EVERY), self.heartbeat_once, what="heartbeat",
-                       on_trouble=self.steadiness.trouble),
+                repeat(beat_every, self.heartbeat_once, what="heartbeat", on_trouble=self.steadiness.trouble),
                 name="hookbus-heartbeat",
             )
         if self._renew is not None:
             self._loops["lease"] = asyncio.create_task(
-                repeat(claim_idle / 3, self._renew, what="lease_renewal"), name="hookbus-lease"
+                repeat(lease_every, self._renew, what="lease_renewal"), name="hookbus-lease"
             )
+        if self._on_thread is not None:
+            on_thread = self._on_thread
+
+            def beat(client: redis.Redis) -> None:
+                began = time.monotonic()
+                on_thread.beat(client)
+                self.steadiness.heartbeat_ok(began)
+
+            self._thread = LivenessThread(
+                on_thread.redis_url,
+                [Job("heartbeat", beat_every, beat), Job("lease_renewal", lease_every, on_thread.renew)],
+                name=on_thread.name, on_trouble=self.steadiness.trouble,
+            )
+            self._thread.start()
 
     async def stop(self, *loops: Loop) -> None:
-        """Stop these loops (all of them when none is named)."""
-        names = loops or tuple(self._loops)
+        """Stop these loops (all of them when none is named; the liveness thread, which
+        runs both, with the heartbeat or the lease)."""
+        names: tuple[Loop, ...] = loops or ("heartbeat", "claim", "lease", "janitor")
         await cancel_and_wait(*(self._loops.pop(name, None) for name in names))
+        thread = self._thread
+        if thread is not None and ("heartbeat" in names or "lease" in names):
+            self._thread = None
+            await thread.stop()
 
     async def wait_taken(self, timeout: float) -> None:
         """Let the claimed entries still running finish, for up to `timeout` seconds."""

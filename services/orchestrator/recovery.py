@@ -2,9 +2,11 @@
 renewing the lease on the requests this one runs, and the `requests` janitor.
 
 The loops are the ones every consumer-group member runs (hookbus.bus.group_member, shared
-with the worker replicas); the heartbeat and the lease renewal run on the orchestrator's
-liveness thread (bus/liveness.py) instead of its event loop. What an orchestrator does in
+with the worker replicas); the heartbeat and the lease renewal run on the member's
+liveness thread (bus/liveness.py) instead of the event loop. What an orchestrator does in
 them:
+
+- **heartbeat**: its instance's score in `orchestrators` is the time of its last beat.
 
 - **claims** (every `claim_idle / 2` s): pending `requests` entries whose orchestrator is
   dead (no heartbeat for `claim_idle` s), or idle far too long, are claimed (see
@@ -41,7 +43,7 @@ from hookbus.bus.claims import Claimed, OrphanRules
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import add_dead_letter
 from hookbus.bus.envelopes import RequestEnvelope
-from hookbus.bus.group_member import GroupMember
+from hookbus.bus.group_member import GroupMember, OnThread
 from hookbus.bus.journal import Journal, Lease, Leases
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.redis_values import text
@@ -56,6 +58,7 @@ class RecoveryHost(Protocol):
     """What recovery needs of the orchestrator service: its settings, its run table, and
     the three steps of a request (admit, refuse, execute)."""
 
+    redis_url: str
     keys: Keys
     instance: str
     concurrency: int
@@ -86,9 +89,8 @@ class RecoveryHost(Protocol):
 
 
 class Recovery:
-    """The orchestrator as a member of group `orchestrators`: its claim and janitor loops
-    (hookbus.bus.group_member), its lease renewal (run by the liveness thread), and what it
-    does with a claimed request."""
+    """The orchestrator as a member of group `orchestrators` (hookbus.bus.group_member):
+    its heartbeat, claims, leases and janitor, and what it does with a claimed request."""
 
     def __init__(self, service: RecoveryHost) -> None:
         self.service = service
@@ -102,6 +104,9 @@ class Recovery:
             client=lambda: service.client, concurrency=service.concurrency,
             trim_every=service.trim_every, busy=lambda: service.runs,
             tidy=self.janitor_once, take_over=self._take_over, streams=keys.request_streams,
+            on_thread=OnThread(
+                service.redis_url, f"hookbus-liveness-{service.instance}", self.beat, self.renew_once
+            ),
         )
         self.recovered = 0
         self.resumed = 0
@@ -112,7 +117,7 @@ class Recovery:
         return self.member.claimed
 
     def start(self) -> None:
-        """The claim and janitor loops, on this event loop."""
+        """The claim and janitor loops on this event loop, the liveness thread beside it."""
         self._loop = asyncio.get_running_loop()
         self.member.start()
 
@@ -188,7 +193,11 @@ class Recovery:
         log.error("request_given_up", completion_id=request.completion_id, attempt=entry.attempt)
         await service.execute(run, request, "end", first_seq=-1, error=error)
 
-    # ------------------------------------------------------------------ leases
+    # ------------------------------------------------------ heartbeat, leases
+
+    def beat(self, client: redis.Redis) -> None:
+        """On the liveness thread (bus/liveness.py), so a busy loop is not taken for dead."""
+        client.zadd(self.service.keys.orchestrators, {self.service.instance: time.time()})
 
     def renew_once(self, client: redis.Redis) -> None:
         """On the liveness thread (bus/liveness.py): a busy event loop does not stop it.

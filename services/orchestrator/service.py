@@ -38,14 +38,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import redis
 import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
-from hookbus.bus.claims import heartbeat_every
 from hookbus.bus.cluster import forget_topology, in_order, keys_for, ready
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
@@ -69,10 +67,9 @@ from hookbus.bus.events import EventWriter
 from hookbus.bus.journal import Begun, Journal
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
-from hookbus.bus.liveness import Job, LivenessThread
 from hookbus.bus.periodic import cancel_and_wait
 from hookbus.bus.redis_values import text
-from hookbus.bus.registry import HEARTBEAT_EVERY, RegistryView
+from hookbus.bus.registry import RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from hookbus.bus.router import ReplyRouter
 from hookbus.bus.sessions import SessionStore
@@ -149,7 +146,6 @@ class OrchestratorService(BusApp):
         self.journal: Journal | None = None
         self.recovery = Recovery(self)
         self._tasks: list[asyncio.Task[Any]] = []
-        self.liveness: LivenessThread | None = None
         self.runs = RunTable()
         self.served = 0
         self.fenced = 0
@@ -216,17 +212,6 @@ class OrchestratorService(BusApp):
         self.agent.runtime = self.runtime
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self.recovery.start()
-        steadiness = self.recovery.member.steadiness
-        self.liveness = LivenessThread(
-            self.redis_url,
-            [
-                Job("heartbeat", heartbeat_every(self.claim_idle, HEARTBEAT_EVERY), self._heartbeat),
-                Job("lease_renewal", self.claim_idle / 3, self.recovery.renew_once),
-            ],
-            name=f"hookbus-liveness-{self.instance}",
-            on_trouble=steadiness.trouble,
-        )
-        self.liveness.start()
         self._tasks = [asyncio.create_task(self._cancel_listener(), name="hookbus-cancel")]
         self._run_slots = asyncio.Semaphore(self.concurrency)
         self._reader = ShardedGroupReader(
@@ -272,8 +257,6 @@ class OrchestratorService(BusApp):
         await self.recovery.stop()
         await cancel_and_wait(*self._tasks)
         self._tasks = []
-        if self.liveness is not None:
-            await self.liveness.stop()
         if self.runtime is not None:
             await self.runtime.router.stop()
             await self.runtime.registry.stop()
@@ -282,12 +265,6 @@ class OrchestratorService(BusApp):
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await self._client.zrem(self.keys.orchestrators, self.instance)
         log.info("orchestrator_stopped", instance=self.instance, served=self.served)
-
-    def _heartbeat(self, client: redis.Redis) -> None:
-        """On the liveness thread (bus/liveness.py), so a busy loop is not taken for dead."""
-        began = time.monotonic()
-        client.zadd(self.keys.orchestrators, {self.instance: time.time()})
-        self.recovery.member.steadiness.heartbeat_ok(began)
 
     # ------------------------------------------------------------ one request
 

@@ -1,15 +1,16 @@
 """The consumer-group member the orchestrator and every worker replica share: over real
 Redis, it takes over what a dead consumer left pending, and leaves alone what a live one
-holds."""
+holds; on a liveness thread, its heartbeat and leases go on while the event loop is held."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import redis.asyncio as aredis
 
 from hookbus.bus.claims import Claimed, OrphanRules
-from hookbus.bus.group_member import GroupMember
+from hookbus.bus.group_member import GroupMember, OnThread
 from tests.waiting import wait_for
 
 CLAIM_IDLE = 0.3
@@ -58,3 +59,39 @@ async def test_a_member_takes_over_a_dead_consumers_entry_and_not_a_live_ones(re
 
 async def _value(items: list[Claimed]) -> list[Claimed]:
     return items
+
+
+async def test_on_a_thread_the_heartbeat_and_leases_go_on_while_the_event_loop_is_held(redis_url, prefix):
+    client = aredis.Redis.from_url(redis_url)
+    stream, beats = f"{prefix}work", f"{prefix}beats"
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    renewals: list[float] = []
+
+    def beat(sync) -> None:
+        sync.zadd(beats, {"me": time.time()})
+
+    def renew(sync) -> None:
+        renewals.append(time.time())
+
+    async def nothing() -> None:
+        return None
+
+    member = GroupMember(
+        OrphanRules(stream, "g", "me", beats, CLAIM_IDLE),
+        client=lambda: client, concurrency=4, trim_every=60.0, busy=lambda: set(),
+        tidy=nothing, take_over=lambda entry: nothing(),
+        on_thread=OnThread(redis_url, "test-liveness", beat, renew),
+    )
+    try:
+        member.start()
+        held_from = time.time()
+        time.sleep(1.0)  # noqa: ASYNC251 - the point: the event loop is held, as a large request can
+        score = await client.zscore(beats, "me")
+        assert score is not None and score > held_from + 0.5
+        assert len([t for t in renewals if t > held_from + 0.5]) >= 2  # every claim_idle / 3 = 0.1 s
+    finally:
+        await member.stop()
+    stopped = len(renewals)
+    await asyncio.sleep(0.5)  # a "nothing more happens" check: stopped, the thread renews no more
+    await client.aclose()
+    assert len(renewals) == stopped
