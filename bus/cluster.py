@@ -160,12 +160,6 @@ async def in_order(
     return results
 
 
-async def primary_nodes(client: RedisCluster) -> Sequence[Any]:
-    """The cluster's masters, as the client knows them now."""
-    await client.initialize()
-    return client.get_primaries()
-
-
 def _without_password(url: str) -> str:
     head, at, tail = url.rpartition("@")
     return f"{head.split('//')[0]}//***@{tail}" if at else url

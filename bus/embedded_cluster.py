@@ -236,14 +236,6 @@ class EmbeddedCluster:
             target.close()
         return moved
 
-    def command_counts(self) -> dict[int, int]:
-        """Commands each live master processed so far (INFO stats)."""
-        counts = {}
-        for port in self.master_ports():
-            with self.client(port) as node:
-                counts[port] = int(node.info("stats")["total_commands_processed"])
-        return counts
-
     # ----------------------------------------------------------------- teardown
 
     def cleanup(self) -> None:
