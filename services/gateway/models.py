@@ -7,15 +7,22 @@ assistant `tool_calls`, and the sampling fields in OpenAI's ranges (temperature 
 is OpenAI's 400; `n` > 1 is a 400 saying why).
 
 `tools` are the client's own tools (hookbus.services.orchestrator.client_tools); the
-sampling and format fields (hookbus.skills.model_settings) reach the LLM calls.
+sampling and format fields (hookbus.skills.model_settings) reach the LLM calls. An
+`allowed_tools` tool_choice is narrowed to the plain forms first
+(hookbus.services.gateway.allowed_tools).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hookbus.services.gateway.allowed_tools import (
+    is_allowed_tools,
+    narrow_allowed_tools,
+    parse_allowed_tools,
+)
 from hookbus.services.openai_wire import Message, StreamOptions, tool_pairing_problem
 from hookbus.skills.model_settings import ModelSettings
 
@@ -60,6 +67,18 @@ class ChatCompletionRequest(ModelSettings):
     metadata: dict[str, str] | None = Field(
         default=None, description="Extra keys for ctx.metadata (reserved keys are ignored)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _allowed_tools_narrowed(cls, document: Any) -> Any:
+        return narrow_allowed_tools(document) if isinstance(document, dict) else document
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _allowed_tools_well_formed(cls, choice: Any) -> Any:
+        if is_allowed_tools(choice):  # still here: malformed, so not narrowed
+            parse_allowed_tools(choice)
+        return choice
 
     @field_validator("messages")
     @classmethod

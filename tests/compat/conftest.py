@@ -47,6 +47,8 @@ TOOL_CHOICE_CASES = pytest.mark.parametrize(
     [
         ({"tool_choice": {"type": "function", "function": {"name": "other"}}}, ["other"]),
         ({"tool_choice": "none"}, []),
+        ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "required", "tools": [{"type": "function", "function": {"name": "other"}}]}}}, ["other"]),
         ({}, ["lookup", "lookup"]),
         ({"parallel_tool_calls": False}, ["lookup"]),
     ],

@@ -178,7 +178,8 @@ async def test_parallel_tool_calls_false_gets_one_call(offline_gateway):
 @pytest.mark.parametrize(
     ("field", "value", "param"),
     [("temperature", 5, "temperature"), ("n", 0, "n"), ("top_p", 2, "top_p"), ("stop", ["a"] * 5, "stop"),
-     ("response_format", {"type": "xml"}, "response_format"), ("tool_choice", "sometimes", "tool_choice")],
+     ("response_format", {"type": "xml"}, "response_format"), ("tool_choice", "sometimes", "tool_choice"),
+     ("tool_choice", {"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": []}}, "tool_choice")],
 )
 async def test_invalid_values_get_openais_400(offline_gateway, field, value, param):
     async with client_for(offline_gateway) as client:
