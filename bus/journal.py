@@ -97,7 +97,8 @@ local written = tonumber(j[2] or '0')
 local first = tonumber(ARGV[3])
 if first >= 0 and written ~= first then return written end
 for i = 5, #ARGV do redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+-- the TTL is set by the first batch and renewed by `finish`, not once per batch
+if written == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 written = written + #ARGV - 4
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'written', written, 'stage', ARGV[4])

@@ -1,7 +1,8 @@
 """Bench: what one streamed request costs, summed over every process (issue 14).
 
 The demo-like request: an openai client streams "Look it up. [[tool:lookup ...]]" through
-a real `hookbus gateway`; the orchestrator's offline model calls the in-process tool
+a real `hookbus gateway`; the offline model (an HTTP server in the bench's own process,
+as the LLM provider is elsewhere: not counted) calls the orchestrator's in-process tool
 `lookup` once, then answers in 20 text chunks. Two worker groups: `policy` has a no-op
 hook on every lifecycle (on_chunk included), `audit` one on on_connection,
 before_toolcall and finalize_connection (tests.bench.skills: CostPolicy, CostAudit).
@@ -117,8 +118,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def start_stack(procs: Processes, redis_url: str, prefix: str) -> tuple[str, dict[str, int]]:
-    """The four service processes; returns the gateway's base URL and the pids by name."""
+async def start_stack(procs: Processes, redis_url: str, prefix: str, model_url: str) -> tuple[str, dict[str, int]]:
+    """The four service processes, the orchestrator's model at `model_url`; returns the
+    gateway's base URL and the pids by name."""
     from hookbus.bus.keys import Keys
     from tests.bench.full import wait_for_orchestrator
 
@@ -127,7 +129,11 @@ async def start_stack(procs: Processes, redis_url: str, prefix: str) -> tuple[st
         "worker-audit": procs.worker(redis_url, prefix, "audit", ["tests.bench.skills:CostAudit"], concurrency=32).pid,
     }
     await wait_for_replicas(redis_url, prefix, {"policy": 1, "audit": 1}, procs)
-    pids["orchestrator"] = procs.orchestrator(redis_url, prefix, "tests.bench.skills:cost_agent").pid
+    orchestrator = procs.spawn(
+        [PYTHON, "-m", "hookbus.services.cli", "orchestrator", "--agent", "tests.bench.skills:cost_agent"],
+        bench_env(redis_url, prefix, OPENAI_BASE_URL=model_url, OPENAI_API_KEY="bench"), "orchestrator",
+    )
+    pids["orchestrator"] = orchestrator.pid
     port = free_port()
     gateway = procs.spawn(
         [PYTHON, "-m", "hookbus.services.cli", "gateway", "--port", str(port)],
@@ -200,43 +206,52 @@ class CostResult:
 
 
 async def run_cost(redis_url: str) -> CostResult:
+    from hookbus.services.testing.offline_server import OfflineModelServer
+
+    # the model runs in this process (a thread), as an LLM provider would run elsewhere:
+    # its CPU is not the services'
+    with OfflineModelServer() as model:
+        async with processes() as procs:
+            prefix = new_prefix("cost")
+            base, pids = await start_stack(procs, redis_url, prefix, model.base_url)
+            return await _measure_stack(redis_url, prefix, base, pids)
+
+
+async def _measure_stack(redis_url: str, prefix: str, base: str, pids: dict[str, int]) -> CostResult:
     import openai
 
     from hookbus.bus.connection import connect
 
-    prefix = new_prefix("cost")
     redis = connect(redis_url)
-    async with processes() as procs:
-        base, pids = await start_stack(procs, redis_url, prefix)
-        client = openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0)
-        try:
-            for _ in range(3):
+    client = openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0)
+    try:
+        for _ in range(3):
+            await one_request(client)
+        await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
+        before = await snapshot(redis, pids)
+        await asyncio.sleep(IDLE_SECONDS)
+        idle = (await snapshot(redis, pids)).minus(before)
+        requests = scaled(SEQUENTIAL)
+        before = await snapshot(redis, pids)
+        ids = {await one_request(client) for _ in range(requests)}
+        await asyncio.sleep(0.3)  # the last request's records, acks and finalize writes
+        window = (await snapshot(redis, pids)).minus(before)
+        window.at -= 0.3
+        cost = per_request(window, idle, requests)
+        hops = await hops_of(redis, prefix, ids)
+        parallel = scaled(PARALLEL_REQUESTS)
+        began = time.perf_counter()
+        queue = iter(range(parallel))
+
+        async def drive() -> None:
+            for _ in queue:
                 await one_request(client)
-            await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
-            before = await snapshot(redis, pids)
-            await asyncio.sleep(IDLE_SECONDS)
-            idle = (await snapshot(redis, pids)).minus(before)
-            requests = scaled(SEQUENTIAL)
-            before = await snapshot(redis, pids)
-            ids = {await one_request(client) for _ in range(requests)}
-            await asyncio.sleep(0.3)  # the last request's records, acks and finalize writes
-            window = (await snapshot(redis, pids)).minus(before)
-            window.at -= 0.3
-            cost = per_request(window, idle, requests)
-            hops = await hops_of(redis, prefix, ids)
-            parallel = scaled(PARALLEL_REQUESTS)
-            began = time.perf_counter()
-            queue = iter(range(parallel))
 
-            async def drive() -> None:
-                for _ in queue:
-                    await one_request(client)
-
-            await asyncio.gather(*(drive() for _ in range(PARALLEL)))
-            rate = parallel / (time.perf_counter() - began)
-        finally:
-            await client.close()
-            await redis.aclose()
+        await asyncio.gather(*(drive() for _ in range(PARALLEL)))
+        rate = parallel / (time.perf_counter() - began)
+    finally:
+        await client.close()
+        await redis.aclose()
     return CostResult(cost, idle, hops, requests, rate)
 
 
