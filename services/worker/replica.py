@@ -8,9 +8,10 @@
   entry; a Redis error makes it reconnect with backoff. FastStream still runs the app's
   lifecycle (signals, startup/shutdown hooks) and documents the stream (AsyncAPI);
 - reply first, then ack: the replies finished in one event-loop turn go out in one
-  pipelined round trip (their XADDs, then one XACK of all their ids); a failed batch
-  falls back to a per-hop reply + ack retried through a short Redis outage while the
-  hop's deadline allows;
+  pipelined round trip; the entries they answer are acked with the next such pipeline or
+  within ACK_DELAY on their own (ReplyBatcher), so a hop costs one round trip; a failed
+  batch falls back to a per-hop reply + ack retried through a short Redis outage while
+  the hop's deadline allows;
 - entries left pending by a dead sibling (no heartbeat for `claim_idle` seconds) are
   claimed once idle `claim_idle` seconds (bus/claims.py); hooks see the real delivery
   number as `ctx.call.attempt`; long hooks renew their claim every `claim_idle / 3`
@@ -81,23 +82,43 @@ log = structlog.get_logger("hookbus.worker")
 DRAIN_SECONDS = 30.0
 REPLY_RETRY_GRACE = 5.0
 READ_BLOCK_MS = 1000
+ACK_DELAY = 0.02
+"""How long an answered hop waits for its ack, so that the acks of all the hops answered
+meanwhile go in one XACK."""
 
 EntryRef = tuple[str, str]
 """(the shard stream an entry was read from, its entry id): ids repeat across shards."""
 
 
 class ReplyBatcher:
-    """Replies ready in one event-loop turn go out in one pipeline: their XADDs, then one
-    XACK of all their entry ids (reply before ack). `send` raises what the pipeline
-    raised (the caller then retries that hop alone), or, for a reply Redis refused (its
-    `reply_to` is a key of another type), that refusal for that reply alone: the replies
-    batched with it are sent."""
+    """Replies ready in one event-loop turn go out at once in one pipeline; the entries
+    they answer are acked later, all those answered within `ack_delay` seconds of the
+    oldest together (one XACK per stream, riding with the replies of that moment when
+    there are some): a steady flow of hops costs one command per hop, not a reply and
+    an ack.
 
-    def __init__(self, client: aredis.Redis, group: str) -> None:
-        self.client, self.group = client, group
+    Reply before ack: an entry is acked only once a pipeline confirmed its reply. A
+    replica killed in between leaves its answered entries pending: a sibling claims them
+    after `claim_idle` and runs the hops again; the callers' routers ignore the duplicate
+    replies (late replies). `close` sends the acks still owed (the drain on SIGTERM).
+
+    `send` returns once the reply is written, and raises what the pipeline raised (the
+    caller then retries that hop alone, ack included), or, for a reply Redis refused (its
+    `reply_to` is a key of another type), that refusal for that reply alone: the replies
+    batched with it are sent, and its entry is acked all the same."""
+
+    def __init__(self, client: aredis.Redis, group: str, *, ack_delay: float = ACK_DELAY) -> None:
+        self.client, self.group, self.ack_delay = client, group, ack_delay
         self._pending: list[tuple[str, Any, EntryRef, asyncio.Future[None]]] = []
+        self._unacked: dict[str, list[str]] = {}
+        """Entries whose replies were written, by stream, waiting for their ack."""
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._acks_due = False
+        self._closed = False
         self._flushing: set[asyncio.Task[None]] = set()
         self.batches = 0
+        self.acks_sent = 0
+        """XACK commands sent (one per stream per pipeline)."""
 
     async def send(self, reply_to: str, fields: Any, entry: EntryRef) -> None:
         loop = asyncio.get_running_loop()
@@ -107,30 +128,59 @@ class ReplyBatcher:
         self._pending.append((reply_to, fields, entry, future))
         await future
 
+    @property
+    def unacked(self) -> int:
+        return sum(len(ids) for ids in self._unacked.values())
+
+    async def close(self) -> None:
+        """Send every ack still owed (after the last reply was sent), once: what Redis
+        does not take then stays pending, for a sibling to claim."""
+        self._closed = self._acks_due = True
+        self._cancel_ack_timer()
+        while self._flushing:
+            await asyncio.wait(set(self._flushing))
+        if self._unacked:
+            await self._flush()
+
     def _start_flush(self) -> None:
         task = asyncio.ensure_future(self._flush())
         self._flushing.add(task)
         task.add_done_callback(self._flushing.discard)
 
+    def _send_acks(self) -> None:
+        self._ack_timer = None
+        self._acks_due = True
+        self._start_flush()
+
+    def _cancel_ack_timer(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+
+    def _owe_acks(self, entries: list[EntryRef]) -> None:
+        for stream, entry_id in entries:
+            self._unacked.setdefault(stream, []).append(entry_id)
+        if self._unacked and self._ack_timer is None and not self._closed:
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._send_acks)
+
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
-        if not batch:
+        acks: dict[str, list[str]] = {}
+        if self._acks_due:
+            acks, self._unacked, self._acks_due = self._unacked, {}, self._closed
+            self._cancel_ack_timer()
+        if not batch and not acks:
             return
-        by_stream: dict[str, list[str]] = {}
-        for _, _, (stream, entry_id), _ in batch:
-            by_stream.setdefault(stream, []).append(entry_id)
-
-        def replies(pipe: Any) -> None:
-            for reply_to, fields, _, _ in batch:
-                pipe.xadd(reply_to, fields)
-
-        def acks(pipe: Any) -> None:
-            for stream, entry_ids in by_stream.items():
-                pipe.xack(stream, self.group, *entry_ids)
-
         try:
-            results = await in_order(self.client, replies, acks, raise_on_error=False)
+            # one pipeline even on a cluster: every ack in it is of an earlier, confirmed reply
+            async with self.client.pipeline(transaction=False) as pipe:
+                for reply_to, fields, _, _ in batch:
+                    pipe.xadd(reply_to, fields)
+                for stream, entry_ids in acks.items():
+                    pipe.xack(stream, self.group, *entry_ids)
+                results = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+            self._owe_acks([(stream, i) for stream, ids in acks.items() for i in ids])  # XACK is idempotent
             for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
@@ -138,16 +188,20 @@ class ReplyBatcher:
                 raise
             return
         self.batches += 1
-        acked = dict(zip(by_stream, results[len(batch):], strict=True))
-        for (_, _, (stream, _), future), result in zip(batch, results, strict=False):
+        self.acks_sent += len(acks)
+        for stream, result in zip(acks, results[len(batch) :], strict=True):
+            if isinstance(result, Exception):  # the group or stream is gone: nothing left to ack
+                log.warning("ack_refused", stream=stream, error=str(result))
+        answered = []
+        for (_, _, entry, future), result in zip(batch, results, strict=False):
+            answered.append(entry)  # a refused reply is acked too: nobody can ever get it
             if future.done():
                 continue
-            ack = acked[stream]
-            problem = result if isinstance(result, Exception) else ack if isinstance(ack, Exception) else None
-            if problem is None:
-                future.set_result(None)
+            if isinstance(result, Exception):
+                future.set_exception(result)
             else:
-                future.set_exception(problem)
+                future.set_result(None)
+        self._owe_acks(answered)
 
 
 class WorkerReplica(BusApp):
@@ -162,6 +216,7 @@ class WorkerReplica(BusApp):
         claim_idle: float = WORKER_CLAIM_IDLE,
         max_deliveries: int = WORKER_MAX_DELIVERIES,
         trim_every: float = TRIM_EVERY,
+        ack_delay: float = ACK_DELAY,
     ) -> None:
         self.host = host
         self.group = host.group
@@ -173,6 +228,7 @@ class WorkerReplica(BusApp):
         self.claim_idle = claim_idle
         self.max_deliveries = max_deliveries
         self.trim_every = trim_every
+        self.ack_delay = ack_delay
         self._in_flight: dict[EntryRef, float] = {}
         self._hop_tasks: set[asyncio.Task[Any]] = set()
         self._reader: ShardedGroupReader | None = None
@@ -235,7 +291,7 @@ class WorkerReplica(BusApp):
         await announce(self._client, self.keys, self.host.announcement())
         await heartbeat(self._client, self.keys, self.group, self.replica)
         self.member.start()
-        self._batcher = ReplyBatcher(self._client, self.group)
+        self._batcher = ReplyBatcher(self._client, self.group, ack_delay=self.ack_delay)
         self._reader = ShardedGroupReader(
             self._redis_url, self.streams, self.group, self.replica,
             free=self._free, deliver=self._deliver, block_ms=READ_BLOCK_MS,
@@ -264,8 +320,12 @@ class WorkerReplica(BusApp):
             await reader.stop()
 
     async def _after_shutdown(self) -> None:
-        """After in-flight hops finished: stop renewing leases and flush events."""
+        """After in-flight hops finished: send the acks still owed, stop renewing leases
+        and flush events."""
         await self.member.wait_taken(DRAIN_SECONDS)
+        if self._batcher is not None:
+            with contextlib.suppress(*RECONNECT_ERRORS):  # unacked, they are run again by a sibling
+                await self._batcher.close()
         await self.member.stop()
         if self._events is not None:
             await self._events.stop()
@@ -304,8 +364,8 @@ class WorkerReplica(BusApp):
         self._record(event, reply, Outcome.HOP_FAILED if reply.failure else Outcome.OK, reply.failure)
 
     async def _reply(self, entry: EntryRef, event: HopEvent, reply: HopReply) -> None:
-        """Reply and ack (batched with the other replies of this loop turn); through an
-        outage, retry alone while the caller may still wait. Given up, the entry stays
+        """Reply (batched with the other replies of this loop turn; the ack follows, see
+        ReplyBatcher); through an outage, reply and ack alone while the caller may still wait. Given up, the entry stays
         pending (and expires when claimed again)."""
         client = self._client
         assert client is not None
@@ -318,7 +378,7 @@ class WorkerReplica(BusApp):
                 pass
             except ResponseError as exc:  # this reply_to cannot take a reply: nobody will get it
                 log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
-                return  # the batch acked its entry
+                return  # the batcher acks its entry
         backoff = 0.05
         while True:
             try:

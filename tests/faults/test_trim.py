@@ -72,6 +72,11 @@ async def test_after_a_run_the_streams_are_bounded_and_a_pending_hop_survives_th
         texts = await asyncio.gather(*(client.complete(f"[[words:12]] n{n}") for n in range(25)))
         assert all(t.choices[0].message.content for t in texts)
 
+        async def hops_acked() -> bool:  # a worker's acks follow its replies
+            return await pending(redis, keys.hooks("hold"), "hold") + await pending(redis, keys.hooks("shout"), "shout") == 0
+
+        assert await wait_for(hops_acked, timeout=5)
+
         # a request in flight: its hop is pending in "hold" while every janitor runs
         held = asyncio.create_task(client.complete("[[echo]] hold on"))
         assert await wait_for(lambda: pending(redis, keys.hooks("hold"), "hold"), timeout=5, every=0.01)
@@ -82,7 +87,7 @@ async def test_after_a_run_the_streams_are_bounded_and_a_pending_hop_survives_th
         assert [e for e, _ in await redis.xrange(keys.hooks("hold"))] == [entry["message_id"]]
         assert await redis.xlen(keys.requests) == 1  # the held request, not yet acked
         assert (await held).choices[0].message.content == "hold on"
-
+        assert await wait_for(hops_acked, timeout=5)
         for worker in workers:
             await worker.janitor_once()
         await services[0].recovery.janitor_once()

@@ -113,12 +113,14 @@ class Processes:
         self.procs: list[Proc] = []
         self._spawned: dict[str, int] = {}
 
-    def _spawn(self, role: str, name: str, group: str | None, args: Sequence[str]) -> Proc:
+    def _spawn(
+        self, role: str, name: str, group: str | None, args: Sequence[str], module: str = "hookbus.services.cli"
+    ) -> Proc:
         count = self._spawned.get(name, 0)
         self._spawned[name] = count + 1
         log_path = self.log_dir / (f"{name}.log" if not count else f"{name}.{count}.log")
         env = dict(self.env, HOOKBUS_TEST_NAME=name)
-        full = [sys.executable, "-m", "hookbus.services.cli", *args]
+        full = [sys.executable, "-m", module, *args]
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(full, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         proc = Proc(name, role, group, full, popen, log_path)
@@ -140,6 +142,10 @@ class Processes:
             "--max-deliveries", str(max_deliveries),
         ]
         return self._spawn("worker", replica, group, args)
+
+    def worker_module(self, module: str, *, group: str, replica: str) -> Proc:
+        """A worker replica that a test module builds itself (`python -m module`)."""
+        return self._spawn("worker", replica, group, [], module=module)
 
     def orchestrator(
         self,

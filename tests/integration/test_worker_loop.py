@@ -78,7 +78,10 @@ async def test_concurrency_bounds_prefetch_exactly_and_replies_are_batched(redis
         replies = await wait_for(all_replies, timeout=5) or []
         assert sorted(r.hop_id for r in replies) == [f"hop-{n}" for n in range(6)]
         assert not any(r.failure for r in replies)
-        assert (await client.xpending(keys.hooks("gated"), "gated"))["pending"] == 0
+        async def all_acked() -> bool:  # acks follow the replies (ReplyBatcher)
+            return int((await client.xpending(keys.hooks("gated"), "gated"))["pending"]) == 0
+
+        assert await wait_for(all_acked, timeout=5)
         assert worker._batcher is not None and worker._batcher.batches < 6  # two finished together
     finally:
         Gate.gate.set()
