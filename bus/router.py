@@ -1,6 +1,7 @@
 """Request/reply over Redis Streams: one reply stream per process, one reader task.
 
-A hop is XADD to the worker group's stream; the worker's reply lands on this process's
+A hop is XADD to the worker group's stream (the hops sent in one event-loop turn in one
+pipeline: hookbus.bus.appender); the worker's reply lands on this process's
 `replies:{instance}` stream, where a single reader resolves the waiting future by
 `hop_id`. That is one round trip each way and no per-call subscription, unlike a
 temporary reply channel per call. A reply that comes after its caller gave up is
@@ -16,6 +17,7 @@ from typing import Any
 import redis.asyncio as aredis
 import structlog
 
+from hookbus.bus.appender import StreamAppender
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
@@ -47,6 +49,7 @@ class ReplyRouter:
         """`reader` is a client without retries (hookbus.bus.connection.connect(url, retries=0));
         `dead_letter` the stream bad replies are copied to (None: only logged)."""
         self._client = client
+        self._appender = StreamAppender(client)
         self._reader_client = reader
         self.reply_stream = reply_stream
         self.dead_letter = dead_letter
@@ -88,7 +91,7 @@ class ReplyRouter:
         self._waiting[event.hop_id] = future
         try:
             try:
-                await self._client.xadd(stream, fields or encode(event))  # type: ignore[arg-type]
+                await self._appender.add(stream, fields or encode(event))
             except RECONNECT_ERRORS as exc:
                 raise HopUnsent(f"could not send to {stream}: {exc}") from exc
             return await asyncio.wait_for(future, timeout)
