@@ -142,6 +142,18 @@ async def test_a_client_tool_call_streams_as_deltas_and_its_result_continues_the
     assert answer.text == "The tool lookup returned: sunny"
 
 
+async def test_a_client_tool_call_in_a_json_answer_and_its_result_continue_the_turn(offline_gateway):
+    messages = [{"role": "user", "content": '[[tool:lookup {"q": "snow"}]]'}]
+    asked = (await post(offline_gateway, {"model": "offline", "messages": messages, "tools": [LOOKUP]})).json()
+    (choice,) = asked["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("lookup", {"q": "snow"})
+    messages += [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "deep"}]
+    answer = (await post(offline_gateway, {"model": "offline", "messages": messages, "tools": [LOOKUP]})).json()
+    assert answer["choices"][0]["message"]["content"] == "The tool lookup returned: deep"
+
+
 async def test_a_streamed_mixed_response_returns_the_client_call_and_keeps_the_server_result(offline_gateway):
     messages = [{"role": "user", "content": '[[tool:add {"a": 20, "b": 22}]] [[tool:lookup {"q": "x"}]]'}]
     asked = await stream(offline_gateway, {"model": "offline", "messages": messages, "tools": [LOOKUP]})
