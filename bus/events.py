@@ -37,7 +37,8 @@ log = structlog.get_logger("hookbus.events")
 
 EVENTS_MAXLEN = 100_000
 """About how many records the events streams keep, all shards together."""
-FLUSH_EVERY = 0.02
+FLUSH_EVERY = 0.1
+"""Records wait up to this long: fewer, larger entries (the monitor and metrics lag by as much)."""
 MAX_BUFFER = 50_000
 MAX_RECORDS_PER_ENTRY = 500
 """Bounds one entry (a backlog after an outage goes out in several)."""

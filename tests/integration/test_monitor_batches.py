@@ -12,7 +12,7 @@ from hookbus.bus.connection import connect
 from hookbus.bus.envelopes import MonitorRecord, encode, monitor_records
 from hookbus.bus.events import EventWriter
 from hookbus.bus.keys import Keys
-from hookbus.services.gateway.metrics import EventsFollower, GatewayMetrics
+from hookbus.services.gateway.metrics import FOLLOW_EVERY, EventsFollower, GatewayMetrics
 from hookbus.services.monitor import RECENT_PAGE, follow_events, read_status, recent_events
 from tests.waiting import wait_for
 
@@ -42,9 +42,9 @@ async def test_one_flush_is_one_entry_per_events_shard_holding_its_records_in_or
     emitted = [record(f"chatcmpl-{n % 7}", n) for n in range(40)]
     for one in emitted:
         writer.emit(one)
-    calls_before = await _xadd_calls(redis)
+    calls_before = await _calls(redis, "xadd")
     await writer.flush()
-    calls = await _xadd_calls(redis) - calls_before
+    calls = await _calls(redis, "xadd") - calls_before
     shards_used = {keys.events_for(r.completion_id) for r in emitted}
     assert calls == len(shards_used) > 1
     for stream in keys.event_streams:
@@ -53,10 +53,6 @@ async def test_one_flush_is_one_entry_per_events_shard_holding_its_records_in_or
         assert len(entries) == (1 if expected else 0)
         if expected:
             assert monitor_records(entries[0][1]) == expected
-
-
-async def _xadd_calls(redis) -> int:  # type: ignore[no-untyped-def]
-    return int((await redis.info("commandstats")).get("cmdstat_xadd", {}).get("calls", 0))
 
 
 async def test_the_monitor_reads_batches_and_one_record_entries_of_older_writers_in_time_order(redis, prefix):
@@ -159,3 +155,28 @@ async def test_the_events_cap_counts_records_whatever_the_batch_size(redis, pref
     stored = sum(len(monitor_records(fields)) for _, fields in await redis.xrange(keys.events))
     # approximate trimming removes whole stream nodes (100 entries): a little over the cap
     assert cap <= stored <= cap + 100 * per_flush
+
+
+async def test_the_gateway_metrics_read_the_entries_of_many_flushes_at_once(redis, reader, prefix):
+    keys = Keys(prefix)
+    metrics = GatewayMetrics()
+    follower = EventsFollower(reader, keys, metrics)
+    await follower.start()
+    flushes, every = 20, 0.025
+    try:
+        reads_before = await _calls(redis, "xread")
+        writer = EventWriter(redis, keys)
+        for n in range(flushes):  # a busy bus: a flush every 25 ms
+            writer.emit(record("chatcmpl-busy", n))
+            await writer.flush()
+            await asyncio.sleep(every)
+        assert await wait_for(lambda: _events_read(metrics, flushes), timeout=5)
+        reads = await _calls(redis, "xread") - reads_before
+    finally:
+        await reader.connection_pool.disconnect()
+        await follower.stop()
+    assert reads <= flushes * every / FOLLOW_EVERY + 3  # not one read per flush
+
+
+async def _calls(redis, command: str) -> int:  # type: ignore[no-untyped-def]
+    return int((await redis.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0))
