@@ -33,6 +33,7 @@ from hookbus.bus.cluster import latest_ids, xread_streams
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.periodic import cancel_and_wait
 from hookbus.bus.redis_values import text_or_none
 from hookbus.bus.registry import REPLICA_TTL
 from hookbus.skills import HookError
@@ -252,11 +253,9 @@ class EventsFollower:
         self._task = asyncio.create_task(self._loop(), name="hookbus-gateway-events")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Cancelled until it stops: redis-py can swallow one cancel landing in a read."""
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _position(self) -> None:
         """Start at the streams' current ends (what `$` means, fixed now so nothing is missed)."""
