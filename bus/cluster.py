@@ -9,7 +9,9 @@ is kept for the process. On a cluster:
   (connection refused, CLUSTERDOWN, a demoted master's READONLY) reloads the map and
   retries with backoff; what still fails after that is one of
   hookbus.bus.connection.RECONNECT_ERRORS, which every read loop answers with backoff;
-- the FastStream broker is `RedisClusterBroker`;
+  a connection that such a reload closed under a command is one of those too
+  (`ToleratingConnection`), on every client, FastStream's included;
+- the FastStream broker is its `RedisClusterBroker` (hookbus.bus.cluster_broker);
 - keys are hash-tagged and sharded (hookbus.bus.keys, hookbus.bus.shards);
 - a pipeline over keys of several slots runs one batch per node, concurrently, so two
   steps that must happen in order ("reply, then ack") go in two round trips
@@ -27,6 +29,7 @@ import redis
 import redis.asyncio as aredis
 import structlog
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from hookbus.bus.keys import Keys
@@ -85,36 +88,68 @@ def keys_for(url: str, prefix: str, *, shards: int | None = None) -> Keys:
     return Keys(prefix, shards=count, cluster=cluster)
 
 
-class TopologyTolerantCluster(RedisCluster):
-    """redis-py's asyncio cluster client, for a slot map that changes under load.
+def _closed(exc: AttributeError) -> RedisConnectionError:
+    # exactly ConnectionError: the cluster client retries only errors of the listed types
+    return RedisConnectionError(f"connection closed under the command by another task: {exc}")
+
+
+class ToleratingConnection(Connection):
+    """redis-py's asyncio connection, for a cluster whose slot map changes under load.
 
     When a slot migrates or a master fails over, redis-py (8.1) reloads its map and
-    closes connections that a concurrent command of the same client has already taken:
-    that command then fails inside redis-py with an AttributeError (a writer or reader of
-    None) instead of a connection error, and nothing retries it (seen in the slot
-    migration test: hops lost as 500s). Here that failure is what it is, a closed
-    connection, so the client's own retry reloads the map and sends the command again on
-    a fresh connection."""
+    closes connections that other tasks of the same client hold (`aclose()` on
+    CLUSTERDOWN and on every retried pipeline, `disconnect_free_connections()` racing a
+    task that just took one). The task that held it then writes to or reads from a
+    stream of None: an AttributeError, which no retry of redis-py's covers, so the
+    command is lost (seen as requests that never got finalize_connection in the
+    failover test). Here that failure is what it is, a closed connection: single
+    commands, scripts, pipelines and blocking reads alike see a ConnectionError, which
+    the cluster client retries after reloading the map (and a `retries=0` reader's own
+    loop backs off on)."""
 
-    async def _execute_command(self, target_node: Any, *args: Any, **kwargs: Any) -> Any:
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         try:
-            return await super()._execute_command(target_node, *args, **kwargs)
+            await super().send_packed_command(command, check_health)
+        except AttributeError as exc:  # redis-py already disconnected it (as on any error)
+            raise _closed(exc) from exc
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
         except AttributeError as exc:
-            self._initialize = True
-            raise RedisConnectionError(f"connection closed under a slot map change: {exc}") from exc
+            raise _closed(exc) from exc
+
+
+class ToleratingSSLConnection(ToleratingConnection, SSLConnection):
+    """The same over TLS (`rediss://`)."""
+
+
+def tolerate_closed_connections(client: RedisCluster) -> RedisCluster:
+    """Make `client`'s nodes, those it knows and those it will learn, open
+    ToleratingConnections. RedisCluster takes no connection class; redis-py itself
+    injects per-connection options this way after construction (maintenance
+    notifications). Call before the first command: connections already made keep their
+    class."""
+    options = client.nodes_manager.connection_kwargs
+    tls = issubclass(options.get("connection_class", Connection), SSLConnection)
+    tolerating = ToleratingSSLConnection if tls else ToleratingConnection
+    options["connection_class"] = tolerating
+    for node in (*client.nodes_manager.startup_nodes.values(), *client.nodes_manager.nodes_cache.values()):
+        node.connection_class = tolerating
+    return client
 
 
 def cluster_client(url: str, *, max_connections: int, retry: Any, retry_on_error: list[type[Exception]], **options: Any) -> RedisCluster:
     """A `RedisCluster` with the same retry and timeout options as single-Redis clients
     (`max_connections` is per node)."""
-    return TopologyTolerantCluster.from_url(
+    return tolerate_closed_connections(RedisCluster.from_url(
         url,
         max_connections=max_connections,
         retry=retry,
         retry_on_error=retry_on_error,
         require_full_coverage=False,  # a slot without a master fails alone, not every command
         **options,
-    )
+    ))
 
 
 async def ready(client: aredis.Redis | RedisCluster) -> None:

@@ -100,10 +100,13 @@ async def ensure_group(client: aredis.Redis, stream: str, group: str) -> None:
 
 
 def broker_class(url: str) -> type[RedisBroker]:
-    """FastStream's broker for the Redis at `url`: `RedisClusterBroker` on a cluster."""
-    from faststream.redis import RedisBroker, RedisClusterBroker
+    """FastStream's broker for the Redis at `url`: its `RedisClusterBroker` on a cluster,
+    with hookbus's cluster connections (hookbus.bus.cluster_broker)."""
+    from faststream.redis import RedisBroker
 
-    return RedisClusterBroker if is_cluster(url) else RedisBroker
+    from hookbus.bus.cluster_broker import ClusterBroker
+
+    return ClusterBroker if is_cluster(url) else RedisBroker
 
 
 def broker_retry() -> dict[str, Any]:
