@@ -22,6 +22,8 @@ from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, GATEWAY_STOPPED
 T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
+MAX_READY_FRAMES = 256
+"""Frames read ahead of a client that reads slowly, at most (then reading waits)."""
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -136,7 +138,40 @@ class SSEResponse(Response):
                 await asyncio.shield(self.on_gone(reason))
 
     async def _pump(self, send: Send) -> None:
+        """The frames that are ready together (the items of one read of the response
+        stream) go out as one body message: one socket write, not one per frame."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for frame in self.frames:
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        ready: list[bytes] = []
+        arrived, room = asyncio.Event(), asyncio.Event()
+        finished = False
+
+        async def read() -> None:
+            nonlocal finished
+            try:
+                async for frame in self.frames:
+                    ready.append(frame)
+                    arrived.set()
+                    while len(ready) >= MAX_READY_FRAMES:  # a slow client holds the reading back
+                        room.clear()
+                        await room.wait()
+            finally:
+                finished = True
+                arrived.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while not (finished and not ready):
+                await arrived.wait()
+                arrived.clear()
+                if ready:
+                    body = b"".join(ready)
+                    ready.clear()
+                    room.set()
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+            await reader  # what made the frames fail, if anything
+        finally:
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
         await send({"type": "http.response.body", "body": b"", "more_body": False})
