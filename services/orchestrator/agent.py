@@ -625,9 +625,16 @@ class Agent:
         """Whether this process may still finalize the request: an orchestrator that
         stalled and was fenced out (a peer claimed the request and finalized it) must not
         run finalize_connection again when it wakes. Asked of the runtime right before
-        finalize; in-process runs always own theirs."""
+        finalize; in-process runs always own theirs. A check that fails says yes:
+        finalize must run at least once (every write after it is fenced anyway)."""
         check = getattr(self.runtime, "still_owner", None)
-        return True if check is None else bool(await check(state.ctx))
+        if check is None:
+            return True
+        try:
+            return bool(await check(state.ctx))
+        except Exception:  # noqa: BLE001 - never the reason finalize is skipped
+            log.exception("ownership_check_failed", completion_id=state.completion_id)
+            return True
 
     # ---------------------------------------------------------------- machinery
 

@@ -13,6 +13,7 @@ import pytest
 
 from hookbus import Agent
 from hookbus.services.orchestrator.agent import ROUND_CAP_NOTE
+from hookbus.services.orchestrator.runtime import LocalRuntime
 from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
 from tests.waiting import wait_for
 
@@ -343,6 +344,21 @@ class Billing(Skill):
     @hook("on_connection", 2)
     async def never(self, data, ctx):
         raise AssertionError("must not run after a HookError")
+
+
+class BrokenOwnershipCheck(LocalRuntime):
+    """A runtime whose ownership check fails, as a Redis client's can mid-failover."""
+
+    async def still_owner(self, ctx: Context) -> bool:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+
+async def test_finalize_runs_when_the_ownership_check_itself_fails():
+    finalizer = Finalizer()
+    agent = Agent("owner", skills=[finalizer], runtime=BrokenOwnershipCheck())
+    completion = await agent.run("[[echo]] hello")
+    assert completion.choices[0].message.content == "hello"
+    assert finalizer.errors == [None]
 
 
 async def test_finalize_runs_once_when_a_402_aborts_before_any_llm_call():
