@@ -516,3 +516,14 @@ def quick() -> bool:
 
 def scaled(n: int) -> int:
     return max(1, n // 5) if quick() else n
+
+
+def run_alone(measure: Callable[[str], Awaitable[list[Row]]], title: str) -> None:
+    """A bench run by itself (`python -m tests.bench.NAME`): its own Redis, its table."""
+
+    async def main() -> None:
+        with bench_redis() as url:
+            rows = await measure(url)
+        print_rows(title, rows)
+
+    asyncio.run(main())

@@ -32,12 +32,11 @@ from tests.bench.common import (
     Processes,
     Row,
     bench_env,
-    bench_redis,
     cpu_seconds,
     new_prefix,
-    print_rows,
     processes,
     quiet_logs,
+    run_alone,
     scaled,
     wait_for_replicas,
 )
@@ -285,11 +284,5 @@ async def measure(redis_url: str) -> list[Row]:
     return report(await run_cost(redis_url))
 
 
-async def main() -> None:
-    with bench_redis() as url:
-        rows = await measure(url)
-    print_rows("cost", rows)
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure, "cost")

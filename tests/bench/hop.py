@@ -18,7 +18,6 @@ Run alone: `python -m tests.bench.hop`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -28,12 +27,11 @@ from tests.bench.common import (
     Row,
     alternate,
     bench_env,
-    bench_redis,
     bus_side,
     new_prefix,
-    print_rows,
     processes,
     quiet_logs,
+    run_alone,
     scaled,
     wait_for_replicas,
 )
@@ -165,12 +163,5 @@ async def measure(redis_url: str) -> list[Row]:
     return rows
 
 
-async def main() -> list[Row]:
-    with bench_redis() as url:
-        rows = await measure(url)
-    print_rows("hop floor", rows)
-    return rows
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure, "hop floor")

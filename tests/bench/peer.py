@@ -28,12 +28,11 @@ from tests.bench.common import (
     Row,
     Stats,
     bench_env,
-    bench_redis,
     bus_side,
     new_prefix,
-    print_rows,
     processes,
     quiet_logs,
+    run_alone,
     run_load,
     scaled,
     wait_for_replicas,
@@ -147,12 +146,5 @@ async def measure(redis_url: str) -> list[Row]:
     return rows
 
 
-async def main() -> list[Row]:
-    with bench_redis() as url:
-        rows = await measure(url)
-    print_rows("peer: FastStream request/reply", rows)
-    return rows
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure, "peer: FastStream request/reply")

@@ -12,21 +12,19 @@ Run alone: `python -m tests.bench.scaleout`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 
 from tests.bench import payloads
 from tests.bench.common import (
     Row,
-    bench_redis,
     bus_side,
     cpu_seconds,
     new_prefix,
-    print_rows,
     processes,
     quiet_logs,
     redis_pid,
+    run_alone,
     run_load,
     scaled,
     wait_for_replicas,
@@ -104,12 +102,5 @@ async def measure(redis_url: str, steps: Sequence[int] = STEPS, label: str = "ho
     return rows
 
 
-async def main() -> list[Row]:
-    with bench_redis() as url:
-        rows = await measure(url)
-    print_rows("scale-out", rows)
-    return rows
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure, "scale-out")

@@ -13,7 +13,6 @@ Run alone: `python -m tests.bench.streaming`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,11 +21,10 @@ from tests.bench.common import (
     PYTHON,
     Row,
     bench_env,
-    bench_redis,
     new_prefix,
-    print_rows,
     processes,
     quiet_logs,
+    run_alone,
     scaled,
     wait_for_replicas,
 )
@@ -127,12 +125,5 @@ async def measure(redis_url: str) -> list[Row]:
     return rows
 
 
-async def main() -> list[Row]:
-    with bench_redis() as url:
-        rows = await measure(url)
-    print_rows("streaming", rows)
-    return rows
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure, "streaming")

@@ -29,12 +29,11 @@ from tests.bench.common import (
     Row,
     alternate,
     bench_env,
-    bench_redis,
     bus_side,
     new_prefix,
-    print_rows,
     processes,
     quiet_logs,
+    run_alone,
     scaled,
     timeit_us,
     wait_for_replicas,
@@ -162,12 +161,5 @@ async def measure(redis_url: str) -> list[Row]:
     return rows
 
 
-async def main() -> list[Row]:
-    with bench_redis() as url:
-        rows = await measure(url)
-    print_rows("tracing", rows)
-    return rows
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_alone(measure, "tracing")

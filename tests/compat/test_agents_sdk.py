@@ -13,26 +13,11 @@ from agents import (
     ModelSettings,
     OpenAIChatCompletionsModel,
     Runner,
-    function_tool,
-    set_tracing_disabled,
 )
 
+from tests.agents_sdk_tool import LOOKED_UP, lookup
 from tests.compat import upstream as up
 from tests.compat.conftest import UPSTREAM_MODEL
-
-set_tracing_disabled(True)  # no network: the SDK's tracing exporter would try to reach OpenAI
-LOOKED_UP: list[str] = []
-
-
-@function_tool
-def lookup(q: str) -> str:
-    """Look something up.
-
-    Args:
-        q: What to look up.
-    """
-    LOOKED_UP.append(q)
-    return f"found {q}"
 
 
 def sdk_agent(gateway, model: str = "offline", tools=(), settings: ModelSettings | None = None) -> SdkAgent:

@@ -7,23 +7,10 @@ from __future__ import annotations
 import openai
 import pytest
 from agents import Agent as SdkAgent
-from agents import OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from agents import OpenAIResponsesModel, Runner
 
+from tests.agents_sdk_tool import LOOKED_UP, lookup
 from tests.gateway.conftest import KEY
-
-set_tracing_disabled(True)  # no network: the SDK's tracing exporter would try to reach OpenAI
-LOOKED_UP: list[str] = []
-
-
-@function_tool
-def lookup(q: str) -> str:
-    """Look something up.
-
-    Args:
-        q: What to look up.
-    """
-    LOOKED_UP.append(q)
-    return f"found {q}"
 
 
 def sdk_agent(gateway) -> SdkAgent:
