@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hookbus import Compaction
-from hookbus.skills import Context, HookData, Skill, hook, tool
-
-SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+from hookbus.skills import Context, HookData, Skill, hook
 
 
 class Ledger(Skill):
@@ -23,16 +19,6 @@ class Ledger(Skill):
         self.finalized.append((ctx.completion_id, data.error.status_code if data.error else None))
 
 
-class Notes(Skill):
-    name = "notes"
-
-    @tool
-    def remember(self, note: str, ctx: Context) -> str:
-        """Remember a note for this conversation."""
-        ctx.session.data.setdefault("notes", []).append(note)
-        return f"noted ({len(ctx.session.data['notes'])})"
-
-
 class RemoteCounter(Skill):
     """Hosted in a worker group: the ids of the compactions it was told about."""
 
@@ -43,13 +29,3 @@ class RemoteCounter(Skill):
 
     async def on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         self.calls.append(outcome.id)
-
-
-def conversation(turns: int, words: int = 60) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [dict(SYSTEM)]
-    for t in range(turns):
-        messages += [
-            {"role": "user", "content": f"Question {t}: " + " ".join(["alpha"] * words)},
-            {"role": "assistant", "content": f"Answer {t}: " + " ".join(["beta"] * words)},
-        ]
-    return messages

@@ -14,8 +14,9 @@ from hookbus import Agent, CompactionPolicy
 from hookbus.bus.embedded_cluster import EmbeddedCluster
 from hookbus.bus.shards import slot_of
 from hookbus.services.gateway.cancel import request_cancel
-from tests.cluster.skills import Ledger, Notes, RemoteCounter, conversation
-from tests.integration.stack import Upper, running_stack
+from tests.cluster.skills import Ledger, RemoteCounter
+from tests.conversations import conversation
+from tests.integration.stack import Notes, Upper, running_stack
 
 
 def commandstats(cluster: EmbeddedCluster) -> dict[int, dict[str, int]]:

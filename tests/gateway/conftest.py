@@ -20,9 +20,9 @@ from hookbus import Agent
 from hookbus.bus.keys import Keys
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.sessions import SessionStore
-from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook
 from tests.gateway.server import RunningGateway, running_gateway
-from tests.integration.stack import running_stack
+from tests.integration.stack import Notes, running_stack
 
 KEY = "sk-test-alice"
 BROKE_KEY = "sk-test-bob"
@@ -57,16 +57,6 @@ class Ledger(Skill):
             ctx.session.data["error"] = data.error.status_code if data.error else None
             ctx.session.data["peer"] = ctx.auth.peer_user_id
         return data
-
-
-class Notes(Skill):
-    name = "notes"
-
-    @tool
-    def remember(self, note: str, ctx: Context) -> str:
-        """Remember a note for this conversation."""
-        ctx.session.data.setdefault("notes", []).append(note)
-        return f"noted ({len(ctx.session.data['notes'])})"
 
 
 class Tripwire(Skill):

@@ -13,7 +13,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
-from hookbus.skills import Context, HookData, Skill, hook
+from hookbus.skills import Context, HookData, Skill, hook, tool
 from tests.waiting import wait_for
 
 
@@ -27,6 +27,16 @@ class Upper(Skill):
         if data.content:
             data.content = data.content.upper()
         return data
+
+
+class Notes(Skill):
+    name = "notes"
+
+    @tool
+    def remember(self, note: str, ctx: Context) -> str:
+        """Remember a note for this conversation."""
+        ctx.session.data.setdefault("notes", []).append(note)
+        return f"noted ({len(ctx.session.data['notes'])})"
 
 
 @contextlib.asynccontextmanager

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from hookbus import Agent
-from hookbus.skills import Context, PaymentRequired, Skill, hook, tool
-from tests.integration.stack import Upper, running_stack
+from hookbus.skills import PaymentRequired, Skill, hook
+from tests.integration.stack import Notes, Upper, running_stack
 
 
 async def test_a_streamed_request_goes_through_a_worker_group_and_back(redis_url, prefix):
@@ -49,16 +49,6 @@ async def test_a_402_raised_in_a_worker_reaches_the_client_and_finalize_runs_onc
             raise AssertionError("expected a 402")
         session = await services[0].runtime.sessions.load(None, "s402")
     assert session == {"finalized": 1, "error": 402}
-
-
-class Notes(Skill):
-    name = "notes"
-
-    @tool
-    def remember(self, note: str, ctx: Context) -> str:
-        """Remember a note for this conversation."""
-        ctx.session.data.setdefault("notes", []).append(note)
-        return f"noted ({len(ctx.session.data['notes'])})"
 
 
 async def test_tools_of_a_worker_skill_run_in_the_worker_and_session_data_persists(redis_url, prefix):

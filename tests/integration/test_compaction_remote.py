@@ -15,9 +15,8 @@ from hookbus.bus.registry import GroupAnnouncement
 from hookbus.services.worker.host import GroupHost
 from hookbus.skills import Context, Skill, tool
 from hookbus.skills.builtin import MemorySkill
+from tests.conversations import conversation
 from tests.integration.stack import running_stack
-
-SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 
 
 class Blobs(Skill):
@@ -48,16 +47,6 @@ class Broken(Skill):
 
     def on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         raise RuntimeError("listener down")
-
-
-def conversation(turns: int, words: int = 60) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [dict(SYSTEM)]
-    for t in range(turns):
-        messages += [
-            {"role": "user", "content": f"Question {t}: " + " ".join(["alpha"] * words)},
-            {"role": "assistant", "content": f"Answer {t}: " + " ".join(["beta"] * words)},
-        ]
-    return messages
 
 
 async def episodes(redis_url: str, key: str) -> list[dict[str, Any]]:

@@ -19,8 +19,8 @@ from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_INS
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.tokens import count_messages
 from hookbus.skills import HookError, Skill, hook, tool
+from tests.conversations import SYSTEM, conversation
 
-SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 TRANSCRIPT_HEAD = "Conversation to summarize: [user] Questi"  # the offline summary's 40 chars
 
 
@@ -112,14 +112,6 @@ class ConversationSpy(Skill):
         self.final = copy.deepcopy(data.messages)
 
 
-def conversation(turns: int, words: int = 60) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [dict(SYSTEM)]
-    for t in range(turns):
-        messages += [
-            {"role": "user", "content": f"Question {t}: " + " ".join(["alpha"] * words)},
-            {"role": "assistant", "content": f"Answer {t}: " + " ".join(["beta"] * words)},
-        ]
-    return messages
 
 
 # ------------------------------------------------------------------------- the policy

@@ -14,18 +14,7 @@ import redis.asyncio as aredis
 from hookbus import Agent, CompactionPolicy
 from hookbus.skills.builtin import MemorySkill
 from hookbus.skills.context import AuthInfo, Context, Metadata
-
-SYSTEM = {"role": "system", "content": "You are a careful assistant."}
-
-
-def conversation(turns: int, words: int = 60) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [dict(SYSTEM)]
-    for t in range(turns):
-        messages += [
-            {"role": "user", "content": f"Question {t}: " + " ".join(["alpha"] * words)},
-            {"role": "assistant", "content": f"Answer {t}: " + " ".join(["beta"] * words)},
-        ]
-    return messages
+from tests.conversations import conversation
 
 
 @pytest.fixture
