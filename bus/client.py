@@ -10,8 +10,10 @@ A structured error (for example a 402 from a payment hook) is raised as
 deadline raises a 504 HookError instead of hanging.
 
 Through a Redis outage the client keeps trying until the request's deadline: sending
-retries with backoff (then a 503 `bus_unavailable`), reading reconnects. A response item
-that cannot be decoded is copied to the dead-letter stream and skipped.
+retries with backoff (then a 503 `bus_unavailable`), reading reconnects. A response stream
+entry holds a batch of items (hookbus.bus.envelopes.ResponseBatch) or, as writers before
+batching wrote, one bare item: both are read. An entry that cannot be decoded (a batch
+with one bad item included) is copied to the dead-letter stream and skipped as a whole.
 
 When Redis runs out of memory (`maxmemory`, policy noeviction) it refuses every XADD, so
 the orchestrator cannot write the answer of a request already in flight. The waiting
@@ -45,7 +47,7 @@ from hookbus.bus import tracecontext
 from hookbus.bus.cluster import keys_for, ready
 from hookbus.bus.connection import RECONNECT_ERRORS, connect, out_of_memory
 from hookbus.bus.deadletter import send_dead_letter
-from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, encode, response_items
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.redis_values import text
 from hookbus.bus.responses import TERMINAL_KINDS
@@ -203,18 +205,19 @@ class HookbusClient:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     try:
-                        item = decode(fields, ResponseItem)
+                        batch = response_items(fields)
                     except DecodeError as exc:
                         await self._skip_bad_item(stream, entry_id, fields, str(exc))
                         continue
-                    if item.kind in TERMINAL_KINDS:
-                        # before yielding: a caller that stops at the terminal item (as
-                        # complete() does) never resumes this generator
-                        with contextlib.suppress(*RECONNECT_ERRORS):  # it expires anyway
-                            await self._client.delete(stream)
+                    for item in batch:
+                        if item.kind in TERMINAL_KINDS:
+                            # before yielding: a caller that stops at the terminal item (as
+                            # complete() does) never resumes this generator
+                            with contextlib.suppress(*RECONNECT_ERRORS):  # it expires anyway
+                                await self._client.delete(stream)
+                            yield item
+                            return
                         yield item
-                        return
-                    yield item
 
     async def _refusing_writes(self, completion_id: str) -> bool:
         """Whether Redis refuses writes where this request's answer goes: SETRANGE of

@@ -278,3 +278,31 @@ def monitor_records(fields: dict[bytes, bytes]) -> list[MonitorRecord]:
         return decode(fields, MonitorBatch).records
     except DecodeError:
         return [decode(fields, MonitorRecord)]
+
+
+class ResponseBatch(Envelope):
+    """One entry of a `responses:{completion_id}` stream since response items are
+    batched: every item one journal write stored (hookbus.bus.journal), in the order they
+    were produced; the terminal item, if any, is the last. An entry holding a bare
+    ResponseItem (what writers before batching wrote, and the orchestrator's refusals
+    still write) is still read: `response_items` decodes both."""
+
+    kind: Literal["batch"] = "batch"
+    items: list[ResponseItem] = Field(min_length=1)
+
+
+def encode_response_batch(items: list[ResponseItem]) -> bytes:
+    """The `e` field of a response batch entry."""
+    return encode(ResponseBatch.model_construct(items=items))[FIELD]
+
+
+def response_items(fields: dict[bytes, bytes]) -> list[ResponseItem]:
+    """The items of one response stream entry, batched or a single item, in order;
+    DecodeError if neither (the entry is skipped as a whole, as a bad single item was)."""
+    try:
+        return decode(fields, ResponseBatch).items
+    except DecodeError as batch_error:
+        try:
+            return [decode(fields, ResponseItem)]
+        except DecodeError as item_error:
+            raise DecodeError(f"{item_error}; as a batch: {batch_error}") from item_error

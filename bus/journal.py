@@ -12,7 +12,7 @@ step is one atomic round trip:
 | `entry` | the `requests` entry id (another entry with the same completion id is a duplicate) |
 | `stage` | the last lifecycle stage a hook ran at (`started` before any, `done` at the end) |
 | `started` | unix time the first run started |
-| `written` | response items stored so far (chunks and the terminal item) |
+| `written` | response items stored so far (chunks and the terminal item; items, not entries) |
 | `terminal` | "1" once the terminal item is stored |
 | `finalized` | "1" once finalize_connection ran and the terminal item is stored |
 | `done` | "1" once the request entry is acked |
@@ -23,6 +23,16 @@ Every script is safe to run twice (the client retries a call whose reply was los
 dropped connection): `begin` recognises its own journal, `write` and `finish` skip items
 already stored (by the journal's item count), `claim` just bumps the epoch again.
 
+Response stream entries: each `write` and `finish` stores its items as one entry of
+`responses:{completion_id}`, a ResponseBatch (hookbus.bus.envelopes) holding them in
+order, the terminal item last (one XADD per write, not one per item). `written` still
+counts items: a script stores its whole batch or nothing, so "has `written` reached the
+writer's first_seq" decides a retry exactly as before, and a new owner after a takeover
+(which writes only the terminal item, first_seq -1) neither repeats nor drops an item.
+Readers also read entries of one bare ResponseItem (writers before batching, and the
+orchestrator's refusals of bad requests); a reader from before batching skips batch
+entries, so upgrade gateways and clients before orchestrators.
+
 Fencing: every response write and the final ack go through a script that first checks
 that the journal's `epoch` is still the writer's. An owner that stalled and lost the
 request (another orchestrator claimed it and bumped the epoch) finds out at its next
@@ -30,10 +40,13 @@ write or lease renewal and stops; it never writes after the claim. A journal tha
 gone (expired) fences everybody out.
 
 Cost on a request's path: `begin` is one round trip at the start (it also reads the
-cancel marker); `finish` replaces the two round trips a request used to end with (the
-last response write and the XACK) by one; chunk batches cost what they cost before (one
-round trip each). Lease renewal and stage notes go in one script per orchestrator every
-few seconds, for all its requests together.
+cancel marker: one EXISTS of both keys, then HSET and EXPIRE); `finish` replaces the two
+round trips a request used to end with (the last response write and the XACK) by one;
+each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD, HSET
+(`written`, `stage`) and, for the first batch only, the stream's EXPIRE. `finish` sets
+that TTL again only when asked (the writer does not when its own first batch set it less
+than half a TTL ago). Lease renewal and stage notes go in one script per orchestrator
+every few seconds, for all its requests together.
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aredis
 
+from hookbus.bus.envelopes import ResponseItem, encode_response_batch
 from hookbus.bus.keys import Keys
 from hookbus.bus.redis_values import text
 
@@ -56,14 +70,17 @@ FENCED = -1
 
 _BEGIN = """
 local cancelled = 0
-if KEYS[2] ~= nil then cancelled = redis.call('EXISTS', KEYS[2]) end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- one EXISTS for both keys: a new journal with no cancel marker, the common case, is 0
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
+  cancelled = redis.call('EXISTS', KEYS[2])
   local j = redis.call('HMGET', KEYS[1], 'entry', 'done', 'owner', 'epoch', 'recovered')
-  if j[1] == ARGV[2] and j[3] == ARGV[1] and j[4] == '1' and not j[5] and j[2] ~= '1' then
-    -- our own begin, run again by the client's retry after its reply was lost
-    return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
+  if j[4] then
+    if j[1] == ARGV[2] and j[3] == ARGV[1] and j[4] == '1' and not j[5] and j[2] ~= '1' then
+      -- our own begin, run again by the client's retry after its reply was lost
+      return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
+    end
+    return {0, j[1] or '', j[2] or '0', j[3] or '', j[4] or '0', cancelled}
   end
-  return {0, j[1] or '', j[2] or '0', j[3] or '', j[4] or '0', cancelled}
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'entry', ARGV[2],
   'stage', 'started', 'started', ARGV[4], 'written', '0')
@@ -87,7 +104,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {'claimed', tostring(epoch), j[3] or '0', j[4] or '', j[5] or '0'}
 """
 
-# KEYS: journal, responses. ARGV: epoch, ttl, first_seq, stage, items...
+# KEYS: journal, responses. ARGV: epoch, ttl, first_seq, stage, item count, batch entry.
 # first_seq >= 0 makes a retried batch idempotent: if `written` moved past it, the batch
 # is already stored (a script runs whole or not at all).
 _WRITE = """
@@ -96,10 +113,10 @@ if j[1] ~= ARGV[1] or j[3] == '1' then return -1 end
 local written = tonumber(j[2] or '0')
 local first = tonumber(ARGV[3])
 if first >= 0 and written ~= first then return written end
-for i = 5, #ARGV do redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
+redis.call('XADD', KEYS[2], '*', 'e', ARGV[6])
 -- the TTL is set by the first batch and renewed by `finish`, not once per batch
 if written == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
-written = written + #ARGV - 4
+written = written + tonumber(ARGV[5])
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'written', written, 'stage', ARGV[4])
 else
@@ -109,7 +126,8 @@ return written
 """
 
 # KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
-# items... (the last one terminal). Idempotent: a retry after a lost reply only acks again.
+# item count, renew the TTL ("1" or "0"), batch entry (its last item terminal).
+# Idempotent: a retry after a lost reply only acks again.
 _FINISH = """
 local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
 if j[1] ~= ARGV[1] then return -1 end
@@ -117,10 +135,10 @@ local written = tonumber(j[2] or '0')
 if j[3] ~= '1' then
   local first = tonumber(ARGV[3])
   if first < 0 or written == first then
-    for i = 7, #ARGV do redis.call('XADD', KEYS[2], '*', 'e', ARGV[i]) end
-    written = written + #ARGV - 6
+    redis.call('XADD', KEYS[2], '*', 'e', ARGV[9])
+    written = written + tonumber(ARGV[7])
   end
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if ARGV[8] == '1' then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 end
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 redis.call('HSET', KEYS[1], 'written', written, 'terminal', '1', 'finalized', '1',
@@ -270,19 +288,20 @@ class Journal:
         completion_id: str,
         responses: str,
         epoch: int,
-        items: Sequence[bytes],
+        items: Sequence[ResponseItem],
         *,
         ttl: int,
         first_seq: int = -1,
         stage: str = "",
     ) -> int:
-        """Append response items if `epoch` still owns the request; FENCED (-1) if not.
+        """Append response items, as one batch entry, if `epoch` still owns the request;
+        FENCED (-1) if not.
 
         Returns the journal's count of written items."""
         return int(
             await self._write(
                 keys=[self.key(completion_id), responses],
-                args=[epoch, ttl, first_seq, stage, *items],
+                args=[epoch, ttl, first_seq, stage, len(items), encode_response_batch(list(items))],
             )
         )
 
@@ -291,21 +310,28 @@ class Journal:
         completion_id: str,
         responses: str,
         epoch: int,
-        items: Sequence[bytes],
+        items: Sequence[ResponseItem],
         *,
         ttl: int,
         requests: str,
         group: str,
         entry_id: str,
         first_seq: int = -1,
+        renew_ttl: bool = True,
     ) -> int:
-        """Store the last items (the terminal one last, unless a terminal item is already
-        stored), ack the request entry and mark the journal done, if `epoch` still owns
-        the request; FENCED (-1) if not."""
+        """Store the last items as one batch entry (the terminal one last, unless a
+        terminal item is already stored), ack the request entry and mark the journal
+        done, if `epoch` still owns the request; FENCED (-1) if not.
+
+        `renew_ttl=False` leaves the response stream's TTL as it is: only for a caller
+        that knows its first batch set it recently (hookbus.bus.responses)."""
         return int(
             await self._finish(
                 keys=[self.key(completion_id), responses, requests],
-                args=[epoch, ttl, first_seq, group, entry_id, self.done_ttl, *items],
+                args=[
+                    epoch, ttl, first_seq, group, entry_id, self.done_ttl, len(items),
+                    int(renew_ttl), encode_response_batch(list(items)),
+                ],
             )
         )
 

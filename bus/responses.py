@@ -1,7 +1,9 @@
 """Writing a request's response stream: chunks pipelined in order, then one terminal item.
 
 Chunks that arrive while an earlier write is in flight are sent together in the next
-batch, so a fast stream costs far fewer round trips than chunks.
+batch, so a fast stream costs far fewer round trips than chunks. A batch is one entry of
+the response stream (a ResponseBatch of its items, hookbus.bus.envelopes), so it costs
+one XADD too; readers unpack it (hookbus.bus.envelopes.response_items).
 
 With a `Fence` (the orchestrator always gives one), each batch is one journal script
 (hookbus.bus.journal) that writes only while the request's epoch is still the writer's, and
@@ -31,7 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from hookbus.bus.connection import RECONNECT_ERRORS, out_of_memory, retryable
-from hookbus.bus.envelopes import ResponseItem, encode
+from hookbus.bus.envelopes import FIELD, ResponseItem, encode_response_batch
 from hookbus.bus.journal import FENCED, Journal
 
 log = structlog.get_logger("hookbus.responses")
@@ -84,6 +86,8 @@ class ResponseWriter:
         self._fence = fence
         self._on_fenced = on_fenced
         self._seq = first_seq
+        self._ttl_set_at: float | None = None
+        """Monotonic time this writer's first batch set the stream's TTL (None: not set)."""
         self._pending: list[ResponseItem] = []
         self._drain: asyncio.Task[None] | None = None
         self.written = 0
@@ -156,9 +160,9 @@ class ResponseWriter:
         assert fence is not None and ack is not None, "a fenced writer acks with its terminal item"
         batch = self._pending[:]
         result = await fence.journal.finish(
-            fence.completion_id, self.stream, fence.epoch, [encode(i)[b"e"] for i in batch],
+            fence.completion_id, self.stream, fence.epoch, batch,
             ttl=self._ttl, requests=ack.requests, group=ack.group, entry_id=ack.entry_id,
-            first_seq=self._seq,
+            first_seq=self._seq, renew_ttl=self._ttl_is_stale(),
         )
         if result == FENCED:
             self._fenced_out()
@@ -166,6 +170,12 @@ class ResponseWriter:
         self.written += len(batch)
         self._pending.clear()
         return True
+
+    def _ttl_is_stale(self) -> bool:
+        """Whether `finish` must set the stream's TTL again: yes, unless this writer's
+        first batch set it less than half a TTL ago (the stream then outlives the terminal
+        item by at least half a TTL, and the client deletes it once read)."""
+        return self._ttl_set_at is None or time.monotonic() - self._ttl_set_at > self._ttl / 2
 
     async def _write_pending(self) -> None:
         backoff = 0.05
@@ -216,21 +226,23 @@ class ResponseWriter:
 
     async def _pipeline(self, batch: list[ResponseItem]) -> None:
         async with self._client.pipeline(transaction=False) as pipe:
-            for item in batch:
-                pipe.xadd(self.stream, encode(item))  # type: ignore[arg-type]
+            pipe.xadd(self.stream, {FIELD: encode_response_batch(batch)})  # type: ignore[dict-item]
             pipe.expire(self.stream, self._ttl)
             await pipe.execute()
 
     async def _write_fenced(self, batch: list[ResponseItem]) -> None:
         fence = self._fence
         assert fence is not None
+        sent_at = time.monotonic()
         result = await fence.journal.write(
-            fence.completion_id, self.stream, fence.epoch, [encode(i)[b"e"] for i in batch],
+            fence.completion_id, self.stream, fence.epoch, batch,
             ttl=self._ttl, first_seq=self._seq, stage=self.stage,
         )
         if result == FENCED:
             self._fenced_out()
             return
+        if self._seq == 0:  # the first batch: the script set the stream's TTL
+            self._ttl_set_at = sent_at
         if self._seq >= 0:
             self._seq = result
 

@@ -23,7 +23,7 @@ from faststream.specification import AsyncAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from hookbus.bus.cluster import declare_mode
-from hookbus.bus.envelopes import HopEvent, HopReply, MonitorBatch, RequestEnvelope, ResponseItem
+from hookbus.bus.envelopes import HopEvent, HopReply, MonitorBatch, RequestEnvelope, ResponseBatch
 from hookbus.bus.keys import Keys
 from hookbus.services.gateway.openapi import openapi_document as _gateway_openapi
 from hookbus.skills import Context, HookData, Skill, hook
@@ -72,11 +72,14 @@ def asyncapi_document(
     worker.declare_subscriber()
 
     orchestrator.broker.publisher(
-        stream=keys.responses("{completion_id}"), title="responses", schema=ResponseItem,
+        stream=keys.responses("{completion_id}"), title="responses", schema=ResponseBatch,
         description=(
             "One stream per request: chunks (streamed) or the final completion, then exactly "
-            "one terminal item (`done`, `final` or `error`). Read by the client or gateway; "
-            "expires an hour after the last write."
+            "one terminal item (`done`, `final` or `error`). An entry is a ResponseBatch of "
+            "the items one journal write stored, in order, the terminal item last (readers "
+            "also accept an entry holding one bare ResponseItem, as writers before batching "
+            "wrote). Read by the client or gateway; expires an hour after the first write, "
+            "or half an hour or more after the terminal item when the request ran longer."
         ),
     )
     orchestrator.broker.publisher(

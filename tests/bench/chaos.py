@@ -29,15 +29,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis.asyncio as aredis
 
-from hookbus.bus.envelopes import DecodeError, ResponseItem, decode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.responses import TERMINAL_KINDS
 from tests.faults.fault_skills import fault_key
-from tests.faults.helpers import Outcome, read_until_terminal, submit
+from tests.faults.helpers import Outcome, read_until_terminal, stored_items, submit
 from tests.integration.processes import Proc, Processes
 
 AGENT = "tests.faults.fault_skills:agent"
@@ -285,19 +283,10 @@ async def _settle(client: aredis.Redis, keys: Keys, timeout: float) -> None:
 
 
 async def _terminal_items(client: aredis.Redis, keys: Keys, cid: str, outcome: Outcome) -> tuple[int, int]:
-    terminals = after = 0
-    seen_terminal = False
-    for _entry_id, fields in await client.xrange(keys.responses(cid)):
-        if seen_terminal:
-            after += 1
-        try:
-            item: Any = decode(fields, ResponseItem)
-        except DecodeError:
-            continue
-        if item.kind in TERMINAL_KINDS:
-            terminals += 1
-            seen_terminal = True
-    return terminals, after
+    """(terminal items stored, items stored after the first one)."""
+    stored = await stored_items(client, keys, cid)
+    terminals = [i for i, item in enumerate(stored) if item is not None and item.kind in TERMINAL_KINDS]
+    return len(terminals), (len(stored) - terminals[0] - 1 if terminals else 0)
 
 
 # ------------------------------------------------------------------------ main

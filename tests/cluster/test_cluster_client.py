@@ -42,9 +42,9 @@ async def test_a_request_runs_its_journal_scripts_atomically_on_whichever_node_h
             await client.xreadgroup(ORCHESTRATOR_GROUP, "me", {stream: ">"}, count=1)
             begun = await journal.begin(cid, entry, "me", now=time.time())
             assert begun.ok and begun.epoch == 1
-            item = encode(ResponseItem(kind="chunk", completion_id=cid, chunk={}))[b"e"]
+            item = ResponseItem(kind="chunk", completion_id=cid, chunk={})
             assert await journal.write(cid, keys.responses(cid), 1, [item], ttl=60, first_seq=0) == 1
-            done = encode(ResponseItem(kind="done", completion_id=cid))[b"e"]
+            done = ResponseItem(kind="done", completion_id=cid)
             written = await journal.finish(
                 cid, keys.responses(cid), 1, [done], ttl=60, requests=stream,
                 group=ORCHESTRATOR_GROUP, entry_id=entry, first_seq=1,

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, decode, encode
+from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, encode, response_items
 from hookbus.bus.keys import Keys
 from hookbus.bus.responses import TERMINAL_KINDS
 from tests.faults.fault_skills import fault_key
@@ -88,34 +88,41 @@ async def read_until_terminal(
             for entry_id, fields in entries:
                 last = entry_id
                 try:
-                    item = decode(fields, ResponseItem)
+                    batch = response_items(fields)
                 except DecodeError:
                     continue
-                outcome.items.append(item)
-                if item.kind in TERMINAL_KINDS:
-                    outcome.terminal_id = entry_id
-                    outcome.ended = time.monotonic()
-                    return outcome
+                for item in batch:
+                    outcome.items.append(item)
+                    if item.kind in TERMINAL_KINDS:
+                        outcome.terminal_id = entry_id
+                        outcome.ended = time.monotonic()
+                        return outcome
     return outcome
 
 
-async def items_after_terminal(client: aredis.Redis, keys: Keys, outcome: Outcome) -> list[Any]:
-    """Entries written to the response stream after its first terminal item."""
+async def stored_items(client: aredis.Redis, keys: Keys, completion_id: str) -> list[ResponseItem | None]:
+    """Every item on the response stream in order, batches unpacked; None for an entry
+    that cannot be decoded."""
+    stored: list[ResponseItem | None] = []
+    for _id, fields in await client.xrange(keys.responses(completion_id)):
+        try:
+            stored += response_items(fields)
+        except DecodeError:
+            stored.append(None)
+    return stored
+
+
+async def items_after_terminal(client: aredis.Redis, keys: Keys, outcome: Outcome) -> list[ResponseItem | None]:
+    """What was written to the response stream after its first terminal item."""
     assert outcome.terminal_id is not None
-    entries = await client.xrange(keys.responses(outcome.completion_id), min=f"({outcome.terminal_id.decode()}")
-    return entries
+    stored = await stored_items(client, keys, outcome.completion_id)
+    first = next(i for i, item in enumerate(stored) if item is not None and item.kind in TERMINAL_KINDS)
+    return stored[first + 1:]
 
 
 async def terminal_count(client: aredis.Redis, keys: Keys, completion_id: str) -> int:
-    count = 0
-    for _id, fields in await client.xrange(keys.responses(completion_id)):
-        try:
-            if decode(fields, ResponseItem).kind in TERMINAL_KINDS:
-                count += 1
-        except DecodeError:
-            continue
-    return count
-
+    stored = await stored_items(client, keys, completion_id)
+    return sum(1 for item in stored if item is not None and item.kind in TERMINAL_KINDS)
 
 
 async def finalize_log(client: aredis.Redis, prefix: str, completion_id: str, counter: str = "finalize") -> list[dict[str, Any]]:

@@ -7,6 +7,8 @@ import json
 import time
 import uuid
 
+import pytest
+
 from hookbus import Agent
 from hookbus.bus.envelopes import HookRef, HopEvent, HopReply, MonitorRecord, decode, encode
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
@@ -129,10 +131,14 @@ async def test_garbage_on_a_reply_stream_is_dropped_and_the_router_goes_on(redis
         assert await dead_letters(client.redis, client.keys, router.reply_stream)
 
 
-async def test_garbage_on_a_response_stream_is_skipped_by_the_client(redis_url, prefix):
+@pytest.mark.parametrize("garbage", [
+    "not a response item",
+    '{"v": 1, "kind": "batch", "items": [{"kind": "chunk", "completion_id": "x"}, {"kind": "nope"}]}',
+], ids=["not json", "a batch with a bad item"])
+async def test_garbage_on_a_response_stream_is_skipped_by_the_client(redis_url, prefix, garbage):
     async with running_stack(redis_url, prefix, Agent("t")) as (client, _, _):
         cid = new_id()
-        await client.redis.xadd(client.keys.responses(cid), {"e": "not a response item"})
+        await client.redis.xadd(client.keys.responses(cid), {"e": garbage})
         completion = await client.complete("[[echo]] through the noise", completion_id=cid)
         assert completion.choices[0].message.content == "through the noise"
         assert await dead_letters(client.redis, client.keys, client.keys.responses(cid))

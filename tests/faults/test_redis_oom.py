@@ -26,7 +26,7 @@ import redis
 
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.embedded import EmbeddedRedis
-from hookbus.bus.envelopes import ResponseItem, decode
+from hookbus.bus.envelopes import response_items
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.skills import HookError
 from tests.gateway.server import running_gateway
@@ -258,7 +258,7 @@ async def test_requests_in_flight_when_redis_fills_up_end_with_a_503_within_seco
             journal = {k.decode(): v.decode() for k, v in admin.hgetall(keys.journal(cid)).items()}
             assert (journal.get("finalized"), journal.get("done")) == ("1", "1"), (cid, journal)
             [(_id, fields)] = admin.xrevrange(keys.responses(cid), count=1)
-            terminal = decode(fields, ResponseItem)
+            terminal = response_items(fields)[-1]
             assert terminal.kind == "error" and (terminal.error or {}).get("status_code") == 499, terminal
         assert len(finalized()) == 4  # nobody finalized them again
 
