@@ -29,7 +29,8 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from hookbus.bus.tracecontext import TraceCarrier
 from hookbus.skills.context import AuthInfo
@@ -138,7 +139,6 @@ class HopReply(Envelope):
     the entry field `d` (`data_json`), never `data`."""
 
     versions: ClassVar[frozenset[int]] = frozenset({VERSION, SPLIT_VERSION})
-    _data_json: bytes | None = PrivateAttr(default=None)
 
     kind: Literal["reply"] = "reply"
     hop_id: str
@@ -156,15 +156,12 @@ class HopReply(Envelope):
     processed: int = Field(
         default=0, ge=0, description="A batched on_chunk hop: the chunks the chain ran over."
     )
-
-    @property
-    def data_json(self) -> bytes | None:
-        """The changed HookData as JSON (split format), None when unchanged or version 1."""
-        return self._data_json
-
-    @data_json.setter
-    def data_json(self, raw: bytes | None) -> None:
-        self._data_json = raw
+    data_json: SkipJsonSchema[bytes | None] = Field(default=None, exclude=True, repr=False)
+    """The changed HookData as JSON (split format), None when unchanged or version 1: the
+    entry field `d`, never part of `e` (`decode` sets it from `d` alone). A plain excluded
+    field, not a private attribute: pydantic's private attributes cost more per reply than
+    validating all the others (set up on every construction, an exception raised inside
+    every read)."""
 
 
 ResponseKind = Literal["chunk", "progress", "final", "error", "done"]
@@ -247,8 +244,10 @@ def decode(fields: dict[bytes, bytes], model: type[E]) -> E:
     if envelope.v not in model.versions:
         readable = ", ".join(str(v) for v in sorted(model.versions))
         raise DecodeError(f"unknown envelope version {envelope.v} (this build reads {readable})")
-    if isinstance(envelope, HopReply) and envelope.v == SPLIT_VERSION:
-        envelope.data_json = fields.get(DATA_FIELD)
+    if isinstance(envelope, HopReply):
+        data_json = fields.get(DATA_FIELD) if envelope.v == SPLIT_VERSION else None
+        if envelope.data_json is not data_json:  # never what `e` claims: only the `d` field
+            envelope.data_json = data_json
     return envelope
 
 

@@ -99,7 +99,7 @@ async def run_hooks(
     for bound in hooks:
         ctx.call.idempotency_key = f"{ctx.metadata.completion_id}:{stage_key or lifecycle}:{bound.key}"
         ctx.call.attempt = attempt
-        saved_fields, saved_state = _snapshot(result.data), copy.deepcopy(ctx.state)
+        saved_fields, saved_state = _snapshot(result.data), copy_state(ctx.state)
         started = time.perf_counter()
         try:
             if observe is None:
@@ -223,6 +223,45 @@ def _snapshot(data: HookData) -> dict[str, Any]:
         if saved[name] is not None:
             saved[name] = [dict(item) for item in saved[name]]
     return saved
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class _NotPlain(Exception):
+    """A value the plain walk does not copy (another type, or a container reached twice)."""
+
+
+def copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An exact deep copy of `ctx.state`, as `copy.deepcopy` makes it.
+
+    What state holds is mostly JSON (it travels with the request as JSON): dicts and lists
+    of str, int, float, bool and None are copied by a plain walk, several times faster
+    than deepcopy, which runs on every hook call. Anything else (another type, a subclass,
+    a container reached twice, whose sharing deepcopy keeps) makes it fall back to
+    deepcopy for the whole state.
+    """
+    if not state:
+        return {}
+    try:
+        return _copy_container(state, set())  # type: ignore[no-any-return]
+    except _NotPlain:
+        return copy.deepcopy(state)
+
+
+def _copy_container(value: Any, seen: set[int]) -> Any:
+    kind = type(value)
+    if (kind is not dict and kind is not list) or id(value) in seen:
+        raise _NotPlain
+    seen.add(id(value))
+    if kind is list:
+        return [item if type(item) in _SCALARS else _copy_container(item, seen) for item in value]
+    copied = {}
+    for key, item in value.items():
+        if type(key) not in _SCALARS:
+            raise _NotPlain
+        copied[key] = item if type(item) in _SCALARS else _copy_container(item, seen)
+    return copied
 
 
 def _restore(data: HookData, saved: dict[str, Any], ctx: Context, saved_state: dict[str, Any]) -> None:

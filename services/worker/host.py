@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -17,7 +18,7 @@ from hookbus.bus.registry import GroupAnnouncement
 from hookbus.services import tracing
 from hookbus.skills import Context, HookData, Skill
 from hookbus.skills.compaction_outcome import Compaction
-from hookbus.skills.runner import run_hooks, run_listeners
+from hookbus.skills.runner import HookOutcome, run_hooks, run_listeners
 from hookbus.skills.skill import BoundHook, BoundTool
 from hookbus.skills.toolcall import ToolProblem, invoke_tool
 
@@ -60,26 +61,24 @@ class GroupHost:
         `split`: (Context JSON, HookData JSON) of a version 2 hop (hookbus.bus.envelopes.hop_parts);
         the reply is then version 2 too, with the data as JSON only if the hooks changed it."""
         started = time.perf_counter()
-        reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica=replica, v=event.v)
+        data_json: bytes | None = None
         try:
             if event.lifecycle == COMPACTION_LIFECYCLE and event.tool is None:
-                await self._on_compaction(event, reply)
-                reply.duration_ms = (time.perf_counter() - started) * 1000
-                return reply
-            if split is not None:
-                ctx = Context.model_validate_json(split[0])
+                answer = await self._on_compaction(event)
             else:
-                ctx = Context.model_validate(event.ctx)
-            if event.tool is not None:
-                reply.tool_result = await self._call_tool(event, ctx)
-            else:
-                await self._run_hooks(event, ctx, attempt, reply, split[1] if split else None, split is not None)
-            reply.state = ctx.state
-            reply.session = ctx.session.data
+                ctx = Context.model_validate_json(split[0]) if split is not None else Context.model_validate(event.ctx)
+                if event.tool is not None:
+                    answer = {"tool_result": await self._call_tool(event, ctx)}
+                else:
+                    answer, data_json = await self._run_hooks(event, ctx, attempt, split)
+                answer["state"], answer["session"] = ctx.state, ctx.session.data
         except (UnknownHook, ValueError) as exc:
-            reply.failure = str(exc)
-        reply.duration_ms = (time.perf_counter() - started) * 1000
-        return reply
+            answer, data_json = {"failure": str(exc)}, None
+        # built once, with every field: each assignment to a pydantic model costs more than its validation
+        return HopReply(
+            hop_id=event.hop_id, completion_id=event.completion_id, replica=replica, v=event.v,
+            duration_ms=(time.perf_counter() - started) * 1000, data_json=data_json, **answer,
+        )
 
     def _bound(self, event: HopEvent) -> list[BoundHook]:
         bound = []
@@ -91,43 +90,42 @@ class GroupHost:
         return bound
 
     async def _run_hooks(
-        self, event: HopEvent, ctx: Context, attempt: int, reply: HopReply,
-        data_json: bytes | None = None, split: bool = False,
-    ) -> None:
+        self, event: HopEvent, ctx: Context, attempt: int, split: tuple[bytes, bytes | None] | None
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """The reply's fields of a hook hop, and its changed data as JSON (split format only)."""
         bound = self._bound(event)
+        data_json = split[1] if split is not None else None
         if event.chunks:
-            if not split or data_json is None:
+            if data_json is None:
                 raise ValueError("a batched on_chunk hop needs its chunks in the 'd' field")
-            await self._run_chunks(bound, load_chunks(data_json), ctx, attempt, reply)
-            return
-        if split:
+            return await self._run_chunks(bound, load_chunks(data_json), ctx, attempt)
+        if split is not None:
             data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=event.lifecycle)
         else:
             data = HookData.model_validate(event.data or {"lifecycle": event.lifecycle})
         result = await run_hooks(
             bound, data, ctx, stage_key=event.stage_key, attempt=attempt, observe=tracing.hook_observer()
         )
-        if split:
-            dumped = result.data.model_dump_json().encode()
-            if dumped != data_json:
-                reply.data_json = dumped
-        else:
-            reply.data = result.data.model_dump(mode="json")
-        reply.abort = result.abort.to_dict() if result.abort is not None else None
-        reply.blocked = result.blocked
-        reply.outcomes = [
-            HookTiming(hook=o.hook, duration_ms=o.duration_ms, outcome=o.outcome, error=o.error)
-            for o in result.outcomes
-        ]
+        answer: dict[str, Any] = {
+            "abort": result.abort.to_dict() if result.abort is not None else None,
+            "blocked": result.blocked,
+            "outcomes": _timings(result.outcomes),
+        }
+        if split is None:
+            answer["data"] = result.data.model_dump(mode="json")
+            return answer, None
+        dumped = result.data.model_dump_json().encode()
+        return answer, (dumped if dumped != data_json else None)
 
     async def _run_chunks(
-        self, bound: list[BoundHook], chunks: list[HookData], ctx: Context, attempt: int, reply: HopReply
-    ) -> None:
+        self, bound: list[BoundHook], chunks: list[HookData], ctx: Context, attempt: int
+    ) -> tuple[dict[str, Any], bytes | None]:
         """The chain over each chunk in turn (each sees the state the previous one left),
         up to a HookError; per hook, the reply's outcome sums its calls' time and keeps
         its first failure."""
         results: list[bytes | None] = []
-        timings: dict[str, HookTiming] = {}
+        timings: dict[str, HookOutcome] = {}
+        abort: dict[str, Any] | None = None
         for chunk in chunks:
             before = chunk.model_dump_json().encode()
             result = await run_hooks(
@@ -137,22 +135,23 @@ class GroupHost:
             after = result.data.model_dump_json().encode()
             results.append(after if after != before else None)
             for o in result.outcomes:
-                timing = timings.setdefault(o.hook, HookTiming(hook=o.hook, duration_ms=0.0, outcome=o.outcome))
+                timing = timings.get(o.hook)
+                if timing is None:
+                    timings[o.hook] = HookOutcome(o.hook, o.duration_ms, o.outcome, o.error)
+                    continue
                 timing.duration_ms += o.duration_ms
                 if timing.error is None and o.error is not None:
                     timing.outcome, timing.error = o.outcome, o.error
             if result.abort is not None:
-                reply.abort = result.abort.to_dict()
+                abort = result.abort.to_dict()
                 break
-        reply.processed = len(results)
-        if any(r is not None for r in results):
-            reply.data_json = dump_results(results)
-        reply.outcomes = list(timings.values())
+        answer = {"abort": abort, "processed": len(results), "outcomes": _timings(list(timings.values()))}
+        return answer, (dump_results(results) if any(r is not None for r in results) else None)
 
-    async def _on_compaction(self, event: HopEvent, reply: HopReply) -> None:
+    async def _on_compaction(self, event: HopEvent) -> dict[str, Any]:
         """Call `on_compaction(outcome, ctx)` of each named skill through the runner's
-        listener rules; one failing is recorded in `reply.outcomes` (and logged), never
-        fails the hop or stops the others."""
+        listener rules; one failing is recorded in the reply's `outcomes` (and logged),
+        never fails the hop or stops the others."""
         listeners = []
         for ref in event.hooks:
             skill = self.compaction.get(ref.skill)
@@ -165,13 +164,10 @@ class GroupHost:
             listeners, (outcome, ctx), timeout=max(0.1, event.deadline - time.time()),
             completion_id=event.completion_id,
         )
-        reply.outcomes = [
-            HookTiming(hook=o.hook, duration_ms=o.duration_ms, outcome=o.outcome, error=o.error)
-            for o in outcomes
-        ]
+        answer: dict[str, Any] = {"outcomes": _timings(outcomes)}
         if ctx is not None:
-            reply.state = ctx.state
-            reply.session = ctx.session.data
+            answer["state"], answer["session"] = ctx.state, ctx.session.data
+        return answer
 
     async def _call_tool(self, event: HopEvent, ctx: Context) -> str:
         assert event.tool is not None
@@ -182,3 +178,7 @@ class GroupHost:
             return await invoke_tool(tool, event.tool.arguments, ctx)
         except ToolProblem as exc:
             return f"Error: {exc}"
+
+
+def _timings(outcomes: Sequence[HookOutcome]) -> list[HookTiming]:
+    return [HookTiming(hook=o.hook, duration_ms=o.duration_ms, outcome=o.outcome, error=o.error) for o in outcomes]

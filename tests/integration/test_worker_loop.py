@@ -7,6 +7,7 @@ import random
 import time
 
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from hookbus import Agent
 from hookbus.bus.chunk_batch import dump_chunks, load_results
@@ -179,10 +180,29 @@ class Changer(Skill):
         return data
 
 
+class InPlace(Skill):
+    """Edits the chunk deep inside, in place, and says "unchanged" (returns None)."""
+
+    name = "in-place"
+
+    @hook("on_chunk")
+    async def edit(self, data: HookData, ctx: Context) -> None:
+        assert data.chunk is not None
+        data.chunk.choices[0].delta.content = "edited"
+
+
+def _chunk_data(index: int) -> HookData:
+    chunk = ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": f"w{index}"}, "finish_reason": None}],
+    })
+    return HookData(lifecycle="on_chunk", chunk=chunk, content=f"w{index}", chunk_index=index)
+
+
 async def test_split_hops_reply_without_data_unless_the_hooks_changed_it():
-    data = HookData(lifecycle="on_chunk", content="as is", chunk_index=0)
+    data = _chunk_data(0)
     ctx = Context()
-    for skill, changed in ((Looker(), False), (Changer(), True)):
+    for skill, changed in ((Looker(), False), (Changer(), True), (InPlace(), True)):
         event = HopEvent(
             hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0",
             hooks=[HookRef(skill=skill.name, method=next(iter(skill.bound_hooks())).descriptor.method)],
@@ -196,9 +216,24 @@ async def test_split_hops_reply_without_data_unless_the_hooks_changed_it():
         assert back.v == 2 and back.data is None and not back.failure
         if changed:
             assert back.data_json is not None
-            assert HookData.model_validate_json(back.data_json).content == "changed"
+            changed_data = HookData.model_validate_json(back.data_json)
+            assert (changed_data.content, changed_data.chunk.choices[0].delta.content) in (  # type: ignore[union-attr]
+                ("changed", "w0"), ("w0", "edited"),
+            )
         else:
             assert back.data_json is None and back.state == {"looked": True}
+
+
+def test_a_reply_data_comes_from_the_d_field_alone():
+    reply = HopReply(hop_id="h", completion_id="c", replica="r", v=2, data_json=b'{"lifecycle": "on_chunk"}')
+    fields = encode_reply(reply)
+    assert fields[b"d"] == b'{"lifecycle": "on_chunk"}' and b"data_json" not in fields[b"e"]
+    assert decode(fields, HopReply).data_json == fields[b"d"]
+    claimed = fields[b"e"].replace(b'"replica"', b'"data_json":"{}","replica"')
+    assert decode({b"e": claimed}, HopReply).data_json is None
+    v1 = claimed.replace(b'"v":2', b'"v":1')
+    assert decode({b"e": v1, b"d": b"{}"}, HopReply).data_json is None  # a version 1 reply has no `d`
+    assert "data_json" not in HopReply.model_json_schema()["properties"]
 
 
 class StopAtFive(Skill):
@@ -257,3 +292,16 @@ async def test_a_batch_reply_carries_only_the_changed_chunks_and_the_state_they_
     results = load_results(back.data_json)
     assert results[0] is None and results[2] is None
     assert results[1] is not None and results[1].content == "" and results[1].full_content == "c0c1"
+
+
+async def test_a_chunk_a_hook_edited_in_place_counts_as_changed_in_a_batch():
+    chunks = [_chunk_data(i) for i in range(2)]
+    event = HopEvent(
+        hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0", chunks=2,
+        hooks=[HookRef(skill="in-place", method="edit")], ctx={}, reply_to="r", deadline=time.time() + 5,
+    )
+    fields = encode_hop(event, dump_chunks(chunks), Context().model_dump_json().encode())
+    decoded = decode(fields, HopEvent)
+    back = decode(encode_reply(await GroupHost("g", [InPlace()]).answer(decoded, 1, "r-1", hop_parts(decoded, fields))), HopReply)
+    assert back.data_json is not None
+    assert [r.chunk.choices[0].delta.content for r in load_results(back.data_json)] == ["edited", "edited"]  # type: ignore[union-attr]
