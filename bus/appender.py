@@ -5,6 +5,10 @@ Under load most of a service's CPU goes to socket writes (one per command); hops
 many requests send at once are the commonest such writes. A caller still waits for its
 own entry only, and gets its own error: Redis refusing one entry (a key of another type)
 fails that caller alone. One entry alone goes as a plain XADD.
+
+A read offered to ride (hookbus.bus.ride: the caller's reply reader, right after it
+resolved replies) goes at the end of the next pipeline; that pipeline's callers then get
+their confirmation when the read returns.
 """
 
 from __future__ import annotations
@@ -14,13 +18,19 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from hookbus.bus.ride import RideOffer, RideSlot
+
 
 class StreamAppender:
     def __init__(self, client: aredis.Redis) -> None:
         self._client = client
         self._pending: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]] = []
         self._flushing: set[asyncio.Task[None]] = set()
+        self._rides = RideSlot()
         self.pipelines = 0
+
+    def offer(self, ride: RideOffer) -> None:
+        self._rides.offer(ride)
 
     async def add(self, stream: str, fields: dict[bytes, bytes]) -> None:
         """XADD `fields` to `stream`; returns once Redis stored it, raises what refused it."""
@@ -38,21 +48,30 @@ class StreamAppender:
         task.add_done_callback(self._flushing.discard)
 
     async def _flush(self, batch: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]]) -> None:
+        ride = self._rides.take()
         try:
-            if len(batch) == 1:
+            if len(batch) == 1 and ride is None:
                 stream, fields, _ = batch[0]
                 results: list[Any] = [await self._client.xadd(stream, fields)]  # type: ignore[arg-type]
             else:
                 async with self._client.pipeline(transaction=False) as pipe:
                     for stream, fields, _ in batch:
                         pipe.xadd(stream, fields)  # type: ignore[arg-type]
+                    if ride is not None:
+                        ride.take(pipe, len(batch))
                     results = list(await pipe.execute(raise_on_error=False))
                 self.pipelines += 1
-        except asyncio.CancelledError:
+                if ride is not None:
+                    ride.arrived(results.pop())
+        except asyncio.CancelledError as exc:
+            if ride is not None:
+                ride.failed(exc)
             for _, _, future in batch:
                 future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - every waiter hears of it
+            if ride is not None:
+                ride.failed(exc)
             results = [exc] * len(batch)
         for (_, _, future), result in zip(batch, results, strict=True):
             if future.done():

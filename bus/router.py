@@ -6,6 +6,10 @@ pipeline: hookbus.bus.appender); the worker's reply lands on this process's
 `hop_id`. That is one round trip each way and no per-call subscription, unlike a
 temporary reply channel per call. A reply that comes after its caller gave up is
 dropped (logged), never applied.
+
+Right after the reader resolved replies, its next XREAD is offered to ride with the hops
+those replies lead to (hookbus.bus.ride): a request's hops in a row cost one socket
+write each, the hop and the read of its reply together.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
 from hookbus.bus.redis_values import text
+from hookbus.bus.ride import BLOCK_MS, RideOffer, ride
 
 log = structlog.get_logger("hookbus.router")
 
@@ -56,9 +61,12 @@ class ReplyRouter:
         self.bad_replies = 0
         self._background: set[asyncio.Task[None]] = set()
         self._waiting: dict[str, asyncio.Future[HopReply]] = {}
+        self._last_id: bytes | str = "0-0"
+        self._since_trim = 0
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
         self.late_replies = 0
+        self.rides = 0
 
     async def start(self) -> None:
         if self._reader is None:
@@ -103,14 +111,11 @@ class ReplyRouter:
             self._waiting.pop(event.hop_id, None)
 
     async def _read_replies(self) -> None:
-        last_id = "0-0"
-        since_trim = 0
         backoff = 0.05
+        delivered = False
         while not self._stopping:
             try:
-                response: Any = await self._reader_client.xread(
-                    {self.reply_stream: last_id}, count=1000, block=2000
-                )
+                delivered = await self._read_once(delivered)
                 backoff = 0.05
             except RECONNECT_ERRORS as exc:
                 if self._stopping:  # redis-py may turn our cancel into a read error
@@ -118,16 +123,39 @@ class ReplyRouter:
                 log.warning("reply_reader_reconnecting", error=str(exc), retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+                delivered = False
                 continue
-            for _stream, entries in response or ():
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    self._resolve(entry_id, fields)
-                    since_trim += 1
-            if since_trim >= TRIM_EVERY:
-                since_trim = 0
+            if self._since_trim >= TRIM_EVERY:
+                self._since_trim = 0
                 with contextlib.suppress(*RECONNECT_ERRORS):
-                    await self._reader_client.xtrim(self.reply_stream, minid=last_id)
+                    await self._reader_client.xtrim(self.reply_stream, minid=self._last_id)
+
+    async def _read_once(self, after_replies: bool) -> bool:
+        """One read of replies, riding with the next hops if replies were just resolved;
+        whether it resolved any."""
+        if after_replies:
+            rode = await ride(self._appender, RideOffer(self._queue_read, self._take, BLOCK_MS))
+            if rode is not None:
+                self.rides += 1
+                return rode
+        response: Any = await self._reader_client.xread(
+            {self.reply_stream: self._last_id}, count=1000, block=2000
+        )
+        return self._take(response)
+
+    def _queue_read(self, pipe: Any, riding: int) -> None:
+        pipe.xread({self.reply_stream: self._last_id}, count=1000, block=BLOCK_MS)
+
+    def _take(self, response: Any) -> bool:
+        """Resolve the replies of one XREAD; whether there were any entries."""
+        delivered = False
+        for _stream, entries in response or ():
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                self._resolve(entry_id, fields)
+                self._since_trim += 1
+                delivered = True
+        return delivered
 
     def _resolve(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> None:
         if b"wake" in fields:

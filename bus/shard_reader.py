@@ -12,6 +12,13 @@ gets work. A Redis error makes that loop alone back off (50 ms doubling to 2 s):
 failover or a slot migration never turns into a hot loop, and the other shards keep
 being read. A missing group (the stream was deleted, a master restarted empty) is
 created again.
+
+A single-shard reader may be given a `rider`, the worker's reply pipeline
+(hookbus.services.worker.replica.ReplyBatcher): right after it delivered entries, it
+offers its next XREADGROUP to ride with their replies (hookbus.bus.ride), so a steady
+flow of hops costs the worker one socket write per hop. A ride reads as many entries as
+are free plus the replies it carries, whose slots free as it returns: in flight +
+prefetched may exceed the capacity by those replies for the moment between the two.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from hookbus.bus.cluster import ready
 from hookbus.bus.connection import RECONNECT_ERRORS, connect, ensure_group
 from hookbus.bus.periodic import cancel_and_wait
 from hookbus.bus.redis_values import text
+from hookbus.bus.ride import BLOCK_MS, RideOffer, Rider, ride
 
 log = structlog.get_logger("hookbus.shard_reader")
 
@@ -50,8 +58,10 @@ class ShardedGroupReader:
         free: Callable[[], int],
         deliver: Deliver,
         block_ms: int = 1000,
+        rider: Rider | None = None,
     ) -> None:
-        """`free()`: how many more entries the consumer can take now."""
+        """`free()`: how many more entries the consumer can take now; `rider`: see the
+        module docstring (used with a single shard only)."""
         self.streams = list(streams)
         self.group = group
         self.consumer = consumer
@@ -62,7 +72,12 @@ class ShardedGroupReader:
         self._slot = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._rider = rider if len(self.streams) == 1 else None
+        self._ride: RideOffer | None = None
+        self.ride_block_ms = BLOCK_MS
         self.errors = 0
+        self.rides = 0
+        """Reads that went out with replies."""
 
     def start(self) -> None:
         self._stopping = False
@@ -90,6 +105,10 @@ class ShardedGroupReader:
         """Read nothing more; what was not read stays in the streams for the siblings."""
         self._stopping = True
         self._slot.set()
+        ride = self._ride
+        if ride is not None and ride.taken:  # its entries are delivered before we go
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(ride.done), ride.block_ms / 1000 + 2.0)
         await cancel_and_wait(*self._tasks, timeout=3.0)
         self._tasks = []
         with contextlib.suppress(Exception):
@@ -97,13 +116,21 @@ class ShardedGroupReader:
 
     async def _read(self, stream: str) -> None:
         backoff = BACKOFF_START
+        delivered = False
         while not self._stopping:
-            free = self._free()
-            if free <= 0:
-                self._slot.clear()
-                await self._slot.wait()
-                continue
             try:
+                if delivered:
+                    delivered = False
+                    rode = await self._rode(stream)
+                    if rode is not None:
+                        self.rides += 1
+                        delivered, backoff = rode, BACKOFF_START
+                        continue
+                free = self._free()
+                if free <= 0:
+                    self._slot.clear()
+                    await self._slot.wait()
+                    continue
                 response: Any = await self._client.xreadgroup(
                     self.group, self.consumer, {stream: ">"},
                     count=-(-free // len(self.streams)), block=self._block_ms,
@@ -128,6 +155,30 @@ class ShardedGroupReader:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_CAP)
                 continue
-            for _stream, entries in response or ():
-                for raw_id, fields in entries:
-                    self._deliver(stream, text(raw_id), fields)
+            delivered = self._deliver_response(stream, response)
+
+    async def _rode(self, stream: str) -> bool | None:
+        """The next read offered to the rider: None if no reply flush took it within the
+        linger (read alone), else whether the read it rode with delivered entries."""
+        if self._rider is None:
+            return None
+
+        def queue(pipe: Any, riding: int) -> None:
+            pipe.xreadgroup(
+                self.group, self.consumer, {stream: ">"}, count=max(1, self._free() + riding),
+                block=self.ride_block_ms,
+            )
+
+        self._ride = RideOffer(queue, lambda response: self._deliver_response(stream, response), self.ride_block_ms)
+        try:
+            return await ride(self._rider, self._ride)
+        finally:
+            self._ride = None
+
+    def _deliver_response(self, stream: str, response: Any) -> bool:
+        delivered = False
+        for _stream, entries in response or ():
+            for raw_id, fields in entries:
+                self._deliver(stream, text(raw_id), fields)
+                delivered = True
+        return delivered

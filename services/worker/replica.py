@@ -47,7 +47,7 @@ from hookbus.bus.claims import (
     Claimed,
     OrphanRules,
 )
-from hookbus.bus.cluster import in_order, keys_for
+from hookbus.bus.cluster import in_order, is_cluster_client, keys_for
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     ensure_group,
@@ -69,6 +69,7 @@ from hookbus.bus.events import EventWriter
 from hookbus.bus.group_member import GroupMember
 from hookbus.bus.redis_values import text
 from hookbus.bus.registry import announce, heartbeat, leave
+from hookbus.bus.ride import RideOffer, RideSlot
 from hookbus.bus.shard_reader import ShardedGroupReader
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.services import tracing
@@ -105,7 +106,11 @@ class ReplyBatcher:
     `send` returns once the reply is written, and raises what the pipeline raised (the
     caller then retries that hop alone, ack included), or, for a reply Redis refused (its
     `reply_to` is a key of another type), that refusal for that reply alone: the replies
-    batched with it are sent, and its entry is acked all the same."""
+    batched with it are sent, and its entry is acked all the same.
+
+    It is also the `rider` of the replica's reader (hookbus.bus.ride): a read offered
+    meanwhile goes out at the end of the next pipeline with replies, whose `send`s then
+    return when that read does, at most `hookbus.bus.ride.BLOCK_MS` later."""
 
     def __init__(self, client: aredis.Redis, group: str, *, ack_delay: float = ACK_DELAY) -> None:
         self.client, self.group, self.ack_delay = client, group, ack_delay
@@ -116,6 +121,7 @@ class ReplyBatcher:
         self._acks_due = False
         self._closed = False
         self._flushing: set[asyncio.Task[None]] = set()
+        self._rides = RideSlot()
         self.batches = 0
         self.acks_sent = 0
         """XACK commands sent (one per stream per pipeline)."""
@@ -127,6 +133,9 @@ class ReplyBatcher:
             loop.call_soon(self._start_flush)
         self._pending.append((reply_to, fields, entry, future))
         await future
+
+    def offer(self, ride: RideOffer) -> None:
+        self._rides.offer(ride)
 
     @property
     def unacked(self) -> int:
@@ -171,6 +180,7 @@ class ReplyBatcher:
             self._cancel_ack_timer()
         if not batch and not acks:
             return
+        ride = self._rides.take() if batch else None
         try:
             # one pipeline even on a cluster: every ack in it is of an earlier, confirmed reply
             async with self.client.pipeline(transaction=False) as pipe:
@@ -178,8 +188,12 @@ class ReplyBatcher:
                     pipe.xadd(reply_to, fields)
                 for stream, entry_ids in acks.items():
                     pipe.xack(stream, self.group, *entry_ids)
+                if ride is not None:
+                    ride.take(pipe, len(batch))
                 results = await pipe.execute(raise_on_error=False)
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+            if ride is not None:
+                ride.failed(exc)
             self._owe_acks([(stream, i) for stream, ids in acks.items() for i in ids])  # XACK is idempotent
             for *_, future in batch:
                 if not future.done():
@@ -189,6 +203,8 @@ class ReplyBatcher:
             return
         self.batches += 1
         self.acks_sent += len(acks)
+        if ride is not None:
+            ride.arrived(results.pop())
         for stream, result in zip(acks, results[len(batch) :], strict=True):
             if isinstance(result, Exception):  # the group or stream is gone: nothing left to ack
                 log.warning("ack_refused", stream=stream, error=str(result))
@@ -295,6 +311,8 @@ class WorkerReplica(BusApp):
         self._reader = ShardedGroupReader(
             self._redis_url, self.streams, self.group, self.replica,
             free=self._free, deliver=self._deliver, block_ms=READ_BLOCK_MS,
+            # a blocking read in a cluster pipeline would hold back that node's whole batch
+            rider=None if is_cluster_client(self._client) else self._batcher,
         )
         self._reader.start()
         log.info(

@@ -10,6 +10,9 @@ before_toolcall and finalize_connection (tests.bench.skills: CostPolicy, CostAud
 Figures per request, from a run of sequential requests (c=1):
 - Redis commands (INFO commandstats deltas, commands a script runs included), by command;
 - Redis CPU (INFO cpu, user + system of the server);
+- socket writes to Redis (INFO stats `total_reads_processed`: the read events the server
+  handled, one per client write that reached it separately): what pipelining saves, as
+  a command count does not show it;
 - Python CPU of each service process (/proc), and their sum;
 - hops (the worker groups' monitor records) and wall time;
 and streamed requests/s at c=8. What the services do with no request (heartbeats,
@@ -57,13 +60,14 @@ class Snapshot:
     at: float
     commands: Counter[str]
     redis_cpu: float
+    reads: int
     cpu: dict[str, float] = field(default_factory=dict)
 
     def minus(self, other: Snapshot) -> Snapshot:
         commands = Counter(self.commands)
         commands.subtract(other.commands)
         return Snapshot(
-            self.at - other.at, commands, self.redis_cpu - other.redis_cpu,
+            self.at - other.at, commands, self.redis_cpu - other.redis_cpu, self.reads - other.reads,
             {name: self.cpu[name] - other.cpu[name] for name in self.cpu},
         )
 
@@ -71,9 +75,10 @@ class Snapshot:
 async def snapshot(client, pids: dict[str, int]) -> Snapshot:  # type: ignore[no-untyped-def]
     stats = await client.info("commandstats")
     cpu = await client.info("cpu")
+    reads = int((await client.info("stats"))["total_reads_processed"])
     commands = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
     return Snapshot(
-        time.perf_counter(), commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        time.perf_counter(), commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), reads,
         {name: cpu_seconds(pid) for name, pid in pids.items()},
     )
 
@@ -84,6 +89,7 @@ class PerRequest:
 
     commands: dict[str, float]
     redis_cpu_ms: float
+    socket_writes: float
     cpu_ms: dict[str, float]
     wall_ms: float
 
@@ -106,6 +112,7 @@ def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
     return PerRequest(
         commands,
         (window.redis_cpu - idle.redis_cpu * scale) / requests * 1000,
+        (window.reads - idle.reads * scale) / requests,
         {name: (window.cpu[name] - idle.cpu[name] * scale) / requests * 1000 for name in window.cpu},
         window.at / requests * 1000,
     )
@@ -264,6 +271,7 @@ def report(result: CostResult) -> list[Row]:
     print(f"  Redis commands {cost.total_commands:.1f} per request:")
     for name, n in sorted(cost.commands.items(), key=lambda kv: -kv[1]):
         print(f"    {name:<12} {n:7.1f}")
+    print(f"  socket writes to Redis {cost.socket_writes:.1f} per request (read events of the server)")
     print(f"  Redis CPU {cost.redis_cpu_ms:.2f} ms per request")
     print(f"  Python CPU {cost.python_cpu_ms:.1f} ms per request: "
           + ", ".join(f"{name} {ms:.1f}" for name, ms in cost.cpu_ms.items()))
@@ -272,6 +280,7 @@ def report(result: CostResult) -> list[Row]:
           f"Python CPU {sum(idle.cpu.values()) / idle.at * 1000:.1f} ms/s")
     return [
         Row("cost", "Redis commands per streamed request", cost.total_commands, "", target="<=60"),
+        Row("cost", "socket writes to Redis per streamed request", cost.socket_writes, ""),
         Row("cost", "Redis CPU per streamed request", cost.redis_cpu_ms, "ms", target="<=2"),
         Row("cost", "Python CPU per streamed request (all processes)", cost.python_cpu_ms, "ms", target="<=25"),
         Row("cost", "hops per streamed request", hops / result.requests, ""),

@@ -112,8 +112,11 @@ async def test_a_full_redis_answers_503_and_the_services_log_it_once(tmp_path, s
         assert "error 503 redis_out_of_memory" in sent.stderr and "Traceback" not in sent.stderr
 
         late = procs.orchestrator("tests.faults.fault_skills:agent", instance="orch-late", claim_idle=1)
-        await asyncio.sleep(3)  # started during the OOM: it waits, it does not exit
-        assert late.alive and "waiting_for_redis_memory" in late.log_tail(200), late.log_tail(50)
+        async def waiting_for_memory() -> bool:  # started during the OOM: it waits, it does not exit
+            return "waiting_for_redis_memory" in late.log_tail(200)
+
+        assert await wait_for(waiting_for_memory, timeout=30), late.log_tail(50)
+        assert late.alive
 
         log = orchestrator.log_tail(10_000)
         assert "Traceback" not in log, log[-3000:]
