@@ -83,6 +83,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
     try:
         code = asyncio.run(demo(redis_url, settings.prefix, replicas, port))
         if code in (0, DEMO_FAILED) and keep_running:
+            stop = catch_stop_signals()  # before saying Ctrl-C stops it: a Ctrl-C right after must stop it cleanly
             say(
                 "the stack keeps running; Ctrl-C stops it. In another terminal:\n"
                 f"    .venv/bin/hookbus send 'hello'            # one request through the queue\n"
@@ -91,7 +92,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
                 f"    .venv/bin/hookbus worker --group {BUILTIN_GROUP} {' '.join(BUILTIN_SKILLS)}   # one more replica\n"
                 f"    curl -s localhost:{port}/v1/chat/completions -d '{{\"model\":\"offline\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
             )
-            wait_for_signal(processes)
+            wait_for_signal(processes, stop)
             return 0
         return 1 if code == DEMO_FAILED else code
     finally:
@@ -142,7 +143,8 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
     return 0
 
 
-def wait_for_signal(processes: dict[str, subprocess.Popen[bytes]]) -> None:
+def catch_stop_signals() -> dict[str, bool]:
+    """SIGINT and SIGTERM from now on set `["now"]` instead of interrupting."""
     stop = {"now": False}
 
     def handler(signum: int, frame: object) -> None:
@@ -150,6 +152,10 @@ def wait_for_signal(processes: dict[str, subprocess.Popen[bytes]]) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def wait_for_signal(processes: dict[str, subprocess.Popen[bytes]], stop: dict[str, bool]) -> None:
     while not stop["now"]:
         for name, process in processes.items():
             if process.poll() is not None:
