@@ -10,12 +10,20 @@ dropped (logged), never applied.
 Right after the reader resolved replies, its next XREAD is offered to ride with the hops
 those replies lead to (hookbus.bus.ride): a request's hops in a row cost one socket
 write each, the hop and the read of its reply together.
+
+Per hop the caller pays for little more than the round trip: its hop id is a counter
+after a random prefix (`new_hop_id`, no uuid4 per hop), and the deadlines of all waiting
+hops share one timer (`_Deadlines`), not a wait_for with its own timer and futures each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
+import math
+import uuid
 from typing import Any
 
 import redis.asyncio as aredis
@@ -31,6 +39,8 @@ from hookbus.bus.ride import BLOCK_MS, RideOffer, ride
 log = structlog.get_logger("hookbus.router")
 
 TRIM_EVERY = 256
+COMPACT_AT = 1024
+"""Deadlines kept before the answered ones are swept out of the heap (when most are)."""
 
 
 class HopTimeout(TimeoutError):
@@ -40,6 +50,53 @@ class HopTimeout(TimeoutError):
 class HopUnsent(HopTimeout):
     """The hop could not be sent (Redis unreachable through the client's retries): like
     a timeout, it counts as the segment's hooks failing."""
+
+
+class _Deadlines:
+    """The deadlines of the waiting hops under one timer, armed for the soonest. A hop
+    answered in time stays in the heap until it comes up (or the heap is compacted) and
+    is skipped then, so a hop costs a heap push, not a timer of its own."""
+
+    def __init__(self, waiting: dict[str, asyncio.Future[HopReply]]) -> None:
+        self._waiting = waiting
+        self._heap: list[tuple[float, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = math.inf
+
+    def add(self, loop: asyncio.AbstractEventLoop, at: float, hop_id: str) -> None:
+        """Fail `hop_id`'s future with TimeoutError at loop time `at` unless it is done by then."""
+        if len(self._heap) >= COMPACT_AT and len(self._heap) > 4 * len(self._waiting):
+            self._heap = [entry for entry in self._heap if self._pending(entry[1])]
+            heapq.heapify(self._heap)
+        heapq.heappush(self._heap, (at, hop_id))
+        if at < self._armed_for:
+            self._arm(loop, at)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._armed_for, self._heap = None, math.inf, []
+
+    def _pending(self, hop_id: str) -> bool:
+        future = self._waiting.get(hop_id)
+        return future is not None and not future.done()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._armed_for = loop.call_at(at, self._fire, loop), at
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer, self._armed_for = None, math.inf
+        now = loop.time()
+        heap = self._heap
+        while heap and (heap[0][0] <= now or not self._pending(heap[0][1])):
+            at, hop_id = heapq.heappop(heap)
+            future = self._waiting.get(hop_id)
+            if at <= now and future is not None and not future.done():
+                future.set_exception(TimeoutError())
+        if heap:
+            self._arm(loop, heap[0][0])
 
 
 class ReplyRouter:
@@ -63,6 +120,9 @@ class ReplyRouter:
         self._waiting: dict[str, asyncio.Future[HopReply]] = {}
         self._last_id: bytes | str = "0-0"
         self._since_trim = 0
+        self._deadlines = _Deadlines(self._waiting)
+        self._hop_prefix = uuid.uuid4().hex[:16]
+        self._hop_numbers = itertools.count()
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
         self.late_replies = 0
@@ -85,30 +145,42 @@ class ReplyRouter:
                 self._reader.cancel()
             self._reader = None
         await self._reader_client.aclose()
+        self._deadlines.cancel()
         for future in self._waiting.values():
             future.cancel()
         with contextlib.suppress(*RECONNECT_ERRORS):
             await self._client.delete(self.reply_stream)
 
+    def new_hop_id(self) -> str:
+        """An id no other hop of any process or restart has: 64 random bits chosen when
+        this router was made, then this router's count of hops."""
+        return f"{self._hop_prefix}{next(self._hop_numbers):x}"
+
     async def call(
         self, stream: str, event: HopEvent, timeout: float, fields: dict[bytes, bytes] | None = None
     ) -> HopReply:
-        """Send one hop and wait for its reply; HopTimeout when none comes in time.
-        `fields`: the entry already encoded (hookbus.bus.envelopes.encode_hop), else `encode(event)`."""
-        future: asyncio.Future[HopReply] = asyncio.get_running_loop().create_future()
-        self._waiting[event.hop_id] = future
+        """Send one hop and wait for its reply; HopTimeout when none comes within
+        `timeout` seconds of the call (sending included). `fields`: the entry already
+        encoded (hookbus.bus.envelopes.encode_hop), else `encode(event)`."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[HopReply] = loop.create_future()
+        hop_id = event.hop_id
+        self._waiting[hop_id] = future
+        self._deadlines.add(loop, loop.time() + timeout, hop_id)
         try:
             try:
                 await self._appender.add(stream, fields or encode(event))
             except RECONNECT_ERRORS as exc:
                 raise HopUnsent(f"could not send to {stream}: {exc}") from exc
-            return await asyncio.wait_for(future, timeout)
+            return await future
         except HopUnsent:
             raise
         except TimeoutError as exc:
             raise HopTimeout(f"no reply from {stream} within {timeout:g}s") from exc
         finally:
-            self._waiting.pop(event.hop_id, None)
+            self._waiting.pop(hop_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # a deadline that passed while the send failed: heard of
 
     async def _read_replies(self) -> None:
         backoff = 0.05

@@ -8,7 +8,6 @@ failure rules in hookbus.skills.runner (`fail_unanswered`).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -126,7 +125,7 @@ class BusRuntime:
         if not self.registry.is_live(group):
             return fail(f"no live replica in worker group {group!r}", Outcome.SKIPPED)
         event = HopEvent(
-            hop_id=uuid.uuid4().hex,
+            hop_id=self.router.new_hop_id(),
             completion_id=ctx.completion_id,
             lifecycle=lifecycle,
             stage_key=stage_key,
@@ -206,7 +205,7 @@ class BusRuntime:
             return f"Error: tool {tool.name!r} is unavailable: no live replica in worker group {tool.group!r}"
         timeout = tool.timeout or self.default_timeout
         event = HopEvent(
-            hop_id=uuid.uuid4().hex,
+            hop_id=self.router.new_hop_id(),
             completion_id=ctx.completion_id,
             lifecycle="tool",
             stage_key=f"tool:{tool.name}",
@@ -260,7 +259,7 @@ class BusRuntime:
         if not self.registry.is_live(group):
             return unanswered(f"no live replica in worker group {group!r}", Outcome.SKIPPED)
         event = HopEvent(
-            hop_id=uuid.uuid4().hex,
+            hop_id=self.router.new_hop_id(),
             completion_id=completion_id,
             lifecycle=COMPACTION_LIFECYCLE,
             stage_key=f"{COMPACTION_LIFECYCLE}:{outcome.id}",

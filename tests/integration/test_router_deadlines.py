@@ -1,0 +1,90 @@
+"""The reply router's hop ids and deadlines: ids unique across routers, each hop's own
+deadline kept under the one shared timer, answered hops not kept for their deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from hookbus.bus.connection import connect
+from hookbus.bus.envelopes import HopEvent, HopReply, decode, encode
+from hookbus.bus.periodic import cancel_and_wait
+from hookbus.bus.router import COMPACT_AT, HopTimeout, ReplyRouter
+
+
+def hop(router: ReplyRouter) -> HopEvent:
+    return HopEvent(
+        hop_id=router.new_hop_id(), completion_id="c", lifecycle="on_message", stage_key="on_message",
+        ctx={}, reply_to=router.reply_stream, deadline=time.time() + 30,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_router(redis_url: str, reply_stream: str):  # type: ignore[no-untyped-def]
+    router = ReplyRouter(connect(redis_url), connect(redis_url, retries=0), reply_stream)
+    await router.start()
+    try:
+        yield router
+    finally:
+        await router.stop()
+
+
+async def test_hop_ids_are_unique_across_routers_and_restarts(redis_url, prefix):
+    ids: set[str] = set()
+    for _restart in range(2):
+        async with running_router(redis_url, f"{prefix}a") as first, running_router(redis_url, f"{prefix}b") as second:
+            for _ in range(1000):
+                ids.update((first.new_hop_id(), second.new_hop_id()))
+    assert len(ids) == 4000
+
+
+async def answer(redis_url: str, stream: str, skip: frozenset[int] = frozenset()) -> None:
+    """A stand-in worker: answers every hop on `stream` but the `skip`-th ones."""
+    client = connect(redis_url)
+    last, seen = "0-0", 0
+    try:
+        while True:
+            for _stream, entries in await client.xread({stream: last}, block=1000) or ():
+                for entry_id, fields in entries:
+                    last, event = entry_id, decode(fields, HopEvent)
+                    if seen not in skip:
+                        reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica="r")
+                        await client.xadd(event.reply_to, encode(reply))  # type: ignore[arg-type]
+                    seen += 1
+    finally:
+        await client.aclose()
+
+
+async def test_each_hop_times_out_at_its_own_deadline_and_the_others_are_answered(redis_url, prefix):
+    hooks = f"{prefix}hooks"
+    async with running_router(redis_url, f"{prefix}replies") as router:
+        worker = asyncio.create_task(answer(redis_url, hooks, skip=frozenset({0, 1})))
+        try:
+            started = time.perf_counter()
+            slow = asyncio.create_task(router.call(hooks, hop(router), 1.5))  # unanswered, armed first
+            await asyncio.sleep(0.05)
+            with pytest.raises(HopTimeout):  # unanswered, a sooner deadline than the armed one
+                await router.call(hooks, hop(router), 0.3)
+            assert 0.3 <= time.perf_counter() - started < 1.0
+            answered = await asyncio.gather(*(router.call(hooks, hop(router), 5) for _ in range(3)))
+            assert len({r.hop_id for r in answered}) == 3
+            with pytest.raises(HopTimeout):
+                await slow
+            assert 1.5 <= time.perf_counter() - started < 3.0
+        finally:
+            await cancel_and_wait(worker)
+
+
+async def test_answered_hops_are_not_kept_until_their_deadline(redis_url, prefix):
+    hooks = f"{prefix}hooks"
+    async with running_router(redis_url, f"{prefix}replies") as router:
+        worker = asyncio.create_task(answer(redis_url, hooks))
+        try:
+            for _ in range(3 * COMPACT_AT // 50):
+                await asyncio.gather(*(router.call(hooks, hop(router), 600) for _ in range(50)))
+            assert len(router._deadlines._heap) <= COMPACT_AT + 50
+        finally:
+            await cancel_and_wait(worker)
