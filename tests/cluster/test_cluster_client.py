@@ -87,3 +87,33 @@ async def test_a_request_queued_on_another_shard_is_refused_with_a_400(redis_clu
     assert items[-1].kind == "error"
     error = HookError.from_dict(items[-1].error or {})
     assert error.status_code == 400 and error.code == "misrouted_request"
+
+
+async def test_on_a_cluster_reads_do_not_ride_and_every_hop_is_answered(
+    redis_cluster: EmbeddedCluster, prefix: str
+) -> None:
+    """A blocking read in a cluster pipeline would hold back that node's part of it, so
+    neither the worker's nor the router's reads ride there (hookbus.bus.ride)."""
+    from hookbus.bus.router import ReplyRouter
+    from hookbus.services.worker.host import GroupHost
+    from hookbus.services.worker.replica import WorkerReplica
+    from tests.integration.test_reply_refused import Quick, hop
+
+    keys = keys_for(redis_cluster.url, prefix)
+    worker = WorkerReplica(GroupHost("quick", [Quick()]), redis_cluster.url, prefix=prefix, replica="q-c")
+    router = ReplyRouter(
+        connect(redis_cluster.url), connect(redis_cluster.url, retries=0), keys.replies("orch-c")
+    )
+    await worker.start()
+    await router.start()
+    try:
+        for n in range(10):
+            event = hop(n, router.reply_stream)
+            event.completion_id = f"chatcmpl-{n}"
+            reply = await router.call(keys.hooks_for("quick", event.completion_id), event, timeout=10)
+            assert reply.hop_id == f"hop-{n}" and not reply.failure
+        assert router.rides == 0
+        assert worker._reader is not None and worker._reader.rides == 0
+    finally:
+        await router.stop()
+        await worker.stop()
