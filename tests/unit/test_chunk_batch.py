@@ -1,0 +1,64 @@
+"""Which chunks of a batched on_chunk hop the hooks changed (bus/chunk_batch.py ChangeCheck):
+exact whether the batch's bytes can be followed chunk by chunk or not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hookbus.bus.chunk_batch import ChangeCheck, dump_chunks, load_chunks
+from hookbus.skills import HookData
+
+
+def _batch(n: int) -> list[HookData]:
+    return [
+        HookData(lifecycle="on_chunk", content=f"c{i}", chunk_index=i, full_content="".join(f"c{j}" for j in range(i + 1)))
+        for i in range(n)
+    ]
+
+
+def _run(raw: bytes, edit: dict[int, object]) -> list[bytes | None]:
+    """What ChangeCheck says of each chunk of `raw` when `edit[i](chunk)` runs as its hooks."""
+    check = ChangeCheck(raw)
+    results = []
+    for index, chunk in enumerate(load_chunks(raw)):
+        check.before(chunk)
+        returned = edit[index](chunk) if index in edit else None  # type: ignore[operator]
+        results.append(check.after(returned if returned is not None else chunk))
+    return results
+
+
+def _blank(chunk: HookData) -> None:
+    chunk.content = ""
+
+
+def _other_text_so_far(chunk: HookData) -> HookData:
+    return chunk.model_copy(update={"full_content": "not what the model said"})
+
+
+@pytest.mark.parametrize("layout", ["as dumped", "spaced"])
+def test_only_the_chunks_the_hooks_changed_come_back(layout):
+    raw = dump_chunks(_batch(5))
+    if layout == "spaced":  # another writer's JSON: the check cannot follow the bytes, dumps instead
+        raw = json.dumps(json.loads(raw), indent=1).encode()
+    results = _run(raw, {1: _other_text_so_far, 3: _blank})
+    assert [r is not None for r in results][1:] == [True, False, True, False]
+    if layout == "spaced":  # bytes it cannot follow: the first chunk may come back, unchanged
+        assert results[0] is None or HookData.model_validate_json(results[0]) == _batch(1)[0]
+    else:
+        assert results[0] is None
+    changed = HookData.model_validate_json(results[1])  # type: ignore[arg-type]
+    assert changed.full_content == "not what the model said" and changed.content == "c1"
+    assert HookData.model_validate_json(results[3]).content == ""  # type: ignore[arg-type]
+
+
+def test_a_change_to_the_first_chunk_is_seen_and_the_rest_still_checked():
+    results = _run(dump_chunks(_batch(3)), {0: _blank, 2: _blank})
+    assert [r is not None for r in results] == [True, False, True]
+    assert HookData.model_validate_json(results[0]).full_content == "c0"  # type: ignore[arg-type]
+    assert HookData.model_validate_json(results[2]).full_content == "c0c1c2"  # type: ignore[arg-type]
+
+
+def test_a_batch_the_hooks_left_alone_comes_back_all_unchanged():
+    assert _run(dump_chunks(_batch(4)), {}) == [None, None, None, None]
