@@ -74,9 +74,15 @@ class StreamAppender:
                 ride.failed(exc)
             results = [exc] * len(batch)
         for (_, _, future), result in zip(batch, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(None)
+            settle(future, result)
+
+
+def settle(future: asyncio.Future[None], result: Any) -> None:
+    """Tell a writer's waiter how its command in a pipeline went (`raise_on_error=False`:
+    the error Redis gave for it alone, or its reply), unless it was told already."""
+    if future.done():
+        return
+    if isinstance(result, Exception):
+        future.set_exception(result)
+    else:
+        future.set_result(None)

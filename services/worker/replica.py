@@ -43,6 +43,7 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
+from hookbus.bus.appender import settle
 from hookbus.bus.claims import (
     Claimed,
     OrphanRules,
@@ -211,12 +212,7 @@ class ReplyBatcher:
         answered = []
         for (_, _, entry, future), result in zip(batch, results, strict=False):
             answered.append(entry)  # a refused reply is acked too: nobody can ever get it
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(None)
+            settle(future, result)
         self._owe_acks(answered)
 
 
