@@ -26,7 +26,7 @@ class StreamAppender:
         self._client = client
         self._pending: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]] = []
         self._flushing: set[asyncio.Task[None]] = set()
-        self._rides = RideSlot()
+        self._rides = RideSlot(client)
         self.pipelines = 0
 
     def offer(self, ride: RideOffer) -> None:

@@ -15,6 +15,10 @@ read returns (Redis answers a pipeline in order), at most `BLOCK_MS` later. The 
 that use this (hookbus.services.worker.replica.ReplyBatcher, hookbus.bus.appender) only
 need the confirmation for what follows the write (an ack, an error to raise), not to
 let the reader on the other end see it: Redis has stored it at once.
+
+Not on a Redis Cluster: a cluster pipeline is split by node, and a blocking read in it
+would hold back that node's part. A writer on a cluster client refuses every offer
+(`RideSlot`), so its readers read alone there, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from hookbus.bus.cluster import is_cluster_client
 
 LINGER = 0.002
 """How long a reader waits for a flush to carry its read before it reads alone."""
@@ -84,14 +90,19 @@ class Rider(Protocol):
 
 
 class RideSlot:
-    """The one offer a writer holds, taken by the first pipeline with writes of its own."""
+    """The one offer a writer holds, taken by the first pipeline with writes of its own;
+    on a cluster client every offer is withdrawn at once."""
 
-    __slots__ = ("_ride",)
+    __slots__ = ("_ride", "_refuse")
 
-    def __init__(self) -> None:
+    def __init__(self, client: Any) -> None:
         self._ride: RideOffer | None = None
+        self._refuse = is_cluster_client(client)
 
     def offer(self, ride: RideOffer) -> None:
+        if self._refuse:
+            ride.withdraw()
+            return
         self._ride = ride
 
     def take(self) -> RideOffer | None:
@@ -103,6 +114,8 @@ async def ride(rider: Rider, offer: RideOffer, linger: float = LINGER) -> bool |
     """Offer the read and wait: None if no flush took it within `linger` (read alone),
     else whether the read it rode with delivered anything; raises the pipeline's error."""
     rider.offer(offer)
+    if offer.done.done():  # refused
+        return offer.done.result()
     timer = asyncio.get_running_loop().call_later(linger, offer.withdraw)
     try:
         return await offer.done

@@ -9,8 +9,7 @@ dropped (logged), never applied.
 
 Right after the reader resolved replies, its next XREAD is offered to ride with the hops
 those replies lead to (hookbus.bus.ride): a request's hops in a row cost one socket
-write each, the hop and the read of its reply together. Not on a Redis Cluster, where a
-blocking read in a pipeline would hold back that node's part of it.
+write each, the hop and the read of its reply together (not on a Redis Cluster).
 
 Per hop the caller pays for little more than the round trip: its hop id is a counter
 after a random prefix (`new_hop_id`, no uuid4 per hop), and the deadlines of all waiting
@@ -31,7 +30,6 @@ import redis.asyncio as aredis
 import structlog
 
 from hookbus.bus.appender import StreamAppender
-from hookbus.bus.cluster import is_cluster_client
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
@@ -128,7 +126,6 @@ class ReplyRouter:
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
         self.late_replies = 0
-        self._rides_on = not is_cluster_client(client)
         self.rides = 0
 
     async def start(self) -> None:
@@ -208,7 +205,7 @@ class ReplyRouter:
     async def _read_once(self, after_replies: bool) -> bool:
         """One read of replies, riding with the next hops if replies were just resolved;
         whether it resolved any."""
-        if after_replies and self._rides_on:
+        if after_replies:
             rode = await ride(self._appender, RideOffer(self._queue_read, self._take, BLOCK_MS))
             if rode is not None:
                 self.rides += 1

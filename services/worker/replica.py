@@ -48,7 +48,7 @@ from hookbus.bus.claims import (
     Claimed,
     OrphanRules,
 )
-from hookbus.bus.cluster import in_order, is_cluster_client, keys_for
+from hookbus.bus.cluster import in_order, keys_for
 from hookbus.bus.connection import (
     RECONNECT_ERRORS,
     ensure_group,
@@ -122,7 +122,7 @@ class ReplyBatcher:
         self._acks_due = False
         self._closed = False
         self._flushing: set[asyncio.Task[None]] = set()
-        self._rides = RideSlot()
+        self._rides = RideSlot(client)
         self.batches = 0
         self.acks_sent = 0
         """XACK commands sent (one per stream per pipeline)."""
@@ -307,8 +307,7 @@ class WorkerReplica(BusApp):
         self._reader = ShardedGroupReader(
             self._redis_url, self.streams, self.group, self.replica,
             free=self._free, deliver=self._deliver, block_ms=READ_BLOCK_MS,
-            # a blocking read in a cluster pipeline would hold back that node's whole batch
-            rider=None if is_cluster_client(self._client) else self._batcher,
+            rider=self._batcher,
         )
         self._reader.start()
         log.info(
