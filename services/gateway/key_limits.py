@@ -9,7 +9,7 @@ with `Retry-After` (seconds). The counts live in Redis, so every gateway of a de
 shares them; one Lua script checks and records both in one round trip, on Redis's clock:
 
 - in flight: a sorted set of request ids scored by when their lease ends (the gateway's
-  request timeout); a request removes itself when its response ended, and one whose
+  request timeout); a request removes itself as its response's last bytes go out, and one whose
   gateway died is forgotten when its lease runs out;
 - per minute: a sorted set of the last 60 s of admitted request ids scored by start time
   (a sliding window; a refused request does not count). Retry-After says when the oldest
@@ -28,7 +28,7 @@ import uuid
 import redis.asyncio as aredis
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.keys import Keys
@@ -62,6 +62,23 @@ if parallel > 0 then
 end
 return {1, '', 0}
 """
+
+
+class _Slot:
+    """One admitted request's place among its key's requests in flight.
+
+    Given back before the response's last byte leaves, not after: a client that sends its
+    next request the moment the previous one ended must find the slot free."""
+
+    def __init__(self, redis: aredis.Redis, parallel: str, request_id: str) -> None:
+        self._redis, self._parallel, self._request_id = redis, parallel, request_id
+        self._held = True
+
+    async def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            with contextlib.suppress(*RECONNECT_ERRORS):  # else its lease ends it
+                await self._redis.zrem(self._parallel, self._request_id)
 
 
 def key_id(api_key: str) -> str:
@@ -105,12 +122,20 @@ class KeyLimits:
         if not admitted:
             await self._too_many(scope, receive, send, which, int(retry_ms))
             return
-        try:
+        if not limits.max_parallel_requests:
             await self.app(scope, receive, send)
+            return
+        slot = _Slot(self._redis, parallel, request_id)
+
+        async def send_then_free(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                await slot.give_back()  # before the caller can see the end and send its next request
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_then_free)
         finally:
-            if limits.max_parallel_requests:
-                with contextlib.suppress(*RECONNECT_ERRORS):  # else its lease ends it
-                    await self._redis.zrem(parallel, request_id)
+            await slot.give_back()
 
     async def _too_many(self, scope: Scope, receive: Receive, send: Send, which: bytes, retry_ms: int) -> None:
         what = "requests in flight" if which == b"parallel" else "requests per minute"
