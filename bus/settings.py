@@ -7,6 +7,7 @@ Kubernetes manifests agree on the names; `hookbus settings` prints them.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -62,6 +63,11 @@ class Settings(BaseSettings):
         default="auto", alias="HOOKBUS_LOG_FORMAT", description="json, console or auto."
     )
     log_level: str = Field(default="info", alias="HOOKBUS_LOG_LEVEL")
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        alias="HOOKBUS_EVENT_LOOP",
+        description="Event loop of the orchestrator and the workers: uvloop (where installed) or asyncio.",
+    )
 
 
     def shown(self, name: str) -> str:

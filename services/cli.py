@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
-from hookbus.services import defaults
+from hookbus.services import defaults, event_loop
 from hookbus.services.edge_options import EdgeOptions
 
 RUN_STATE = Path(".hookbus")
@@ -70,7 +70,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         claim_idle=args.claim_idle,
         max_deliveries=args.max_deliveries,
     )
-    asyncio.run(replica.app.run())
+    event_loop.run(replica.app.run())
     return 0
 
 
@@ -99,7 +99,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
         max_deliveries=args.max_deliveries,
         limits=limits_of(args),
     )
-    asyncio.run(service.app.run())
+    event_loop.run(service.app.run())
     return 0
 
 

@@ -64,7 +64,7 @@ def serve(
     if api_keys is None:
         print(AUTH_OFF_WARNING.format(where=f"{host}:{port}"), file=sys.stderr, flush=True)
     disable_created_metrics()  # no `_created` series: they double /metrics for nothing
-    asyncio.run(
+    asyncio.run(  # the stock loop: AcceptErrorLog relies on how it retries a failed accept()
         _serve(host, port, api_keys, redis_url, prefix, models=models, limits=limits, edge=edge or EdgeOptions())
     )
 

@@ -32,6 +32,8 @@ class TurnStream:
         """`chunk` without what belongs to the agent's own rounds; None when nothing is left."""
         if not chunk.choices:
             return None
+        if not _agents_own(chunk):
+            return chunk if _shows_something(chunk) else None  # most text chunks: nothing to take out, no copy
         shown = chunk.model_copy(deep=True)
         choice = shown.choices[0]
         delta = choice.delta
@@ -45,9 +47,7 @@ class TurnStream:
             else:
                 self.role_sent = True
                 return shown
-        if not delta.content and not choice.logprobs and not getattr(delta, "refusal", None):
-            return None
-        return shown
+        return shown if _shows_something(shown) else None
 
     def finish(self, finish_reason: str, client_calls: list[dict[str, Any]]) -> list[ChatCompletionChunk]:
         """The closing chunks: a role delta if none went out yet, the client's tool calls, the finish."""
@@ -82,3 +82,22 @@ class TurnStream:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
             }
         )
+
+
+def _agents_own(chunk: ChatCompletionChunk) -> bool:
+    """Whether the chunk holds what `visible` may have to take out: a tool call or a finish
+    of the agent's own round, or a role delta (shown once)."""
+    choice = chunk.choices[0]
+    delta = choice.delta
+    return bool(
+        delta.tool_calls
+        or getattr(delta, "function_call", None) is not None
+        or choice.finish_reason is not None
+        or delta.role is not None
+    )
+
+
+def _shows_something(chunk: ChatCompletionChunk) -> bool:
+    choice = chunk.choices[0]
+    delta = choice.delta
+    return bool(delta.content or choice.logprobs or getattr(delta, "refusal", None))

@@ -15,7 +15,6 @@ embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import sys
@@ -23,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from hookbus.services import event_loop
 from tests.bench.common import Row, bench_redis, markdown_table, redis_version, table
 
 
@@ -123,4 +123,4 @@ async def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(sys.argv[1:])))
+    sys.exit(event_loop.run(main(sys.argv[1:])))

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hookbus.services import event_loop
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
@@ -526,4 +528,4 @@ def run_alone(measure: Callable[[str], Awaitable[list[Row]]], title: str) -> Non
             rows = await measure(url)
         print_rows(title, rows)
 
-    asyncio.run(main())
+    event_loop.run(main())

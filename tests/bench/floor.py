@@ -19,6 +19,8 @@ import uuid
 
 import redis.asyncio as aredis
 
+from hookbus.services import event_loop
+
 
 class FloorCaller:
     def __init__(self, redis_url: str, stream: str, reply_stream: str) -> None:
@@ -86,4 +88,4 @@ async def serve(redis_url: str, stream: str, group: str, count: int, reply_bytes
 
 if __name__ == "__main__":
     url, stream_name, group_name, batch, size = sys.argv[1:6]
-    asyncio.run(serve(url, stream_name, group_name, int(batch), int(size)))
+    event_loop.run(serve(url, stream_name, group_name, int(batch), int(size)))  # the services' loop, for a fair floor

@@ -8,12 +8,13 @@ the reply to `broker.request()`), each on its own stream in a consumer group wit
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
 from faststream import FastStream
 from faststream.redis import RedisBroker, StreamSub
+
+from hookbus.services import event_loop
 
 HOOKS = 3
 
@@ -33,4 +34,4 @@ def build(redis_url: str, prefix: str) -> FastStream:
 
 
 if __name__ == "__main__":
-    asyncio.run(build(sys.argv[1], sys.argv[2]).run())
+    event_loop.run(build(sys.argv[1], sys.argv[2]).run())  # the loop hookbus's services get
