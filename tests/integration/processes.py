@@ -202,8 +202,9 @@ class Processes:
         args = proc.args[3:]
         return self._spawn(proc.role, proc.name, proc.group, args)
 
-    async def wait_ready(self, *procs: Proc, timeout: float = 30.0) -> None:
-        """Until each process wrote a heartbeat after it started (it is consuming)."""
+    async def wait_ready(self, *procs: Proc, timeout: float = 60.0) -> None:
+        """Until each process wrote a heartbeat after it started (it is consuming); 60 s:
+        several interpreters importing at once on a loaded 2-core CI machine."""
         client = aredis.Redis.from_url(self.env["REDIS_URL"])
         waiting = list(procs)
 

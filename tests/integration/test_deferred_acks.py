@@ -51,7 +51,7 @@ async def test_a_reply_is_written_at_once_and_its_ack_follows_within_the_bound(r
         return not await pending_ids(redis, stream, "g")
 
     assert await wait_for(acked, timeout=2, every=0.005)
-    assert time.monotonic() - replied < 0.05 + 0.1
+    assert time.monotonic() - replied < 0.05 + 0.45  # the delay and a loaded machine's scheduling, not a later flush
     assert batcher.unacked == 0
 
 

@@ -95,9 +95,9 @@ def test_matching_is_fast_on_the_worst_arguments_within_the_cap() -> None:
         "drop " + " " * 15_990 + "x",
     ]
     for argument in worst:
-        began = time.perf_counter()
+        began = time.process_time()  # CPU, not wall time: a loaded CI machine must not fail it
         skill.violation(call(argument))
-        assert time.perf_counter() - began < 1.0, argument[:20]
+        assert time.process_time() - began < 1.0, argument[:20]
 
 
 def test_arguments_over_the_cap_are_refused_unread() -> None:
