@@ -13,6 +13,7 @@ Run alone: `python -m tests.bench.streaming`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,15 +29,20 @@ from tests.bench.common import (
     scaled,
     wait_for_replicas,
 )
+from tests.bench.cost import hops_of
 from tests.bench.skills import STREAM_PROMPT
 
 CHUNKS = 500
+EVENTS_FLUSHED = 0.5
+"""Seconds for the worker's monitor records to reach `events` (it flushes every 100 ms)."""
 
 
 @dataclass
 class Timings:
     first: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
+    hops: float = 0.0
+    """on_chunk hops per request (mean, from the worker's monitor records)."""
 
     @staticmethod
     def median(values: list[float]) -> float:
@@ -70,6 +76,8 @@ async def run_streaming(
         try:
             await wait_for_orchestrator(client, Keys(prefix), procs)
 
+            hooked_ids: set[str] = set()
+
             async def one(scopes: list[str], into: Timings | None) -> None:
                 began = time.perf_counter()
                 first = None
@@ -77,6 +85,8 @@ async def run_streaming(
                 async for chunk in client.stream(STREAM_PROMPT, auth={"scopes": scopes}):
                     if first is None:
                         first = time.perf_counter() - began
+                        if into is hooked:
+                            hooked_ids.add(chunk.id)
                     if chunk.choices and chunk.choices[0].delta.content:
                         words += len(chunk.choices[0].delta.content.split())
                 total = time.perf_counter() - began
@@ -91,6 +101,8 @@ async def run_streaming(
             for _ in range(scaled(requests)):
                 await one(["chunky"], hooked)
                 await one([], plain)
+            await asyncio.sleep(EVENTS_FLUSHED)
+            hooked.hops = (await hops_of(client.redis, prefix, hooked_ids))["on_chunk"] / len(hooked_ids)
         finally:
             await client.close()
     return hooked, plain
@@ -105,6 +117,7 @@ def rows_of(label: str, hooked: Timings, plain: Timings) -> list[Row]:
         Row("streaming", f"{label} time to first chunk", first_h, "ms", first_p, "no hook",
             note=f"+{first_h - first_p:.2f} ms (target +1.5 ms)"),
         Row("streaming", f"{label} first-chunk delay", first_h - first_p, "ms", target="<=1.5"),
+        Row("streaming", f"{label} on_chunk hops per request", hooked.hops, "", note=f"{CHUNKS / hooked.hops:.1f} chunks a hop"),
     ]
 
 
