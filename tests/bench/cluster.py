@@ -47,15 +47,15 @@ class NodeLoad:
 
 
 @contextlib.contextmanager
-def topology(kind: str) -> Iterator[tuple[str, list[int]]]:
-    """(REDIS_URL, the ports of the nodes that hold data)."""
+def topology(kind: str) -> Iterator[tuple[str, list[int], str | None]]:
+    """(REDIS_URL, the ports of the nodes that hold data, their password)."""
     if kind == "single":
         from hookbus.bus.embedded import EmbeddedRedis
 
         server = EmbeddedRedis(appendonly=False)
         server.start()
         try:
-            yield server.url, [server.port]
+            yield server.url, [server.port], server.password
         finally:
             server.cleanup()
         return
@@ -64,16 +64,16 @@ def topology(kind: str) -> Iterator[tuple[str, list[int]]]:
     cluster = EmbeddedCluster(masters=3)
     cluster.start()
     try:
-        yield cluster.url, cluster.master_ports()
+        yield cluster.url, cluster.master_ports(), None  # the embedded cluster runs without one
     finally:
         cluster.cleanup()
 
 
-def node_counters(ports: list[int]) -> dict[int, tuple[int, float, int]]:
+def node_counters(ports: list[int], password: str | None) -> dict[int, tuple[int, float, int]]:
     """port -> (pid, CPU seconds so far, commands processed so far)."""
     counters = {}
     for port in ports:
-        with redis.Redis(port=port) as node:
+        with redis.Redis(port=port, password=password) as node:
             pid = int(node.info("server")["process_id"])
             counters[port] = (pid, cpu_seconds(pid), int(node.info("stats")["total_commands_processed"]))
     return counters
@@ -85,7 +85,7 @@ async def run_on(kind: str) -> tuple[float, list[NodeLoad], int]:
     from tests.bench.full import wait_for_orchestrator
 
     prefix = new_prefix(f"cluster-{kind}")
-    with topology(kind) as (url, ports):
+    with topology(kind) as (url, ports, password):
         async with processes() as procs:
             for _ in range(2):
                 procs.worker(url, prefix, "chunk", ["tests.bench.skills:ChunkNoop"], concurrency=32)
@@ -104,9 +104,9 @@ async def run_on(kind: str) -> tuple[float, list[NodeLoad], int]:
                         raise RuntimeError(f"unexpected answer {text!r}")
 
                 await run_load(request, concurrency=CONCURRENCY, total=scaled(64))  # warm-up
-                before = node_counters(ports)
+                before = node_counters(ports, password)
                 stats = await run_load(request, concurrency=CONCURRENCY, total=scaled(600), max_seconds=60)
-                after = node_counters(ports)
+                after = node_counters(ports, password)
             finally:
                 await client.close()
     loads = [

@@ -38,10 +38,18 @@ class StubLLM:
 
     offline = False
 
-    async def complete(self, model: str, messages: list[dict[str, Any]], tools: Any) -> ChatCompletion:
+    def context_windows(self) -> dict[str, int]:
+        return {}  # hookbus's own table applies
+
+    async def context_window(self, model: str) -> int | None:
+        return None  # the endpoint says nothing
+
+    async def complete(
+        self, model: str, messages: list[dict[str, Any]], tools: Any, settings: Any = None
+    ) -> ChatCompletion:
         return ChatCompletion.model_validate(COMPLETION)
 
-    async def stream(self, model: str, messages: list[dict[str, Any]], tools: Any):  # type: ignore[no-untyped-def]
+    async def stream(self, model: str, messages: list[dict[str, Any]], tools: Any, settings: Any = None):  # type: ignore[no-untyped-def]
         raise NotImplementedError
         yield
 
