@@ -48,10 +48,11 @@ class RideOffer:
     __slots__ = ("block_ms", "done", "taken", "_queue", "_deliver")
 
     def __init__(
-        self, queue: Callable[[Any, int], None], deliver: Callable[[Any], bool], block_ms: int = BLOCK_MS
+        self, queue: Callable[[Any, int, int], None], deliver: Callable[[Any], bool], block_ms: int = BLOCK_MS
     ) -> None:
-        """`queue(pipe, riding)`: add the read to `pipe`, which carries `riding` writes;
-        `deliver(response)`: hand the read's response on, True if it held anything."""
+        """`queue(pipe, riding, block_ms)`: add the read, blocking `block_ms` at most, to
+        `pipe`, which carries `riding` writes; `deliver(response)`: hand the read's
+        response on, True if it held anything."""
         self.block_ms = block_ms
         self._queue, self._deliver = queue, deliver
         self.done: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
@@ -62,7 +63,7 @@ class RideOffer:
 
     def take(self, pipe: Any, riding: int) -> None:
         self.taken = True
-        self._queue(pipe, riding)
+        self._queue(pipe, riding, self.block_ms)
 
     def arrived(self, response: Any) -> None:
         """The pipeline's result for the read: a response, or the error Redis gave."""

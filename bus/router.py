@@ -34,7 +34,7 @@ from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
 from hookbus.bus.redis_values import text
-from hookbus.bus.ride import BLOCK_MS, RideOffer, ride
+from hookbus.bus.ride import RideOffer, ride
 
 log = structlog.get_logger("hookbus.router")
 
@@ -206,7 +206,7 @@ class ReplyRouter:
         """One read of replies, riding with the next hops if replies were just resolved;
         whether it resolved any."""
         if after_replies:
-            rode = await ride(self._appender, RideOffer(self._queue_read, self._take, BLOCK_MS))
+            rode = await ride(self._appender, RideOffer(self._queue_read, self._take))
             if rode is not None:
                 self.rides += 1
                 return rode
@@ -215,8 +215,8 @@ class ReplyRouter:
         )
         return self._take(response)
 
-    def _queue_read(self, pipe: Any, riding: int) -> None:
-        pipe.xread({self.reply_stream: self._last_id}, count=1000, block=BLOCK_MS)
+    def _queue_read(self, pipe: Any, riding: int, block_ms: int) -> None:
+        pipe.xread({self.reply_stream: self._last_id}, count=1000, block=block_ms)
 
     def _take(self, response: Any) -> bool:
         """Resolve the replies of one XREAD; whether there were any entries."""

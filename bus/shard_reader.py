@@ -163,10 +163,9 @@ class ShardedGroupReader:
         if self._rider is None:
             return None
 
-        def queue(pipe: Any, riding: int) -> None:
+        def queue(pipe: Any, riding: int, block_ms: int) -> None:
             pipe.xreadgroup(
-                self.group, self.consumer, {stream: ">"}, count=max(1, self._free() + riding),
-                block=self.ride_block_ms,
+                self.group, self.consumer, {stream: ">"}, count=max(1, self._free() + riding), block=block_ms
             )
 
         self._ride = RideOffer(queue, lambda response: self._deliver_response(stream, response), self.ride_block_ms)
