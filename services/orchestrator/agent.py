@@ -31,12 +31,13 @@ from typing import Any
 import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from hookbus.bus.chunk_batch import ChunkIn
 from hookbus.bus.settings import get_settings
 from hookbus.services import tracing
 from hookbus.services.offload import is_large, off_loop
 from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
-from hookbus.services.orchestrator.chunk_pipeline import ChunkIn, stream_chunks
+from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.instructions import with_instructions
@@ -453,21 +454,17 @@ class Agent:
     ) -> tuple[list[ChatCompletionChunk | None], HookError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
         (segment,) = state.plan.segments("on_chunk", state.ctx.auth.scopes)
-        data = [
-            HookData.model_construct(
-                lifecycle="on_chunk", chunk=c.chunk, content=c.content, chunk_index=c.index, full_content=c.full
-            )
-            for c in chunks
-        ]
         with tracing.stage_span("on_chunk", f"on_chunk#{chunks[0].index}"):
             started = time.perf_counter()
-            result = await self.runtime.hop_chunks(segment, data, state.ctx)
+            result = await self.runtime.hop_chunks(segment, chunks, state.ctx)
             self.runtime.record_stage(
                 state.completion_id, "on_chunk", segment.group, result.outcomes,
                 (time.perf_counter() - started) * 1000,
             )
         shown = result.data[:-1] if result.abort is not None else result.data
-        return [_visible_chunk(d, c.content) for d, c in zip(shown, chunks, strict=False)], result.abort
+        return [
+            c.chunk if d is None else _visible_chunk(d, c.content) for d, c in zip(shown, chunks, strict=False)
+        ], result.abort
 
     async def _after_llm_call(self, state: RunState, iteration: int) -> dict[str, Any]:
         response = state.last_response

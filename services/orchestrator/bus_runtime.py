@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import structlog
 from pydantic import ValidationError
 
-from hookbus.bus.chunk_batch import dump_chunks, load_results
+from hookbus.bus.chunk_batch import ChunkIn, dump_chunks, load_results
 from hookbus.bus.envelopes import (
     COMPACTION_LIFECYCLE,
     HookRef,
@@ -104,13 +104,13 @@ class BusRuntime:
             fail=lambda reason, outcome: _unanswered(segment, data, reason, outcome),
         )
 
-    async def hop_chunks(self, segment: Segment, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
+    async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         """One hop for several chunks (hookbus.bus.chunk_batch); its timeout allows every
         chunk its hooks' timeouts, as one hop per chunk would."""
         return await self._hook_hop(
-            segment, ctx, "on_chunk", f"on_chunk#{chunks[0].chunk_index}", dump_chunks(chunks),
+            segment, ctx, "on_chunk", f"on_chunk#{chunks[0].index}", dump_chunks(chunks),
             self._segment_timeout(segment) * len(chunks), count=len(chunks),
-            apply=lambda reply: self._apply_chunks(reply, chunks, ctx),
+            apply=lambda reply: self._apply_chunks(reply, len(chunks), ctx),
             fail=lambda reason, outcome: _batch_unanswered(segment, chunks, reason, outcome),
         )
 
@@ -182,19 +182,19 @@ class BusRuntime:
             raise ValueError(f"reply is for {new_data.lifecycle}, not {data.lifecycle}")
         return ChainResult(new_data, *_taken(reply, ctx), reply.blocked)
 
-    def _apply_chunks(self, reply: HopReply, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
-        """The batch reply's data: a chunk whose result is null (or a reply without data)
-        keeps the caller's own HookData."""
+    def _apply_chunks(self, reply: HopReply, sent: int, ctx: Context) -> ChunkBatchResult:
+        """The batch reply's data: null (or a reply without data) for a chunk unchanged."""
         processed = reply.processed
-        if not 0 < processed <= len(chunks) or (processed < len(chunks) and reply.abort is None):
-            raise ValueError(f"reply ran {processed} of {len(chunks)} chunks")
-        results = load_results(reply.data_json) if reply.data_json is not None else [None] * processed
+        if not 0 < processed <= sent or (processed < sent and reply.abort is None):
+            raise ValueError(f"reply ran {processed} of {sent} chunks")
+        results: list[HookData | None] = (
+            load_results(reply.data_json) if reply.data_json is not None else [None] * processed
+        )
         if len(results) != processed:
             raise ValueError(f"reply has {len(results)} results for {processed} chunks")
-        data = [r if r is not None else c for r, c in zip(results, chunks, strict=False)]
-        if any(d.lifecycle != "on_chunk" for d in data):
+        if any(r is not None and r.lifecycle != "on_chunk" for r in results):
             raise ValueError("reply is not for on_chunk")
-        return ChunkBatchResult(data, *_taken(reply, ctx))
+        return ChunkBatchResult(results, *_taken(reply, ctx))
 
     def _segment_timeout(self, segment: Segment) -> float:
         return sum(h.timeout or self.default_timeout for h in segment.hooks)
@@ -331,9 +331,9 @@ def _unanswered(segment: Segment, data: HookData, reason: str, outcome: Outcome)
     return fail_unanswered(data, [h.descriptor for h in segment.hooks], reason, outcome)
 
 
-def _batch_unanswered(segment: Segment, chunks: Sequence[HookData], reason: str, outcome: Outcome) -> ChunkBatchResult:
+def _batch_unanswered(segment: Segment, chunks: Sequence[ChunkIn], reason: str, outcome: Outcome) -> ChunkBatchResult:
     """The failure rules once for the batch: every chunk unchanged, or the run aborted
     at the first chunk (a critical hook)."""
-    failed = _unanswered(segment, chunks[0], reason, outcome)
-    kept = [failed.data] if failed.abort is not None else list(chunks)
+    failed = _unanswered(segment, chunks[0].data(), reason, outcome)
+    kept: list[HookData | None] = [failed.data] if failed.abort is not None else [None] * len(chunks)
     return ChunkBatchResult(kept, failed.outcomes, failed.abort)

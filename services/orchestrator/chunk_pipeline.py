@@ -18,26 +18,16 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from openai.types.chat import ChatCompletionChunk
 
+from hookbus.bus.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.assemble import ChunkAssembler
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.skills import HookError
 
 OnChunk = Callable[[RunState, ChatCompletionChunk, str, int, str], Awaitable[ChatCompletionChunk | None]]
 """Runs one chunk through the on_chunk stage: (state, chunk, content, index, full_content)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkIn:
-    """One chunk from the model, as the on_chunk stage gets it."""
-
-    chunk: ChatCompletionChunk
-    content: str
-    index: int
-    full: str
 
 
 OnChunks = Callable[

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from hookbus.bus.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookData, HookError
 from hookbus.skills.compaction_outcome import Compaction
@@ -28,9 +29,10 @@ log = structlog.get_logger("hookbus.runtime")
 class ChunkBatchResult:
     """A remote on_chunk segment run over several chunks in one hop: the data of each
     chunk the chain ran over, in order (fewer than sent only when `abort` stopped it at
-    the last one), and one outcome per hook for the whole batch."""
+    the last one; None for a chunk the hooks left as it came), and one outcome per hook
+    for the whole batch."""
 
-    data: list[HookData]
+    data: list[HookData | None]
     outcomes: list[HookOutcome] = field(default_factory=list)
     abort: HookError | None = None
 
@@ -48,7 +50,7 @@ class Runtime(Protocol):
     ) -> ChainResult:
         """Run a remote segment in its worker group and bring back the result."""
 
-    async def hop_chunks(self, segment: Segment, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
+    async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         """Run a remote on_chunk segment over `chunks` (in the model's order) in one hop."""
 
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str: ...
@@ -101,7 +103,7 @@ class LocalRuntime:
     ) -> ChainResult:
         raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")
 
-    async def hop_chunks(self, segment: Segment, chunks: Sequence[HookData], ctx: Context) -> ChunkBatchResult:
+    async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")
 
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str:

@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -398,9 +399,25 @@ class Processes:
             args += ["--replica", replica]
         return self.spawn(args, bench_env(redis_url, prefix), f"worker-{group}")
 
-    def orchestrator(self, redis_url: str, prefix: str, agent: str, *, concurrency: int = 64) -> subprocess.Popen[bytes]:
+    def orchestrator(
+        self, redis_url: str, prefix: str, agent: str, *, concurrency: int = 64, model_url: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """`model_url`: the LLM endpoint (`Processes.model`); None: the built-in offline
+        model, served from a thread of the orchestrator's own process."""
         args = [PYTHON, "-m", "hookbus.services.cli", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
-        return self.spawn(args, bench_env(redis_url, prefix), "orchestrator")
+        endpoint = {"OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "bench"} if model_url else {}
+        return self.spawn(args, bench_env(redis_url, prefix, **endpoint), "orchestrator")
+
+    async def model(self, timeout: float = 30.0) -> str:
+        """The offline model in a process of its own, as an LLM provider runs apart from
+        the services; returns its base URL once it answers. In a thread of the
+        orchestrator it would take the GIL from the orchestrator's loop: a hop's reply then
+        waits for the model thread's switch interval (5 ms) before it is read."""
+        port = free_port()
+        self.spawn([PYTHON, "-m", "tests.integration.offline_model_process", str(port)], dict(os.environ), "model")
+        base = f"http://127.0.0.1:{port}/v1"
+        await wait_for_http(f"{base}/models", self, timeout)
+        return base
 
     def check_alive(self) -> None:
         for child, log in zip(self.children, self.logs, strict=True):
@@ -437,6 +454,27 @@ async def processes() -> AsyncIterator[Processes]:
         yield procs
     finally:
         await asyncio.to_thread(procs.close)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_for_http(url: str, procs: Processes, timeout: float = 60.0) -> None:
+    """Until `url` answers 200, failing early when one of `procs` died."""
+    import httpx
+
+    async with httpx.AsyncClient() as http, asyncio.timeout(timeout):
+        while True:
+            procs.check_alive()
+            try:
+                if (await http.get(url)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
 
 
 async def wait_for_replicas(redis_url: str, prefix: str, wanted: dict[str, int], procs: Processes | None = None, timeout: float = 60.0) -> None:

@@ -25,7 +25,6 @@ Run alone: `python -m tests.bench.cost`.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,11 +35,13 @@ from tests.bench.common import (
     Row,
     bench_env,
     cpu_seconds,
+    free_port,
     new_prefix,
     processes,
     quiet_logs,
     run_alone,
     scaled,
+    wait_for_http,
     wait_for_replicas,
 )
 from tests.bench.skills import COST_ANSWER_WORDS, COST_PROMPT
@@ -118,12 +119,6 @@ def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def start_stack(procs: Processes, redis_url: str, prefix: str, model_url: str) -> tuple[str, dict[str, int]]:
     """The four service processes, the orchestrator's model at `model_url`; returns the
     gateway's base URL and the pids by name."""
@@ -154,22 +149,8 @@ async def start_stack(procs: Processes, redis_url: str, prefix: str, model_url: 
     finally:
         await client.close()
     base = f"http://127.0.0.1:{port}/v1"
-    await _wait_for_gateway(base, procs)
+    await wait_for_http(f"{base}/models", procs)
     return base, pids
-
-
-async def _wait_for_gateway(base: str, procs: Processes, timeout: float = 60.0) -> None:
-    import httpx
-
-    async with httpx.AsyncClient() as http, asyncio.timeout(timeout):
-        while True:
-            procs.check_alive()
-            try:
-                if (await http.get(f"{base}/models")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
 
 
 async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]

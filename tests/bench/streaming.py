@@ -2,7 +2,9 @@
 with one remote no-op `on_chunk` hook against the same answer with no hook.
 
 One stack: `hookbus orchestrator` (tests.bench.skills:stream_agent), one `hookbus worker`
-of group `chunk` hosting tests.bench.skills:ChunkNoop, whose hook has scope "chunky"; a
+of group `chunk` hosting tests.bench.skills:ChunkNoop, whose hook has scope "chunky", and
+the offline model in a process of its own (as an LLM provider runs apart: in a thread of
+the orchestrator it took the GIL from the orchestrator's loop while it streamed); a
 request whose caller holds that scope gets the hook on every chunk, one without gets no
 hook at all, so both cases share every process. Requests go through HookbusClient.stream()
 one at a time, alternating with and without the hook. Time to first chunk is from the
@@ -71,7 +73,7 @@ async def run_streaming(
         else:
             procs.spawn([PYTHON, "-m", *worker], bench_env(redis_url, prefix), "chunk-worker")
         await wait_for_replicas(redis_url, prefix, {"chunk": 1}, procs)
-        procs.orchestrator(redis_url, prefix, agent)
+        procs.orchestrator(redis_url, prefix, agent, model_url=await procs.model())
         client = HookbusClient(redis_url, prefix=prefix, timeout=120)
         try:
             await wait_for_orchestrator(client, Keys(prefix), procs)

@@ -10,7 +10,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from hookbus import Agent
-from hookbus.bus.chunk_batch import dump_chunks, load_results
+from hookbus.bus.chunk_batch import ChunkIn, dump_chunks, load_results
 from hookbus.bus.connection import connect
 from hookbus.bus.envelopes import (
     HookRef,
@@ -191,12 +191,20 @@ class InPlace(Skill):
         data.chunk.choices[0].delta.content = "edited"
 
 
-def _chunk_data(index: int) -> HookData:
-    chunk = ChatCompletionChunk.model_validate({
+def _chunk(index: int) -> ChatCompletionChunk:
+    return ChatCompletionChunk.model_validate({
         "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
         "choices": [{"index": 0, "delta": {"content": f"w{index}"}, "finish_reason": None}],
     })
-    return HookData(lifecycle="on_chunk", chunk=chunk, content=f"w{index}", chunk_index=index)
+
+
+def _chunk_data(index: int) -> HookData:
+    return HookData(lifecycle="on_chunk", chunk=_chunk(index), content=f"w{index}", chunk_index=index)
+
+
+def _chunks(n: int) -> list[ChunkIn]:
+    """A batch as the orchestrator sends it: chunk `i` says "w{i}"."""
+    return [ChunkIn(_chunk(i), f"w{i}", i, "".join(f"w{j}" for j in range(i + 1))) for i in range(n)]
 
 
 async def test_split_hops_reply_without_data_unless_the_hooks_changed_it():
@@ -274,10 +282,7 @@ class EveryOther(Skill):
 
 
 async def test_a_batch_reply_carries_only_the_changed_chunks_and_the_state_they_left():
-    chunks = [
-        HookData(lifecycle="on_chunk", content=f"c{i}", chunk_index=i, full_content="".join(f"c{j}" for j in range(i + 1)))
-        for i in range(3)
-    ]
+    chunks = _chunks(3)
     event = HopEvent(
         hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0", chunks=3,
         hooks=[HookRef(skill="every-other", method="drop")], ctx={}, reply_to="r", deadline=time.time() + 5,
@@ -291,11 +296,11 @@ async def test_a_batch_reply_carries_only_the_changed_chunks_and_the_state_they_
     assert back.data_json is not None
     results = load_results(back.data_json)
     assert results[0] is None and results[2] is None
-    assert results[1] is not None and results[1].content == "" and results[1].full_content == "c0c1"
+    assert results[1] is not None and results[1].content == "" and results[1].full_content == "w0w1"
 
 
 async def test_a_chunk_a_hook_edited_in_place_counts_as_changed_in_a_batch():
-    chunks = [_chunk_data(i) for i in range(2)]
+    chunks = _chunks(2)
     event = HopEvent(
         hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0", chunks=2,
         hooks=[HookRef(skill="in-place", method="edit")], ctx={}, reply_to="r", deadline=time.time() + 5,

@@ -6,16 +6,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
-from hookbus.bus.chunk_batch import ChangeCheck, dump_chunks, load_chunks
+from hookbus.bus.chunk_batch import ChangeCheck, ChunkIn, dump_chunks, load_chunks
 from hookbus.skills import HookData
 
 
-def _batch(n: int) -> list[HookData]:
-    return [
-        HookData(lifecycle="on_chunk", content=f"c{i}", chunk_index=i, full_content="".join(f"c{j}" for j in range(i + 1)))
-        for i in range(n)
-    ]
+def _chunk(i: int) -> ChatCompletionChunk:
+    return ChatCompletionChunk.model_validate({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": f"c{i}"}, "finish_reason": None}],
+    })
+
+
+def _batch(n: int) -> list[ChunkIn]:
+    return [ChunkIn(_chunk(i), f"c{i}", i, "".join(f"c{j}" for j in range(i + 1))) for i in range(n)]
 
 
 def _run(raw: bytes, edit: dict[int, object]) -> list[bytes | None]:
@@ -45,7 +50,7 @@ def test_only_the_chunks_the_hooks_changed_come_back(layout):
     results = _run(raw, {1: _other_text_so_far, 3: _blank})
     assert [r is not None for r in results][1:] == [True, False, True, False]
     if layout == "spaced":  # bytes it cannot follow: the first chunk may come back, unchanged
-        assert results[0] is None or HookData.model_validate_json(results[0]) == _batch(1)[0]
+        assert results[0] is None or HookData.model_validate_json(results[0]) == _batch(1)[0].data()
     else:
         assert results[0] is None
     changed = HookData.model_validate_json(results[1])  # type: ignore[arg-type]
@@ -62,3 +67,22 @@ def test_a_change_to_the_first_chunk_is_seen_and_the_rest_still_checked():
 
 def test_a_batch_the_hooks_left_alone_comes_back_all_unchanged():
     assert _run(dump_chunks(_batch(4)), {}) == [None, None, None, None]
+
+
+def test_a_chunk_travels_without_its_defaults_and_loads_back_whole():
+    batch = _batch(3)
+    raw = dump_chunks(batch)
+    assert b"null" not in raw and b"tool_skipped" not in raw  # nor the stage's other fields
+    assert raw.count(b"full_content") == 1
+    loaded = load_chunks(raw)
+    assert loaded == [c.data() for c in batch]  # every default back, every text so far rebuilt
+    assert loaded[1].chunk is not None and loaded[1].chunk.choices[0].finish_reason is None
+
+
+def test_an_edit_that_sets_a_default_back_is_a_change_still():
+    def clear(chunk: HookData) -> None:
+        chunk.content = None
+
+    results = _run(dump_chunks(_batch(2)), {1: clear})
+    assert results[0] is None and results[1] is not None
+    assert HookData.model_validate_json(results[1]).content is None
