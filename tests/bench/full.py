@@ -8,11 +8,12 @@ finalize_connection. Every stage has 3 remote no-op hooks in 2 worker groups: `a
 (2 hooks, priorities 10 and 20: one hop) and `beta` (1 hook, priority 30: one hop), so
 18 hops per request.
 
-- bus: HookbusClient.complete() -> `hookbus orchestrator` (its own offline model thread,
-  as in production with no endpoint set) -> `hookbus worker` x2 (--concurrency 64);
-  every piece a separate process;
-- in-process: Agent.run() of the same agent with the same hooks as local skills (its own
-  offline model thread), in this process.
+- bus: HookbusClient.complete() -> `hookbus orchestrator` -> `hookbus worker` x2
+  (--concurrency 64); every piece a separate process;
+- in-process: Agent.run() of the same agent with the same hooks as local skills, in this
+  process.
+Both call the same offline model, in a process of its own (as an LLM provider runs
+apart: in a thread of the caller it would take the GIL from the caller's loop).
 The bus overhead per request is p50(bus) - p50(in-process), and the ratio of the two.
 
 Run alone: `python -m tests.bench.full`.
@@ -24,6 +25,7 @@ import asyncio
 import time
 
 from tests.bench.common import (
+    Processes,
     Row,
     Stats,
     bench_redis,
@@ -53,42 +55,43 @@ async def wait_for_orchestrator(client, keys, procs, timeout: float = 60.0) -> N
             await asyncio.sleep(0.1)
 
 
-async def on_bus(redis_url: str, prefix: str) -> dict[int, Stats]:
+async def on_bus(redis_url: str, prefix: str, procs: Processes, model_url: str) -> dict[int, Stats]:
     from hookbus.bus.client import HookbusClient
     from hookbus.bus.keys import Keys
 
     results: dict[int, Stats] = {}
-    async with processes() as procs:
-        procs.worker(redis_url, prefix, "alpha", ["tests.bench.skills:Alpha"], concurrency=64)
-        procs.worker(redis_url, prefix, "beta", ["tests.bench.skills:Beta"], concurrency=64)
-        await wait_for_replicas(redis_url, prefix, {"alpha": 1, "beta": 1}, procs)
-        procs.orchestrator(redis_url, prefix, "tests.bench.skills:full_agent", concurrency=64)
-        keys = Keys(prefix)
-        client = HookbusClient(redis_url, prefix=prefix, timeout=120)
-        try:
-            await wait_for_orchestrator(client, keys, procs)
-            completion = await client.complete(FULL_PROMPT)
-            assert completion.choices[0].message.content == EXPECTED, completion
-            hops_before = await client.redis.xlen(keys.hooks("alpha")) + await client.redis.xlen(keys.hooks("beta"))
-            assert hops_before == HOPS_PER_REQUEST, f"expected {HOPS_PER_REQUEST} hops per request, saw {hops_before}"
+    procs.worker(redis_url, prefix, "alpha", ["tests.bench.skills:Alpha"], concurrency=64)
+    procs.worker(redis_url, prefix, "beta", ["tests.bench.skills:Beta"], concurrency=64)
+    await wait_for_replicas(redis_url, prefix, {"alpha": 1, "beta": 1}, procs)
+    procs.orchestrator(redis_url, prefix, "tests.bench.skills:full_agent", concurrency=64, model_url=model_url)
+    keys = Keys(prefix)
+    client = HookbusClient(redis_url, prefix=prefix, timeout=120)
+    try:
+        await wait_for_orchestrator(client, keys, procs)
+        completion = await client.complete(FULL_PROMPT)
+        assert completion.choices[0].message.content == EXPECTED, completion
+        hops_before = await client.redis.xlen(keys.hooks("alpha")) + await client.redis.xlen(keys.hooks("beta"))
+        assert hops_before == HOPS_PER_REQUEST, f"expected {HOPS_PER_REQUEST} hops per request, saw {hops_before}"
 
-            async def request() -> None:
-                answer = await client.complete(FULL_PROMPT)
-                if answer.choices[0].message.content != EXPECTED:
-                    raise RuntimeError(f"unexpected answer {answer.choices[0].message.content!r}")
+        async def request() -> None:
+            answer = await client.complete(FULL_PROMPT)
+            if answer.choices[0].message.content != EXPECTED:
+                raise RuntimeError(f"unexpected answer {answer.choices[0].message.content!r}")
 
-            for concurrency in CONCURRENCIES:
-                results[concurrency] = await run_load(
-                    request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
-                    max_seconds=60,
-                )
-        finally:
-            await client.close()
+        for concurrency in CONCURRENCIES:
+            results[concurrency] = await run_load(
+                request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
+                max_seconds=60,
+            )
+    finally:
+        await client.close()
     return results
 
 
-async def in_process() -> dict[int, Stats]:
-    agent = full_agent_inprocess()
+async def in_process(model_url: str) -> dict[int, Stats]:
+    from hookbus.services.orchestrator.llm import LLM
+
+    agent = full_agent_inprocess(LLM(model_url, "bench"))
 
     async def request() -> None:
         answer = await agent.run(FULL_PROMPT)
@@ -107,8 +110,10 @@ async def in_process() -> dict[int, Stats]:
 
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
-    local = await in_process()
-    bus = await on_bus(redis_url, new_prefix("full"))
+    async with processes() as procs:
+        model_url = await procs.model()
+        local = await in_process(model_url)
+        bus = await on_bus(redis_url, new_prefix("full"), procs, model_url)
     rows: list[Row] = []
     print(f"\n[full] non-streaming request, 9 stages x 3 remote no-op hooks in 2 groups ({HOPS_PER_REQUEST} hops), 2 LLM calls")
     for concurrency in CONCURRENCIES:

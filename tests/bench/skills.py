@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 from hookbus import Agent
+from hookbus.services.orchestrator.llm import LLM
 from hookbus.skills import Context, HookData, Skill, hook, tool
 from hookbus.skills.lifecycle import LIFECYCLES
 
@@ -107,9 +108,9 @@ def full_agent() -> Agent:
     return Agent("bench-full", instructions="You are a benchmark.", skills=[Lookup()])
 
 
-def full_agent_inprocess() -> Agent:
+def full_agent_inprocess(llm: LLM | None = None) -> Agent:
     """The same agent with the same three hooks per stage in-process (the baseline)."""
-    return Agent("bench-full", instructions="You are a benchmark.", skills=[Lookup(), Alpha(), Beta()])
+    return Agent("bench-full", instructions="You are a benchmark.", skills=[Lookup(), Alpha(), Beta()], llm=llm)
 
 
 # -------------------------------------------------------------------------- streaming
