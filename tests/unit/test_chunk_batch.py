@@ -86,3 +86,22 @@ def test_an_edit_that_sets_a_default_back_is_a_change_still():
     results = _run(dump_chunks(_batch(2)), {1: clear})
     assert results[0] is None and results[1] is not None
     assert HookData.model_validate_json(results[1]).content is None
+
+
+def test_chunks_as_a_real_server_streams_them_travel_unchanged():
+    """llama.cpp's shape: explicit nulls, a role-only first chunk, fields of its own
+    (`timings`), a last chunk with the finish reason and usage."""
+    base = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1, "model": "gemma", "system_fingerprint": "b6", "usage": None}
+    raw_chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}], "timings": {"predicted_ms": 1.5}},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}},
+    ]
+    chunks = [ChatCompletionChunk.model_validate(c) for c in raw_chunks]
+    texts = ["", "Hi", ""]
+    batch = [ChunkIn(chunk, text, i, "Hi" if i else "") for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True))]
+    raw = dump_chunks(batch)
+    assert b'"timings":{"predicted_ms":1.5}' in raw
+    assert load_chunks(raw) == [c.data() for c in batch]
+    assert _run(raw, {}) == [None, None, None]
