@@ -103,10 +103,10 @@ async def run_hooks(
         started = time.perf_counter()
         try:
             if observe is None:
-                returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout)
+                returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout, bound.is_async)
             else:
                 with observe(bound.key, lifecycle):
-                    returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout)
+                    returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout, bound.is_async)
             if returned is not None and not isinstance(returned, HookData):
                 raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
         except HookError as exc:
@@ -185,7 +185,7 @@ async def run_listeners(
     for key, fn in listeners:
         started = time.perf_counter()
         try:
-            await _call(fn, args, timeout)
+            await _call(fn, args, timeout, inspect.iscoroutinefunction(fn))
         except Exception as exc:  # noqa: BLE001 - a listener never breaks anything
             message = _describe(exc, timeout)
             log.warning("listener_failed", hook=key, error=message, completion_id=completion_id)
@@ -200,8 +200,8 @@ class _WrongReturn(TypeError):
     """A hook returned something that is neither HookData nor None."""
 
 
-async def _call(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> Any:
-    if inspect.iscoroutinefunction(fn):
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, is_async: bool) -> Any:
+    if is_async:
         if timeout is None:
             return await fn(*args)
         return await asyncio.wait_for(fn(*args), timeout)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -20,14 +20,20 @@ from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 
 @dataclass(frozen=True)
 class BoundHook:
-    """A hook method of one skill instance, ready to call, with its descriptor."""
+    """A hook method of one skill instance, ready to call, with its descriptor.
+
+    `key` and `is_async` are worked out once here: the runner asks for them on every call
+    (every chunk of a stream), where they cost more than calling a no-op hook."""
 
     descriptor: HookDescriptor
     fn: Callable[..., Any]
+    key: str = field(init=False)
+    is_async: bool = field(init=False)
+    """`fn` is a coroutine function."""
 
-    @property
-    def key(self) -> str:
-        return self.descriptor.key
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.descriptor.key)
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
 
 @dataclass(frozen=True)

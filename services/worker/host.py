@@ -127,11 +127,11 @@ class GroupHost:
         timings: dict[str, HookOutcome] = {}
         abort: dict[str, Any] | None = None
         changes = ChangeCheck(raw)
+        observe = tracing.hook_observer()  # one span for the hop: the same for each chunk
         for chunk in load_chunks(raw):
             changes.before(chunk)
             result = await run_hooks(
-                bound, chunk, ctx, stage_key=f"on_chunk#{chunk.chunk_index}", attempt=attempt,
-                observe=tracing.hook_observer(),
+                bound, chunk, ctx, stage_key=f"on_chunk#{chunk.chunk_index}", attempt=attempt, observe=observe
             )
             results.append(changes.after(result.data))
             for o in result.outcomes:
