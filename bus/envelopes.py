@@ -14,8 +14,9 @@ back. Tool and compaction hops, and all other envelopes, are version 1 (everythi
 
 A batched on_chunk hop (`HopEvent.chunks` > 0, version 2) carries several chunks of one
 stream in one hop: `d` is a JSON array of that many on_chunk HookData in the model's
-order, each without the fields at their default values, `full_content` only on the first (each next one's is the previous one's plus its
-own `content`: the worker rebuilds it, so a batch does not carry the text so far once per
+order, each without the fields at their default values (hookbus.bus.chunk_batch),
+`full_content` only on the first (each next one's is the previous one's plus its own
+`content`: the worker rebuilds it, so a batch does not carry the text so far once per
 chunk). The worker runs the chain over them one after another, so every hook sees the
 state the previous chunk left. Its reply says how many it ran (`processed`: all of them,
 unless a HookError stopped the chain at the last one) and, when any changed, has `d` as a
