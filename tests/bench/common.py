@@ -15,7 +15,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hookbus.bus.embedded import free_port
 from hookbus.services import event_loop
 
 REPO = Path(__file__).resolve().parents[2]
@@ -454,12 +454,6 @@ async def processes() -> AsyncIterator[Processes]:
         yield procs
     finally:
         await asyncio.to_thread(procs.close)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def wait_for_http(url: str, procs: Processes, timeout: float = 60.0) -> None:
