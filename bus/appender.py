@@ -4,7 +4,7 @@ runs one turn go to Redis in one pipeline, one socket write instead of one per e
 Under load most of a service's CPU goes to socket writes (one per command); hops that
 many requests send at once are the commonest such writes. A caller still waits for its
 own entry only, and gets its own error: Redis refusing one entry (a key of another type)
-fails that caller alone. One entry alone goes as a plain XADD.
+fails that caller alone. The pipeline is hookbus.bus.direct_pipeline's, not redis-py's.
 
 A read offered to ride (hookbus.bus.ride: the caller's reply reader, right after it
 resolved replies) goes at the end of the next pipeline; that pipeline's callers then get
@@ -18,6 +18,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from hookbus.bus.direct_pipeline import Commands, execute
 from hookbus.bus.ride import RideOffer, RideSlot
 
 
@@ -50,19 +51,15 @@ class StreamAppender:
     async def _flush(self, batch: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]]) -> None:
         ride = self._rides.take()
         try:
-            if len(batch) == 1 and ride is None:
-                stream, fields, _ = batch[0]
-                results: list[Any] = [await self._client.xadd(stream, fields)]  # type: ignore[arg-type]
-            else:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for stream, fields, _ in batch:
-                        pipe.xadd(stream, fields)  # type: ignore[arg-type]
-                    if ride is not None:
-                        ride.take(pipe, len(batch))
-                    results = list(await pipe.execute(raise_on_error=False))
-                self.pipelines += 1
-                if ride is not None:
-                    ride.arrived(results.pop())
+            commands = Commands()
+            for stream, fields, _ in batch:
+                commands.xadd(stream, fields)  # type: ignore[arg-type]
+            if ride is not None:
+                ride.take(commands, len(batch))
+            results = await execute(self._client, commands)
+            self.pipelines += 1
+            if ride is not None:
+                ride.arrived(results.pop())
         except asyncio.CancelledError as exc:
             if ride is not None:
                 ride.failed(exc)

@@ -56,6 +56,7 @@ from hookbus.bus.connection import (
     raw_entry_parser,
 )
 from hookbus.bus.deadletter import add_dead_letter
+from hookbus.bus.direct_pipeline import Commands, execute
 from hookbus.bus.envelopes import (
     DecodeError,
     HopEvent,
@@ -184,14 +185,14 @@ class ReplyBatcher:
         ride = self._rides.take() if batch else None
         try:
             # one pipeline even on a cluster: every ack in it is of an earlier, confirmed reply
-            async with self.client.pipeline(transaction=False) as pipe:
-                for reply_to, fields, _, _ in batch:
-                    pipe.xadd(reply_to, fields)
-                for stream, entry_ids in acks.items():
-                    pipe.xack(stream, self.group, *entry_ids)
-                if ride is not None:
-                    ride.take(pipe, len(batch))
-                results = await pipe.execute(raise_on_error=False)
+            commands = Commands()
+            for reply_to, fields, _, _ in batch:
+                commands.xadd(reply_to, fields)
+            for stream, entry_ids in acks.items():
+                commands.xack(stream, self.group, *entry_ids)
+            if ride is not None:
+                ride.take(commands, len(batch))
+            results = await execute(self.client, commands)
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
             if ride is not None:
                 ride.failed(exc)

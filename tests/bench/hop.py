@@ -11,13 +11,17 @@ a second process in both cases.
   `on_chunk` (a ChatCompletionChunk, ~1.1 kB event) and `before_llm_call` (a 20-message
   conversation and two tools, ~6.7 kB event);
 - hookbus router: the same hops through `ReplyRouter.call` with a prebuilt HopEvent
-  (no HookData/Context dumps, no reply applied): the transport share of the cost.
+  (no HookData/Context dumps, no reply applied): the transport share of the cost;
+- one flush of the hop path's writers (a reply XADD and an XACK in one write, in this
+  process, alternating): hookbus.bus.direct_pipeline against redis-py's own pipeline,
+  CPU per flush.
 
 Run alone: `python -m tests.bench.hop`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -31,6 +35,7 @@ from tests.bench.common import (
     new_prefix,
     processes,
     quiet_logs,
+    redis_pid,
     run_alone,
     scaled,
     wait_for_replicas,
@@ -97,11 +102,57 @@ def _ops(runtime, segment, kind: str, concurrency: int, caller: FloorCaller, pay
     return {"floor": floor, "hop": hop, "router": routed}
 
 
+async def flush_cpu(redis_url: str, prefix: str, reply_bytes: int) -> list[Row]:
+    """CPU microseconds per flush (XADD of a reply + XACK), redis-py's pipeline and
+    hookbus's, taking turns (5 rounds, best round of each). This process and the Redis
+    server (the bench's own, not a BENCH_REDIS_URL) share one core meanwhile: on this VM
+    a wake-up across cores costs more than the flush's own code, and where the scheduler
+    puts the two varies from run to run."""
+    from hookbus.bus.connection import connect
+    from hookbus.bus.direct_pipeline import Commands, execute
+
+    client = connect(redis_url)
+    stream, fields = f"{prefix}flush", {b"e": b"x" * reply_bytes}
+
+    async def redis_py() -> None:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.xadd(stream, fields)  # type: ignore[arg-type]
+            pipe.xack(stream, "g", "1-1")
+            await pipe.execute(raise_on_error=False)
+
+    async def direct() -> None:
+        commands = Commands()
+        commands.xadd(stream, fields)  # type: ignore[arg-type]
+        commands.xack(stream, "g", "1-1")
+        await execute(client, commands)
+
+    best = {"redis-py": float("inf"), "hookbus": float("inf")}
+    pinned = [0] if os.environ.get("BENCH_REDIS_URL") else [0, redis_pid(redis_url)]
+    cpus = {pid: os.sched_getaffinity(pid) for pid in pinned}
+    for pid in pinned:
+        os.sched_setaffinity(pid, {min(cpus[pid])})
+    try:
+        for _ in range(5):
+            for name, flush in (("redis-py", redis_py), ("hookbus", direct)):
+                n = scaled(2000)
+                began = time.process_time()
+                for _ in range(n):
+                    await flush()
+                best[name] = min(best[name], (time.process_time() - began) / n * 1e6)
+    finally:
+        for pid, allowed in cpus.items():
+            os.sched_setaffinity(pid, allowed)
+        await client.delete(stream)
+        await client.aclose()
+    print(f"\n[hop] one flush (XADD + XACK): redis-py pipeline {best['redis-py']:.1f} us CPU, hookbus {best['hookbus']:.1f} us")
+    return [Row("hop", "one flush (XADD + XACK) CPU", best["hookbus"], "us", best["redis-py"], "redis-py pipeline")]
+
+
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
     prefix = new_prefix("hop")
     size = {kind: await sizes(kind) for kind in payloads.KINDS}
-    rows: list[Row] = []
+    rows = await flush_cpu(redis_url, prefix, size["on_chunk"][1])
     async with processes() as procs:
         floor_stream = f"{prefix}floor"
         floor_env = bench_env(redis_url, prefix)

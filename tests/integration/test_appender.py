@@ -28,8 +28,8 @@ async def test_entries_of_one_turn_share_a_pipeline_and_a_refusal_fails_only_its
         assert [await redis.xlen(f"{prefix}s{k}") for k in range(3)] == [10, 10, 10]
         entries = await redis.xrange(f"{prefix}s1")
         assert [int(f[b"n"]) for _, f in entries] == list(range(1, 30, 3))  # in the callers' order
-        await appender.add(f"{prefix}alone", {b"n": b"1"})  # one entry: a plain XADD
-        assert appender.pipelines == 1 and await redis.xlen(f"{prefix}alone") == 1
+        await appender.add(f"{prefix}alone", {b"n": b"1"})  # a later turn: a pipeline of its own
+        assert appender.pipelines == 2 and await redis.xlen(f"{prefix}alone") == 1
         unreachable = connect("redis://127.0.0.1:1/0", retries=0)
         with pytest.raises(RECONNECT_ERRORS):  # Redis unreachable: the caller hears it
             await StreamAppender(unreachable).add(f"{prefix}x", {b"n": b"1"})
