@@ -368,22 +368,37 @@ class WorkerReplica(BusApp):
         self._in_flight[entry] = time.monotonic()
         try:
             with tracing.process_span(self.group, self.replica, event.lifecycle, event.trace, attempt) as span:
-                reply = await self.host.answer(event, attempt, self.replica, split)
+                reply, fields = self._encoded(await self.host.answer(event, attempt, self.replica, split))
                 if reply.failure:
                     span.error(reply.failure, "hop_failed")
-            await self._reply(entry, event, reply)
+            await self._reply(entry, event, fields)
         finally:
             self._in_flight.pop(entry, None)
         self.processed += 1
         self._record(event, reply, Outcome.HOP_FAILED if reply.failure else Outcome.OK, reply.failure)
 
-    async def _reply(self, entry: EntryRef, event: HopEvent, reply: HopReply) -> None:
+    def _encoded(self, reply: HopReply) -> tuple[HopReply, dict[bytes, bytes]]:
+        """The reply and its entry; if it cannot be encoded (a hook left a value in
+        `ctx.state` or the session that is not JSON), a failure reply instead. Left
+        unanswered, the hop would be claimed and run again until dead-lettered, the
+        caller waiting meanwhile: its hooks would run `max_deliveries` times for one
+        failure."""
+        try:
+            return reply, encode_reply(reply)
+        except ValueError as exc:  # PydanticSerializationError, a circular reference
+            failure = HopReply(
+                hop_id=reply.hop_id, completion_id=reply.completion_id, replica=self.replica,
+                duration_ms=reply.duration_ms, failure=f"the hooks' results are not JSON: {exc}",
+            )
+            log.error("reply_not_encodable", hop_id=reply.hop_id, completion_id=reply.completion_id, error=str(exc))
+            return failure, encode_reply(failure)
+
+    async def _reply(self, entry: EntryRef, event: HopEvent, fields: dict[bytes, bytes]) -> None:
         """Reply (batched with the other replies of this loop turn; the ack follows, see
         ReplyBatcher); through an outage, reply and ack alone while the caller may still wait. Given up, the entry stays
         pending (and expires when claimed again)."""
         client = self._client
         assert client is not None
-        fields = encode_reply(reply)
         if self._batcher is not None:
             try:
                 await self._batcher.send(event.reply_to, fields, entry)

@@ -5,6 +5,8 @@ failure."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hookbus import Agent, CompactionPolicy, HookError
@@ -126,3 +128,48 @@ async def test_an_on_compaction_failure_is_recorded_alike_in_process_and_in_a_gr
     by_group = {e.group: (e.hooks, e.outcome, e.error) for e in found}
     failure = (["broken-listener.on_compaction"], "failed", "RuntimeError: listener down")
     assert by_group == {None: failure, "listeners": failure}
+
+
+class Unencodable(Skill):
+    """Leaves a value in ctx.state that JSON cannot carry back to the orchestrator."""
+
+    name = "unencodable"
+    calls = 0
+    finalized: list[object] = []
+
+    @hook("before_llm_call", 10)
+    async def keep_an_object(self, data: HookData, ctx: Context) -> None:
+        Unencodable.calls += 1
+        ctx.state["handle"] = object()
+
+    @hook("finalize_connection")
+    async def cleanup(self, data: HookData, ctx: Context) -> None:
+        Unencodable.finalized.append(data.error)
+
+
+async def test_a_reply_that_cannot_be_encoded_fails_its_hop_at_once_and_the_hook_runs_once(redis_url, prefix):
+    """Unanswered, the hop was claimed and run again every claim_idle until dead-lettered
+    (4 runs, 18 s with claim_idle=5): now the worker answers it as failed at once."""
+    Unencodable.calls, Unencodable.finalized = 0, []
+    agent = Agent("unencodable", skills=[])
+    groups = {"unencodable": [Unencodable()]}
+    async with running_stack(redis_url, prefix, agent, groups, claim_idle=30) as (client, _, workers):
+        started = time.monotonic()
+        answer = await client.complete("hi")
+        elapsed = time.monotonic() - started
+
+        async def failed_hop():
+            found = [
+                e for e in await recent_events(client.redis, client.keys)
+                if e.kind == "hop" and e.completion_id == answer.id and e.lifecycle == "before_llm_call"
+            ]
+            return found or None
+
+        hops = await wait_for(failed_hop, timeout=5)
+        dead = await client.redis.xlen(client.keys.dead_letter)
+    assert answer.choices[0].message.content == "Offline model reply to: hi"
+    assert elapsed < 5, elapsed
+    assert Unencodable.calls == 1
+    assert Unencodable.finalized == [None]  # cleanup ran, and the request did not fail
+    assert [(e.outcome, "not JSON" in (e.error or "")) for e in hops] == [("hop_failed", True)]
+    assert dead == 0 and workers[0].dead_lettered == 0
