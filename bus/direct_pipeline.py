@@ -45,9 +45,6 @@ class Commands(StreamCommands):
     def execute_command(self, *args: Any, **options: Any) -> None:
         self.queued.append((args, options))
 
-    def __len__(self) -> int:
-        return len(self.queued)
-
 
 async def execute(client: aredis.Redis, commands: Commands) -> list[Any]:
     """Each command's parsed reply, or the ResponseError Redis gave it (like a redis-py
