@@ -17,9 +17,9 @@ from typing import Any
 Entry = tuple[float, str, str]
 
 
-def install(path: str) -> Callable[[], None]:
-    """Trace this process from now on; returns the function that writes the log (also
-    run at exit)."""
+def install(path: str, *, at_exit: bool = True) -> Callable[[], None]:
+    """Trace this process from now on; returns the function that writes the log (run at
+    exit too, unless `at_exit` is False)."""
     log: list[Entry] = []
     clock = time.perf_counter  # CLOCK_MONOTONIC: one clock for every process of the run
     run = asyncio.events.Handle._run
@@ -66,7 +66,8 @@ def install(path: str) -> Callable[[], None]:
         with open(f"{path}.{os.getpid()}", "w") as out:
             out.writelines(f"{t:.6f}\t{kind}\t{name}\n" for t, kind, name in log)
 
-    atexit.register(dump)
+    if at_exit:
+        atexit.register(dump)
     return dump
 
 

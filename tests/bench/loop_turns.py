@@ -16,31 +16,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.common import REPO, bench_redis
+from hookbus.services.orchestrator.plan import HookPlan
+from tests.bench.common import (
+    PYTHON,
+    REPO,
+    bench_env,
+    bench_redis,
+    bus_side,
+    new_prefix,
+    processes,
+    quiet_logs,
+    wait_for_replicas,
+)
+from tests.bench.floor import FloorCaller
+from tests.bench.hop import GROUP, _ops, sizes
+from tests.bench.loop_trace_log import hop_cycles, install, read
 
 TRACER = Path(__file__).parent / "loop_trace"
 
 
 async def drive(redis_url: str, kind: str, hops: int) -> dict[str, tuple[float, float]]:
     """Run the floor's and hookbus's hops one after the other; their time windows."""
-    from hookbus.services.orchestrator.plan import HookPlan
-    from tests.bench.common import (
-        PYTHON,
-        bench_env,
-        bus_side,
-        new_prefix,
-        processes,
-        quiet_logs,
-        wait_for_replicas,
-    )
-    from tests.bench.floor import FloorCaller
-    from tests.bench.hop import GROUP, _ops, sizes
-
     quiet_logs()
     prefix = new_prefix("turns")
     event_bytes, reply_bytes = await sizes(kind)
@@ -74,8 +76,6 @@ async def drive(redis_url: str, kind: str, hops: int) -> dict[str, tuple[float, 
 
 
 def summary(path: str, window: tuple[float, float]) -> str:
-    from tests.bench.loop_trace_log import hop_cycles, read
-
     cycles = hop_cycles(read(path, *window))
     if not cycles:
         return "no hop seen"
@@ -105,21 +105,21 @@ def main() -> None:
         HOOKBUS_EVENT_LOOP="asyncio", HOOKBUS_LOOP_TRACE=base,
         PYTHONPATH=os.pathsep.join([str(TRACER), str(REPO), os.environ.get("PYTHONPATH", "")]),
     )
-    from tests.bench.loop_trace_log import install
-
-    write_log = install(base)  # this process: the caller of both
-    with bench_redis() as url:
-        windows = asyncio.run(drive(url, args.kind, args.hops))
-    write_log()
-    print(f"[loop turns] {args.kind}, c=1, {args.hops} hops each, from a hop's read to its reply's write:")
-    for path in sorted(str(p) for p in Path(out).glob("trace.*")):
-        who = role(path)
-        if who == "caller":
-            for name, label in (("floor", "floor caller"), ("hop", "hookbus caller (BusRuntime.hop)")):
-                print(f"  {label:34s} {summary(path, windows[name])}")
-        else:
-            print(f"  {who:34s} {summary(path, windows['floor' if who.startswith('floor') else 'hop'])}")
-
+    write_log = install(base, at_exit=False)  # this process: the caller of both
+    try:
+        with bench_redis() as url:
+            windows = asyncio.run(drive(url, args.kind, args.hops))
+        write_log()
+        print(f"[loop turns] {args.kind}, c=1, {args.hops} hops each, from a hop's read to its reply's write:")
+        for path in sorted(str(p) for p in Path(out).glob("trace.*")):
+            who = role(path)
+            if who == "caller":
+                for name, label in (("floor", "floor caller"), ("hop", "hookbus caller (BusRuntime.hop)")):
+                    print(f"  {label:34s} {summary(path, windows[name])}")
+            else:
+                print(f"  {who:34s} {summary(path, windows['floor' if who.startswith('floor') else 'hop'])}")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 if __name__ == "__main__":
     main()
