@@ -22,12 +22,16 @@ Run alone: `python -m tests.bench.hop`.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from tests.bench import payloads
 from tests.bench.common import (
     PYTHON,
+    BusSide,
+    Processes,
     Row,
     alternate,
     bench_env,
@@ -42,8 +46,23 @@ from tests.bench.common import (
 )
 from tests.bench.floor import FloorCaller
 
+if TYPE_CHECKING:
+    from hookbus.services.orchestrator.plan import HookPlan
+
 GROUP = "hop"
 CONCURRENCIES = (1, 32)
+
+
+async def noop_group(procs: Processes, redis_url: str, prefix: str) -> tuple[BusSide, HookPlan, subprocess.Popen[bytes]]:
+    """A `hookbus worker` replica hosting HopNoop (--concurrency 32), the orchestrator side
+    that calls it (registry read), the plan of its hooks, and the worker's process."""
+    from hookbus.services.orchestrator.plan import HookPlan
+
+    worker = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
+    side = await bus_side(redis_url, prefix)
+    await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
+    await side.runtime.registry.refresh()
+    return side, HookPlan.build([], [], side.runtime.remote_hooks(), side.runtime.remote_tools()), worker
 
 
 async def sizes(kind: str) -> tuple[int, int]:
@@ -157,14 +176,8 @@ async def measure(redis_url: str) -> list[Row]:
         floor_stream = f"{prefix}floor"
         floor_env = bench_env(redis_url, prefix)
         procs.spawn([PYTHON, "-m", "tests.bench.floor", redis_url, floor_stream, "floor", "32", "0"], floor_env, "floor")
-        worker = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
-        side = await bus_side(redis_url, prefix)
-        await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
+        side, plan, worker = await noop_group(procs, redis_url, prefix)
         runtime = side.runtime
-        await runtime.registry.refresh()
-        from hookbus.services.orchestrator.plan import HookPlan
-
-        plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
         try:
             for kind in payloads.KINDS:
                 event_bytes, reply_bytes = size[kind]

@@ -22,20 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from hookbus.services.orchestrator.plan import HookPlan
 from tests.bench.common import (
     PYTHON,
     REPO,
     bench_env,
     bench_redis,
-    bus_side,
     new_prefix,
     processes,
     quiet_logs,
-    wait_for_replicas,
 )
 from tests.bench.floor import FloorCaller
-from tests.bench.hop import GROUP, _ops, sizes
+from tests.bench.hop import _ops, noop_group, sizes
 from tests.bench.loop_trace_log import hop_cycles, install, read
 
 TRACER = Path(__file__).parent / "loop_trace"
@@ -51,12 +48,8 @@ async def drive(redis_url: str, kind: str, hops: int) -> dict[str, tuple[float, 
         env = bench_env(redis_url, prefix)
         floor_stream = f"{prefix}floor"
         procs.spawn([PYTHON, "-m", "tests.bench.floor", redis_url, floor_stream, "floor", "32", str(reply_bytes)], env, "floor")
-        procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
-        side = await bus_side(redis_url, prefix)
+        side, plan, _ = await noop_group(procs, redis_url, prefix)
         try:
-            await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
-            await side.runtime.registry.refresh()
-            plan = HookPlan.build([], [], side.runtime.remote_hooks(), side.runtime.remote_tools())
             caller = FloorCaller(redis_url, floor_stream, f"{prefix}floor-replies")
             await caller.start()
             payload = b"x" * event_bytes

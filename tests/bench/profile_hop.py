@@ -28,16 +28,8 @@ import time
 from pathlib import Path
 
 from tests.bench import payloads
-from tests.bench.common import (
-    bench_redis,
-    bus_side,
-    new_prefix,
-    processes,
-    quiet_logs,
-    wait_for_replicas,
-)
-
-GROUP = "hop"
+from tests.bench.common import bench_redis, new_prefix, processes, quiet_logs
+from tests.bench.hop import GROUP, noop_group
 
 # Inclusive: share of samples with a frame of this part anywhere in the stack.
 # Frames look like "function (path/file.py:line)"; line numbers are stripped first.
@@ -136,14 +128,8 @@ async def profile(
     with bench_redis() as redis_url:
         prefix = new_prefix("prof")
         async with processes() as procs:
-            child = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
-            side = await bus_side(redis_url, prefix)
-            await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
+            side, plan, child = await noop_group(procs, redis_url, prefix)
             runtime = side.runtime
-            await runtime.registry.refresh()
-            from hookbus.services.orchestrator.plan import HookPlan
-
-            plan = HookPlan.build([], [], runtime.remote_hooks(), runtime.remote_tools())
             segment = plan.segments(kind, ["chat"])[0]
             data = payloads.KINDS[kind]()
             stop = time.perf_counter() + seconds + 1.0
