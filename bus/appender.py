@@ -37,18 +37,15 @@ class StreamAppender:
         """XADD `fields` to `stream`; returns once Redis stored it, raises what refused it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._start_flush)
+        if not self._pending:  # the flush starts next turn, with every entry added by then
+            task = asyncio.ensure_future(self._flush())
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
         self._pending.append((stream, fields, future))
         await future
 
-    def _start_flush(self) -> None:
-        task = asyncio.ensure_future(self._flush(self._pending))
-        self._pending = []
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
-
-    async def _flush(self, batch: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]]) -> None:
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending, []
         ride = self._rides.take()
         try:
             commands = Commands()

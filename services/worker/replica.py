@@ -131,8 +131,8 @@ class ReplyBatcher:
     async def send(self, reply_to: str, fields: Any, entry: EntryRef) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._start_flush)
+        if not self._pending:  # the flush starts next turn, with every reply queued by then
+            self._start_flush()
         self._pending.append((reply_to, fields, entry, future))
         await future
 
