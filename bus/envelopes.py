@@ -91,6 +91,19 @@ class ToolInvocation(BaseModel):
     arguments: dict[str, Any]
 
 
+class RouteStep(BaseModel):
+    """A segment of the same stage, in another worker group, that the worker answering a
+    hop sends the stage on to itself once its own hooks let the stage go on (a route):
+    the orchestrator then waits for that hop's reply instead of sending it. The hop's
+    deadline is set when it is sent on: `timeout` seconds from then."""
+
+    group: str
+    stream: str
+    hop_id: str
+    hooks: list[HookRef]
+    timeout: float = Field(gt=0)
+
+
 COMPACTION_LIFECYCLE = "on_compaction"
 """A hop of this lifecycle carries a compaction outcome as `data`; `hooks` names the
 skills whose `on_compaction` to call (method "on_compaction"); `ctx` is `{}` for a
@@ -124,6 +137,9 @@ class HopEvent(Envelope):
     chunks: int = Field(
         default=0, ge=0, description="A batched on_chunk hop: how many chunks `d` holds (0: one stage's data)."
     )
+    route: list[RouteStep] | None = Field(
+        default=None, description="The stage's next segments, for the worker to send the stage on to (a hook hop only)."
+    )
 
 
 class HookTiming(BaseModel):
@@ -156,6 +172,9 @@ class HopReply(Envelope):
     duration_ms: float = 0.0
     processed: int = Field(
         default=0, ge=0, description="A batched on_chunk hop: the chunks the chain ran over."
+    )
+    forwarded: str | None = Field(
+        default=None, description="The hop id of the route's next hop, when this worker sent the stage on."
     )
     data_json: SkipJsonSchema[bytes | None] = Field(default=None, exclude=True, repr=False)
     """The changed HookData as JSON (split format), None when unchanged or version 1: the

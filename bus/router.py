@@ -24,6 +24,7 @@ import heapq
 import itertools
 import math
 import uuid
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -181,6 +182,34 @@ class ReplyRouter:
             self._waiting.pop(hop_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # a deadline that passed while the send failed: heard of
+
+    def expect(self, hop_ids: Sequence[str]) -> None:
+        """Keep the replies of these hops, which workers send on a route
+        (hookbus.bus.route), for `wait`; register them before sending the hop whose
+        worker sends them on, as their replies may come before that hop's reply is used."""
+        loop = asyncio.get_running_loop()
+        for hop_id in hop_ids:
+            self._waiting[hop_id] = loop.create_future()
+
+    async def wait(self, hop_id: str, timeout: float) -> HopReply:
+        """The reply of an expected hop, HopTimeout when none comes within `timeout`
+        seconds from now."""
+        future = self._waiting[hop_id]
+        loop = asyncio.get_running_loop()
+        self._deadlines.add(loop, loop.time() + timeout, hop_id)
+        try:
+            return await future
+        except TimeoutError as exc:
+            raise HopTimeout(f"no reply to hop {hop_id} within {timeout:g}s") from exc
+        finally:
+            self._waiting.pop(hop_id, None)
+
+    def forget(self, hop_ids: Iterable[str]) -> None:
+        """Stop expecting these hops: a reply that still comes is dropped as late."""
+        for hop_id in hop_ids:
+            future = self._waiting.pop(hop_id, None)
+            if future is not None and not future.done():
+                future.cancel()
 
     async def _read_replies(self) -> None:
         backoff = 0.05

@@ -67,6 +67,14 @@ class ChainResult:
     blocked: bool = False
 
 
+def stage_goes_on(lifecycle: str, aborted: bool, blocked: bool) -> bool:
+    """Whether a stage's next segment runs after one that ended so: an abort ends the
+    stage (except finalize_connection, where every hook runs), a block ends the chain.
+    The orchestrator's loop and a worker sending a stage on (hookbus.bus.route) ask this
+    one rule."""
+    return not blocked and (not aborted or lifecycle == "finalize_connection")
+
+
 def failure_effect(descriptor: HookDescriptor) -> Effect:
     """What a failed hook does to the run, whether it ran and failed or never ran (no
     worker): a guard refuses the request, a critical hook stops the run, a

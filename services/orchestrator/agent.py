@@ -26,6 +26,7 @@ import copy
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from itertools import groupby
 from typing import Any
 
 import structlog
@@ -42,7 +43,7 @@ from hookbus.services.orchestrator.compaction import Compaction, CompactionPolic
 from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.instructions import with_instructions
 from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.plan import HookPlan
+from hookbus.services.orchestrator.plan import HookPlan, Segment
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
 from hookbus.services.orchestrator.turn_stream import TurnStream
@@ -50,7 +51,7 @@ from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
 from hookbus.skills.context import Metadata, Session
 from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hook_error
 from hookbus.skills.model_settings import ModelSettings, as_model_settings
-from hookbus.skills.runner import run_hooks
+from hookbus.skills.runner import ChainResult, run_hooks, stage_goes_on
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
 
 log = structlog.get_logger("hookbus.agent")
@@ -636,31 +637,53 @@ class Agent:
     # ---------------------------------------------------------------- machinery
 
     async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
-        """Run every hook of data.lifecycle in order, segment by segment."""
+        """Run every hook of data.lifecycle in order, segment by segment; consecutive
+        remote segments through the runtime's `hop_segments`, so that a worker can send the
+        stage on to the next group itself (hookbus.bus.route)."""
         lifecycle = data.lifecycle
         segments = state.plan.segments(lifecycle, state.ctx.auth.scopes)
         if not segments:
             return data
+        key = stage_key or lifecycle
         with tracing.stage_span(lifecycle, stage_key):
-            for segment in segments:
+            # a run of remote segments, or one in-process segment (its hooks are all together)
+            for _, run in groupby(segments, key=lambda segment: segment.group is None):
+                batch = tuple(run)
                 started = time.perf_counter()
+                if len(batch) > 1:
+                    async with contextlib.aclosing(self.runtime.hop_segments(batch, data, state.ctx, key)) as results:
+                        position = 0
+                        async for result in results:
+                            data = result.data
+                            if not self._goes_on(state, batch[position], result, started):
+                                return data
+                            position += 1
+                            started = time.perf_counter()
+                    continue
+                segment = batch[0]
                 if segment.group is None:
                     result = await run_hooks(
-                        segment.local_hooks(), data, state.ctx, stage_key=stage_key or lifecycle,
-                        observe=tracing.hook_observer(),
+                        segment.local_hooks(), data, state.ctx, stage_key=key, observe=tracing.hook_observer()
                     )
-                else:
-                    result = await self.runtime.hop(segment, data, state.ctx, stage_key or lifecycle)
-                self.runtime.record_stage(
-                    state.completion_id, lifecycle, segment.group, result.outcomes,
-                    (time.perf_counter() - started) * 1000,
-                )
+                else:  # nothing to send on to: a plain hop, without the generator
+                    result = await self.runtime.hop(segment, data, state.ctx, key)
                 data = result.data
-                if result.abort is not None and lifecycle != "finalize_connection":
-                    raise result.abort
-                if result.blocked:
-                    break
+                if not self._goes_on(state, segment, result, started):
+                    return data
         return data
+
+    def _goes_on(self, state: RunState, segment: Segment, result: ChainResult, started: float) -> bool:
+        """Record a segment's outcomes; whether the stage goes on after it (raises the
+        abort that ends the run)."""
+        lifecycle = result.data.lifecycle
+        self.runtime.record_stage(
+            state.completion_id, lifecycle, segment.group, result.outcomes, (time.perf_counter() - started) * 1000
+        )
+        if stage_goes_on(lifecycle, result.abort is not None, result.blocked):
+            return True
+        if result.abort is not None and lifecycle != "finalize_connection":
+            raise result.abort
+        return False
 
     def _conversation(self, messages: Sequence[dict[str, Any]] | str) -> list[dict[str, Any]]:
         if isinstance(messages, str):

@@ -8,7 +8,7 @@ failure rules in hookbus.skills.runner (`fail_unanswered`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -21,6 +21,7 @@ from hookbus.bus.envelopes import (
     HopEvent,
     HopReply,
     MonitorRecord,
+    RouteStep,
     ToolInvocation,
     encode_hop,
 )
@@ -67,6 +68,9 @@ class BusRuntime:
         self.default_timeout = default_timeout
         self.epoch = 0
         self.hops = 0
+        """Hook, tool and compaction hops, those that workers sent on included."""
+        self.forwarded = 0
+        """Hops a worker sent on along a route (hookbus.bus.route) instead of this runtime."""
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
 
     # ------------------------------------------------------------- registry view
@@ -96,58 +100,125 @@ class BusRuntime:
     async def hop(
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
     ) -> ChainResult:
-        # the split format: data and context dumped once each, straight to JSON
+        return (await self._stage_hop(segment, data, ctx, stage_key))[0]
+
+    async def hop_segments(
+        self, segments: Sequence[Segment], data: HookData, ctx: Context, stage_key: str
+    ) -> AsyncGenerator[ChainResult, None]:
+        """Consecutive remote segments of one stage, in turn, each on the data the one
+        before left (hookbus.services.orchestrator.runtime.Runtime.hop_segments). A hop lists the
+        live segments after it as its route (hookbus.bus.route); where its worker sent the
+        stage on, the next segment's reply is waited for, not sent for. Not while tracing:
+        each hop's span is the orchestrator's, from its send to its reply."""
+        ahead: list[RouteStep] = []
+        """The route's hops that workers are to send on, for the segments still to come."""
+        try:
+            for index, segment in enumerate(segments):
+                if ahead:
+                    sent, ahead = ahead[0], ahead[1:]
+                    result, went_on = await self._stage_hop(
+                        segment, data, ctx, stage_key, route=ahead, sent=sent.hop_id
+                    )
+                else:
+                    ahead = self._route(segments[index + 1 :], ctx.completion_id)
+                    result, went_on = await self._stage_hop(segment, data, ctx, stage_key, route=ahead)
+                if not went_on:
+                    self.router.forget(step.hop_id for step in ahead)
+                    ahead = []
+                yield result
+                data = result.data
+        finally:
+            self.router.forget(step.hop_id for step in ahead)
+
+    def _route(self, onward: Sequence[Segment], completion_id: str) -> list[RouteStep]:
+        """The segments after a hop that its worker may send the stage on to: those up to
+        the first one in-process or in a group with no live replica (the stage then
+        comes back here first)."""
+        if tracing.enabled():
+            return []
+        route = []
+        for segment in onward:
+            if segment.group is None or not self.registry.is_live(segment.group):
+                break
+            route.append(RouteStep(
+                group=segment.group, stream=self.keys.hooks_for(segment.group, completion_id),
+                hop_id=self.router.new_hop_id(), hooks=_hook_refs(segment),
+                timeout=self._segment_timeout(segment),
+            ))
+        return route
+
+    async def _stage_hop(
+        self, segment: Segment, data: HookData, ctx: Context, stage_key: str,
+        *, route: Sequence[RouteStep] = (), sent: str | None = None,
+    ) -> tuple[ChainResult, bool]:
+        """One segment's hop (`sent`: the id of the hop a worker sent it on as), and
+        whether its worker sent the stage on to `route`'s first hop (the route it was
+        sent with, or what is left of the route it came on)."""
         return await self._hook_hop(
-            segment, ctx, data.lifecycle, stage_key, data.model_dump_json().encode(),
-            self._segment_timeout(segment),
+            segment, ctx, data.lifecycle, stage_key,
+            # the split format: data and context dumped once each, straight to JSON
+            data.model_dump_json().encode() if sent is None else b"", self._segment_timeout(segment),
             apply=lambda reply: self._apply(reply, data, ctx),
             fail=lambda reason, outcome: _unanswered(segment, data, reason, outcome),
+            route=route, sent=sent,
         )
 
     async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         """One hop for several chunks (hookbus.bus.chunk_batch); its timeout allows every
         chunk its hooks' timeouts, as one hop per chunk would."""
-        return await self._hook_hop(
+        result, _ = await self._hook_hop(
             segment, ctx, "on_chunk", f"on_chunk#{chunks[0].index}", dump_chunks(chunks),
             self._segment_timeout(segment) * len(chunks), count=len(chunks),
             apply=lambda reply: self._apply_chunks(reply, len(chunks), ctx),
             fail=lambda reason, outcome: _batch_unanswered(segment, chunks, reason, outcome),
         )
+        return result
 
     async def _hook_hop(
         self, segment: Segment, ctx: Context, lifecycle: str, stage_key: str, data_json: bytes,
         timeout: float, *, apply: Callable[[HopReply], R], fail: Callable[[str, Outcome], R], count: int = 0,
-    ) -> R:
-        """Send a hook hop (split format) and wait for its reply: `apply` makes the
-        result of a usable reply, `fail` the one of a hop nobody answered usably."""
+        route: Sequence[RouteStep] = (), sent: str | None = None,
+    ) -> tuple[R, bool]:
+        """Send a hook hop (split format) and wait for its reply, or (`sent`) wait for
+        the reply of the hop a worker sent on: `apply` makes the result of a usable
+        reply, `fail` the one of a hop nobody answered usably. Also whether the worker
+        sent the stage on to `route`'s first hop."""
         group = segment.group
         assert group is not None
-        if not self.registry.is_live(group):
-            return fail(f"no live replica in worker group {group!r}", Outcome.SKIPPED)
-        event = HopEvent(
-            hop_id=self.router.new_hop_id(),
-            completion_id=ctx.completion_id,
-            lifecycle=lifecycle,
-            stage_key=stage_key,
-            hooks=[HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks],
-            ctx={},
-            reply_to=self.router.reply_stream,
-            deadline=time.time() + timeout,
-            epoch=self.epoch,
-            chunks=count,
-        )
         keys = [h.key for h in segment.hooks]
         try:
-            reply = await self._call(group, event, timeout + HOP_GRACE, keys, (data_json, ctx.model_dump_json().encode()))
+            if sent is not None:
+                self.hops += 1
+                self.forwarded += 1
+                reply = await self.router.wait(sent, timeout + HOP_GRACE)
+            elif not self.registry.is_live(group):
+                return fail(f"no live replica in worker group {group!r}", Outcome.SKIPPED), False
+            else:
+                event = HopEvent(
+                    hop_id=self.router.new_hop_id(),
+                    completion_id=ctx.completion_id,
+                    lifecycle=lifecycle,
+                    stage_key=stage_key,
+                    hooks=_hook_refs(segment),
+                    ctx={},
+                    reply_to=self.router.reply_stream,
+                    deadline=time.time() + timeout,
+                    epoch=self.epoch,
+                    chunks=count,
+                    route=list(route) or None,
+                )
+                self.router.expect([step.hop_id for step in route])
+                reply = await self._call(group, event, timeout + HOP_GRACE, keys, (data_json, ctx.model_dump_json().encode()))
         except HopTimeout as exc:
-            return fail(str(exc), Outcome.TIMEOUT)
+            return fail(str(exc), Outcome.TIMEOUT), False
         if reply.failure:
-            return fail(f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED)
+            return fail(f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED), False
         try:
-            return apply(reply)
+            result = apply(reply)
         except (ValidationError, ValueError, KeyError) as exc:
             log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
-            return fail(f"reply in the wrong shape: {exc}", Outcome.HOP_FAILED)
+            return fail(f"reply in the wrong shape: {exc}", Outcome.HOP_FAILED), False
+        return result, bool(route) and reply.forwarded == route[0].hop_id
 
     async def _call(
         self, group: str, event: HopEvent, timeout: float, hooks: Sequence[str],
@@ -317,6 +388,10 @@ class BusRuntime:
                 error=bad.error if bad else None,
             )
         )
+
+
+def _hook_refs(segment: Segment) -> list[HookRef]:
+    return [HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks]
 
 
 def _taken(reply: HopReply, ctx: Context) -> tuple[list[HookOutcome], HookError | None]:

@@ -9,7 +9,7 @@ Redis.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +49,13 @@ class Runtime(Protocol):
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
     ) -> ChainResult:
         """Run a remote segment in its worker group and bring back the result."""
+
+    def hop_segments(
+        self, segments: Sequence[Segment], data: HookData, ctx: Context, stage_key: str
+    ) -> AsyncGenerator[ChainResult, None]:
+        """Run consecutive remote segments of one stage in turn, each on the data the one
+        before left, yielding each one's result; the caller stops iterating (and closes
+        the iterator) where the stage stops."""
 
     async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         """Run a remote on_chunk segment over `chunks` (in the model's order) in one hop."""
@@ -102,6 +109,12 @@ class LocalRuntime:
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
     ) -> ChainResult:
         raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")
+
+    async def hop_segments(
+        self, segments: Sequence[Segment], data: HookData, ctx: Context, stage_key: str
+    ) -> AsyncGenerator[ChainResult, None]:
+        raise RuntimeError(f"no bus: cannot reach worker group {segments[0].group!r} in-process")
+        yield  # an async generator, as the protocol says
 
     async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         raise RuntimeError(f"no bus: cannot reach worker group {segment.group!r} in-process")

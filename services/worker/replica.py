@@ -72,6 +72,7 @@ from hookbus.bus.group_member import GroupMember
 from hookbus.bus.redis_values import text
 from hookbus.bus.registry import announce, heartbeat, leave
 from hookbus.bus.ride import RideOffer, RideSlot
+from hookbus.bus.route import Onward, send_on
 from hookbus.bus.shard_reader import ShardedGroupReader
 from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.services import tracing
@@ -116,7 +117,7 @@ class ReplyBatcher:
 
     def __init__(self, client: aredis.Redis, group: str, *, ack_delay: float = ACK_DELAY) -> None:
         self.client, self.group, self.ack_delay = client, group, ack_delay
-        self._pending: list[tuple[str, Any, EntryRef, asyncio.Future[None]]] = []
+        self._pending: list[tuple[str, Any, EntryRef, Onward | None, asyncio.Future[Any]]] = []
         self._unacked: dict[str, list[str]] = {}
         """Entries whose replies were written, by stream, waiting for their ack."""
         self._ack_timer: asyncio.TimerHandle | None = None
@@ -128,13 +129,15 @@ class ReplyBatcher:
         self.acks_sent = 0
         """XACK commands sent (one per stream per pipeline)."""
 
-    async def send(self, reply_to: str, fields: Any, entry: EntryRef) -> None:
+    async def send(self, reply_to: str, fields: Any, entry: EntryRef, onward: Onward | None = None) -> Any:
+        """Write the reply (after `onward`, the route's next hop, in the same pipeline);
+        returns Redis's answer to `onward` (an exception if it refused that one alone)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         if not self._pending:  # the flush starts next turn, with every reply queued by then
             self._start_flush()
-        self._pending.append((reply_to, fields, entry, future))
-        await future
+        self._pending.append((reply_to, fields, entry, onward, future))
+        return await future
 
     def offer(self, ride: RideOffer) -> None:
         self._rides.offer(ride)
@@ -186,7 +189,9 @@ class ReplyBatcher:
         try:
             # one pipeline even on a cluster: every ack in it is of an earlier, confirmed reply
             commands = Commands()
-            for reply_to, fields, _, _ in batch:
+            for reply_to, fields, _, onward, _ in batch:
+                if onward is not None:
+                    commands.xadd(onward.stream, onward.fields)
                 commands.xadd(reply_to, fields)
             for stream, entry_ids in acks.items():
                 commands.xack(stream, self.group, *entry_ids)
@@ -207,13 +212,20 @@ class ReplyBatcher:
         self.acks_sent += len(acks)
         if ride is not None:
             ride.arrived(results.pop())
-        for stream, result in zip(acks, results[len(batch) :], strict=True):
+        replies = len(batch) + sum(onward is not None for _, _, _, onward, _ in batch)
+        for stream, result in zip(acks, results[replies:], strict=True):
             if isinstance(result, Exception):  # the group or stream is gone: nothing left to ack
                 log.warning("ack_refused", stream=stream, error=str(result))
         answered = []
-        for (_, _, entry, future), result in zip(batch, results, strict=False):
+        position = 0
+        for _, _, entry, onward, future in batch:
+            sent_on = results[position] if onward is not None else None
+            position += 1 + (onward is not None)
             answered.append(entry)  # a refused reply is acked too: nobody can ever get it
-            settle(future, result)
+            if isinstance(results[position - 1], Exception):
+                settle(future, results[position - 1])
+            elif not future.done():
+                future.set_result(sent_on)
         self._owe_acks(answered)
 
 
@@ -368,10 +380,15 @@ class WorkerReplica(BusApp):
         self._in_flight[entry] = time.monotonic()
         try:
             with tracing.process_span(self.group, self.replica, event.lifecycle, event.trace, attempt) as span:
-                reply, fields = self._encoded(await self.host.answer(event, attempt, self.replica, split))
+                reply = await self.host.answer(event, attempt, self.replica, split)
+                onward = send_on(event, reply, split)
+                if onward is not None:
+                    reply.forwarded = onward.hop_id
+                reply, fields = self._encoded(reply)
                 if reply.failure:
+                    onward = None
                     span.error(reply.failure, "hop_failed")
-            await self._reply(entry, event, fields)
+            await self._reply(entry, event, fields, onward)
         finally:
             self._in_flight.pop(entry, None)
         self.processed += 1
@@ -393,29 +410,40 @@ class WorkerReplica(BusApp):
             log.error("reply_not_encodable", hop_id=reply.hop_id, completion_id=reply.completion_id, error=str(exc))
             return failure, encode_reply(failure)
 
-    async def _reply(self, entry: EntryRef, event: HopEvent, fields: dict[bytes, bytes]) -> None:
+    async def _reply(
+        self, entry: EntryRef, event: HopEvent, fields: dict[bytes, bytes], onward: Onward | None = None
+    ) -> None:
         """Reply (batched with the other replies of this loop turn; the ack follows, see
-        ReplyBatcher); through an outage, reply and ack alone while the caller may still wait. Given up, the entry stays
-        pending (and expires when claimed again)."""
+        ReplyBatcher), after sending the stage on (`onward`); through an outage, both and
+        the ack alone while the caller may still wait. Given up, the entry stays pending
+        (and expires when claimed again)."""
         client = self._client
         assert client is not None
         if self._batcher is not None:
             try:
-                await self._batcher.send(event.reply_to, fields, entry)
+                await self._sent_on(event, onward, await self._batcher.send(event.reply_to, fields, entry, onward))
                 return
             except RECONNECT_ERRORS:
                 pass
             except ResponseError as exc:  # this reply_to cannot take a reply: nobody will get it
                 log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
                 return  # the batcher acks its entry
+
+        def send(pipe: Any) -> None:
+            if onward is not None:
+                pipe.xadd(onward.stream, onward.fields)
+            pipe.xadd(event.reply_to, fields)
+
         backoff = 0.05
         while True:
             try:
-                await in_order(
-                    client,
-                    lambda pipe: pipe.xadd(event.reply_to, fields),
-                    lambda pipe: pipe.xack(entry[0], self.group, entry[1]),
+                results = await in_order(
+                    client, send, lambda pipe: pipe.xack(entry[0], self.group, entry[1]), raise_on_error=False
                 )
+                sent_on, replied = (results[0], results[1]) if onward is not None else (None, results[0])
+                if isinstance(replied, Exception):
+                    raise replied
+                await self._sent_on(event, onward, sent_on)
                 return
             except RECONNECT_ERRORS as exc:
                 if time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
@@ -423,6 +451,21 @@ class WorkerReplica(BusApp):
                     raise
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+
+    async def _sent_on(self, event: HopEvent, onward: Onward | None, result: Any) -> None:
+        """If Redis refused the route's next hop, answer it as failed in its place, so
+        the orchestrator, told that the stage was sent on, does not wait for it in vain."""
+        if onward is None or not isinstance(result, Exception):
+            return
+        log.error("send_on_refused", hop_id=event.hop_id, onward=onward.hop_id, stream=onward.stream, error=str(result))
+        failure = HopReply(
+            hop_id=onward.hop_id, completion_id=event.completion_id, replica=self.replica,
+            failure=f"could not be sent on to {onward.stream}: {result}",
+        )
+        client = self._client
+        assert client is not None
+        with contextlib.suppress(*RECONNECT_ERRORS, ResponseError):
+            await client.xadd(event.reply_to, encode(failure))  # type: ignore[arg-type]
 
     def _record(self, event: HopEvent, reply: HopReply | None, outcome: Outcome, error: str | None) -> None:
         if self._events is None:

@@ -8,9 +8,11 @@ messages, two tools) done with FastStream's own request/reply against hookbus.
   come from the broker's pool (redis-py's default: 100, non-blocking), so at high
   concurrency it fails with "Too many connections"; those failures are counted.
 - hookbus, 3 hooks in one worker group: the chain runs in one hop (one round trip).
-- hookbus, 3 hooks in 3 groups: three hops, the like-for-like transport comparison.
-Both hookbus cases run `hookbus worker` replicas (--concurrency 32) and drive
-BusRuntime.hop per segment.
+- hookbus, 3 hooks in 3 groups: three hops, the like-for-like transport comparison, as
+  the orchestrator's stage runs them (BusRuntime.hop_segments: each worker sends the
+  stage on to the next group, hookbus.bus.route), and hop by hop from the caller
+  (BusRuntime.hop per segment), the baseline of what routes save.
+The hookbus cases run `hookbus worker` replicas (--concurrency 32).
 
 Run alone: `python -m tests.bench.peer`.
 """
@@ -18,6 +20,7 @@ Run alone: `python -m tests.bench.peer`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -76,7 +79,12 @@ async def faststream_chain(redis_url: str, prefix: str, procs: Any) -> dict[int,
     return results
 
 
-async def hookbus_chain(redis_url: str, prefix: str, procs: Any, groups: dict[str, list[str]]) -> dict[int, Stats]:
+async def hookbus_chain(
+    redis_url: str, prefix: str, procs: Any, groups: dict[str, list[str]], *, routed: bool = True
+) -> dict[int, Stats]:
+    """The chain as the orchestrator's stage runs it (`routed`: BusRuntime.hop_segments,
+    each worker sending the stage on to the next group), or hop by hop from the caller
+    (BusRuntime.hop per segment: the baseline for what routes save)."""
     from hookbus.services.orchestrator.plan import HookPlan
 
     for group, skills in groups.items():
@@ -91,16 +99,26 @@ async def hookbus_chain(redis_url: str, prefix: str, procs: Any, groups: dict[st
     contexts = [payloads.context() for _ in range(max(CONCURRENCIES))]
     turn = iter(range(1 << 62))
 
+    def record(ctx: Any, segment: Any, result: Any, began: float) -> None:
+        runtime.record_stage(ctx.completion_id, "before_llm_call", segment.group, result.outcomes, (time.perf_counter() - began) * 1000)
+        if any(o.outcome != "ok" for o in result.outcomes):
+            raise RuntimeError(result.outcomes[0].error)
+
     async def chain() -> None:
         ctx = contexts[next(turn) % len(contexts)]
         data = payloads.before_llm_call_data()
+        began = time.perf_counter()
+        if routed:
+            async with contextlib.aclosing(runtime.hop_segments(segments, data, ctx, "before_llm_call#0")) as results:
+                position = 0
+                async for result in results:
+                    record(ctx, segments[position], result, began)
+                    position, began = position + 1, time.perf_counter()
+            return
         for segment in segments:
-            began = time.perf_counter()
             result = await runtime.hop(segment, data, ctx, "before_llm_call#0")
-            runtime.record_stage(ctx.completion_id, "before_llm_call", segment.group, result.outcomes, (time.perf_counter() - began) * 1000)
-            if any(o.outcome != "ok" for o in result.outcomes):
-                raise RuntimeError(result.outcomes[0].error)
-            data = result.data
+            record(ctx, segment, result, began)
+            data, began = result.data, time.perf_counter()
 
     results = {}
     try:
@@ -118,14 +136,15 @@ async def measure(redis_url: str) -> list[Row]:
     async with processes() as procs:
         fs = await faststream_chain(redis_url, new_prefix("peer-fs"), procs)
         one = await hookbus_chain(redis_url, new_prefix("peer-one"), procs, {"chain": CHAIN})
-        three = await hookbus_chain(
-            redis_url, new_prefix("peer-three"), procs, {f"c{n}": [skill] for n, skill in enumerate(CHAIN, 1)}
-        )
+        three_groups = {f"c{n}": [skill] for n, skill in enumerate(CHAIN, 1)}
+        three = await hookbus_chain(redis_url, new_prefix("peer-three"), procs, three_groups)
+        hop_by_hop = await hookbus_chain(redis_url, new_prefix("peer-hops"), procs, three_groups, routed=False)
     print("\n[peer] chain of 3 no-op hooks over a before_llm_call (20 messages)")
     for concurrency in CONCURRENCIES:
         print(fs[concurrency].line(f"FastStream broker.request() x3 c={concurrency}", "chains/s"))
         print(one[concurrency].line(f"hookbus, 1 group (1 hop) c={concurrency}", "chains/s"))
-        print(three[concurrency].line(f"hookbus, 3 groups (3 hops) c={concurrency}", "chains/s"))
+        print(three[concurrency].line(f"hookbus, 3 groups (3 hops, sent on) c={concurrency}", "chains/s"))
+        print(hop_by_hop[concurrency].line(f"hookbus, 3 groups (3 hops, hop by hop) c={concurrency}", "chains/s"))
     for concurrency in CONCURRENCIES:
         base = fs[concurrency]
         for label, stats in (("1 group/1 hop", one[concurrency]), ("3 groups/3 hops", three[concurrency])):
@@ -137,6 +156,10 @@ async def measure(redis_url: str) -> list[Row]:
             if concurrency > 1:
                 rows.append(Row("peer", f"{case} throughput", stats.rate, "chains/s", base.rate, "FastStream"))
             rows.append(Row("peer", f"{case} failures", stats.failures, "of " + str(stats.count + stats.failures), target="<=0"))
+        routed, alone = three[concurrency], hop_by_hop[concurrency]
+        rows.append(Row("peer", f"c={concurrency} 3 groups sent on p50", routed.p50_ms, "ms", alone.p50_ms, "hop by hop"))
+        if concurrency > 1:
+            rows.append(Row("peer", f"c={concurrency} 3 groups sent on throughput", routed.rate, "chains/s", alone.rate, "hop by hop"))
         rows.append(
             Row("peer", f"c={concurrency} FastStream failures", base.failures, "of " + str(base.count + base.failures),
                 note=", ".join(f"{k}: {v}" for k, v in base.errors.items()))

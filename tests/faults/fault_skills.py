@@ -62,12 +62,29 @@ class Slow(Skill):
         text = user_text(data.messages)
         await redis_client().rpush(
             fault_key("runs", ctx.completion_id),
-            json.dumps({"by": NAME, "attempt": ctx.call.attempt, "key": ctx.call.idempotency_key}),
+            json.dumps({
+                "by": NAME, "attempt": ctx.call.attempt, "key": ctx.call.idempotency_key,
+                "marked": ctx.state.get("marked"),
+            }),
         )
         ctx.state["slow_replica"] = NAME
         seconds = param(text, "hold")
         if seconds and ("holdfirst" not in text or ctx.call.attempt == 1):
             await asyncio.sleep(seconds)  # the point: a hook that holds its hop
+        return data
+
+
+class Mark(Skill):
+    """Runs before Slow (in a group of its own, so the stage is sent on from it to Slow's
+    group): marks the state and the message."""
+
+    name = "mark"
+
+    @hook("on_connection", 5)
+    async def mark(self, data: HookData, ctx: Context) -> HookData:
+        ctx.state["marked"] = NAME
+        last = data.messages[-1]
+        data.messages[-1] = {**last, "content": f"{last['content']} (marked)"}
         return data
 
 

@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
+from hookbus.bus.envelopes import HopReply, decode
 from hookbus.services.monitor import recent_events
+from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import (
     read_until_terminal,
     runs,
@@ -17,6 +19,7 @@ from tests.faults.helpers import (
 from tests.waiting import wait_for
 
 SLOW = "tests.faults.fault_skills:Slow"
+MARK = "tests.faults.fault_skills:Mark"
 POISON = "tests.faults.fault_skills:Poison"
 AGENT = "tests.faults.fault_skills:agent"
 
@@ -27,22 +30,31 @@ def new_id(tag: str) -> str:
     return f"chatcmpl-{tag}-{uuid.uuid4().hex[:8]}"
 
 
-async def test_a_replica_killed_mid_hook_leaves_the_hop_to_its_sibling(procs, redis, keys, prefix):
+async def _kill_mid_hook(procs, redis, keys, prefix, tag: str, text: str, *others):
+    """Two Slow replicas and an orchestrator (and `others`, already spawned); a request
+    whose Slow hook holds on its first delivery; the replica that took it killed there.
+    Returns the completion id, the victim, its sibling and the request's outcome."""
     a = procs.worker("slow", SLOW, replica="slow-a", claim_idle=1)
     b = procs.worker("slow", SLOW, replica="slow-b", claim_idle=1)
     orchestrator = procs.orchestrator(AGENT, instance="orch-1", claim_idle=1)
-    await procs.wait_ready(a, b, orchestrator)
+    await procs.wait_ready(*others, a, b, orchestrator)
 
-    cid = new_id("kill-worker")
-    await submit(redis, keys, "hold=30 holdfirst [[echo]] still here", completion_id=cid)
+    cid = new_id(tag)
+    await submit(redis, keys, text, completion_id=cid)
     first = await wait_for(lambda: runs(redis, prefix, cid), timeout=15)
     assert first, procs.logs()
     victim, sibling = (a, b) if first[0]["by"] == "slow-a" else (b, a)
     victim.kill()
 
     outcome = await read_until_terminal(redis, keys, cid, timeout=30)
-    assert outcome.terminal is not None, procs.logs()
-    assert outcome.terminal.kind == "done", outcome.terminal
+    assert outcome.terminal is not None and outcome.terminal.kind == "done", (outcome.terminal, procs.logs())
+    return cid, victim, sibling, outcome
+
+
+async def test_a_replica_killed_mid_hook_leaves_the_hop_to_its_sibling(procs, redis, keys, prefix):
+    cid, victim, sibling, outcome = await _kill_mid_hook(
+        procs, redis, keys, prefix, "kill-worker", "hold=30 holdfirst [[echo]] still here"
+    )
     assert "still here" in outcome.text
     deliveries = await runs(redis, prefix, cid)
     assert [(d["by"], d["attempt"]) for d in deliveries] == [(victim.name, 1), (sibling.name, 2)]
@@ -54,6 +66,28 @@ async def test_a_replica_killed_mid_hook_leaves_the_hop_to_its_sibling(procs, re
     ]
     assert [(h.replica, h.outcome) for h in hops] == [(sibling.name, "ok")]
     assert await terminal_count(redis, keys, cid) == 1
+
+
+async def test_a_replica_killed_mid_hook_on_a_hop_sent_on_leaves_it_to_its_sibling(procs, redis, keys, prefix):
+    """The stage is sent on from group `mark` to group `slow` by mark's worker (a route);
+    the slow replica that took the hop dies in its hook: its sibling claims the hop the
+    orchestrator never sent, with mark's changes in it, and the request ends once."""
+    marker = procs.worker("mark", MARK, replica="mark-a", claim_idle=1)
+    cid, victim, sibling, outcome = await _kill_mid_hook(
+        procs, redis, keys, prefix, "kill-routed", "hold=30 holdfirst [[echo]] routed", marker
+    )
+    assert outcome.text == "hold=30 holdfirst routed (marked)"
+    deliveries = await runs(redis, prefix, cid)
+    assert [(d["by"], d["attempt"], d["marked"]) for d in deliveries] == [
+        (victim.name, 1, "mark-a"), (sibling.name, 2, "mark-a"),
+    ]
+    # mark's reply names the hop it sent on: the orchestrator waited for that one
+    replies = [decode(fields, HopReply) for _, fields in await redis.xrange(keys.replies("orch-1"))]
+    sent_on = {r.forwarded for r in replies if r.completion_id == cid and r.replica == "mark-a"}
+    assert len(sent_on) == 1 and None not in sent_on
+    assert [r.replica for r in replies if r.completion_id == cid and r.hop_id in sent_on] == [sibling.name]
+    assert await terminal_count(redis, keys, cid) == 1
+    assert await redis.get(fault_key("finalize", cid, prefix=prefix)) == b"1"
 
 
 async def test_a_long_hook_on_a_live_replica_keeps_its_claim(procs, redis, keys, prefix):

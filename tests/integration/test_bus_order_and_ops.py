@@ -38,14 +38,18 @@ async def test_priority_order_interleaves_local_hooks_and_two_groups_with_coales
     groups = {"group-a": [a10, a30, a40], "group-b": [b20]}
     async with running_stack(redis_url, prefix, agent, groups) as (client, services, _):
         runtime = services[0].runtime
-        hops_before = runtime.hops
+        hops_before, forwarded_before = runtime.hops, runtime.forwarded
         completion = await client.complete("[[echo]] start")
         on_connection_hops = runtime.hops - hops_before
+        forwarded = runtime.forwarded - forwarded_before
     # each hook saw the previous one's output: the echo shows the whole chain in order
     assert completion.choices[0].message.content == "start local5 a10 b20 a30 a40"
     # hops: [a10] [b20] [a30 a40] for on_connection (a30 and a40 coalesce into one hop);
     # the other lifecycles have no remote hooks, so no hops
     assert on_connection_hops == 3
+    # [b20] and [a30 a40] come straight after a remote segment: their hops were sent on
+    # by the workers of group-a and group-b, not by the orchestrator
+    assert forwarded == 2
 
 
 class SlowCounter(Skill):
