@@ -9,7 +9,10 @@ dropped (logged), never applied.
 
 Right after the reader resolved replies, its next XREAD is offered to ride with the hops
 those replies lead to (hookbus.bus.ride): a request's hops in a row cost one socket
-write each, the hop and the read of its reply together (not on a Redis Cluster).
+write each, the hop and the read of its reply together (not on a Redis Cluster). The
+reply of a hop whose worker sent the stage on (hookbus.bus.route) leads to no hop: after
+only such replies the next read goes at once, as the next group's reply may already be
+there.
 
 Per hop the caller pays for little more than the round trip: its hop id is a counter
 after a random prefix (`new_hop_id`, no uuid4 per hop), and the deadlines of all waiting
@@ -35,7 +38,7 @@ from hookbus.bus.connection import RECONNECT_ERRORS
 from hookbus.bus.deadletter import send_dead_letter
 from hookbus.bus.envelopes import DecodeError, HopEvent, HopReply, decode, encode
 from hookbus.bus.redis_values import text
-from hookbus.bus.ride import RideOffer, ride
+from hookbus.bus.ride import LINGER, RideOffer, ride
 
 log = structlog.get_logger("hookbus.router")
 
@@ -108,14 +111,17 @@ class ReplyRouter:
         reply_stream: str,
         *,
         dead_letter: str | None = None,
+        linger: float = LINGER,
     ) -> None:
         """`reader` is a client without retries (hookbus.bus.connection.connect(url, retries=0));
-        `dead_letter` the stream bad replies are copied to (None: only logged)."""
+        `dead_letter` the stream bad replies are copied to (None: only logged); `linger`
+        how long a read offered to ride waits for a flush (hookbus.bus.ride)."""
         self._client = client
         self._appender = StreamAppender(client)
         self._reader_client = reader
         self.reply_stream = reply_stream
         self.dead_letter = dead_letter
+        self.linger = linger
         self.bad_replies = 0
         self._background: set[asyncio.Task[None]] = set()
         self._waiting: dict[str, asyncio.Future[HopReply]] = {}
@@ -213,10 +219,10 @@ class ReplyRouter:
 
     async def _read_replies(self) -> None:
         backoff = 0.05
-        delivered = False
+        writes_coming = False
         while not self._stopping:
             try:
-                delivered = await self._read_once(delivered)
+                writes_coming = await self._read_once(writes_coming)
                 backoff = 0.05
             except RECONNECT_ERRORS as exc:
                 if self._stopping:  # redis-py may turn our cancel into a read error
@@ -224,7 +230,7 @@ class ReplyRouter:
                 log.warning("reply_reader_reconnecting", error=str(exc), retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
-                delivered = False
+                writes_coming = False
                 continue
             if self._since_trim >= TRIM_EVERY:
                 self._since_trim = 0
@@ -232,10 +238,10 @@ class ReplyRouter:
                     await self._reader_client.xtrim(self.reply_stream, minid=self._last_id)
 
     async def _read_once(self, after_replies: bool) -> bool:
-        """One read of replies, riding with the next hops if replies were just resolved;
-        whether it resolved any."""
+        """One read of replies, riding with the next hops if replies were just resolved
+        that lead to some; whether this one resolved such replies."""
         if after_replies:
-            rode = await ride(self._appender, RideOffer(self._queue_read, self._take))
+            rode = await ride(self._appender, RideOffer(self._queue_read, self._take), self.linger)
             if rode is not None:
                 self.rides += 1
                 return rode
@@ -248,19 +254,22 @@ class ReplyRouter:
         pipe.xread({self.reply_stream: self._last_id}, count=1000, block=block_ms)
 
     def _take(self, response: Any) -> bool:
-        """Resolve the replies of one XREAD; whether there were any entries."""
-        delivered = False
+        """Resolve the replies of one XREAD; whether writes are likely to follow (an
+        entry other than the reply of a hop whose worker sent the stage on: the caller
+        of that one waits for the next group's reply instead of sending anything, so the
+        next read must not wait for a write to ride with)."""
+        writes_coming = False
         for _stream, entries in response or ():
             for entry_id, fields in entries:
                 self._last_id = entry_id
-                self._resolve(entry_id, fields)
+                writes_coming |= self._resolve(entry_id, fields)
                 self._since_trim += 1
-                delivered = True
-        return delivered
+        return writes_coming
 
-    def _resolve(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> None:
+    def _resolve(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> bool:
+        """Hand a reply to its waiter; False for the reply of a hop sent on."""
         if b"wake" in fields:
-            return
+            return True
         try:
             reply = decode(fields, HopReply)
         except DecodeError as exc:
@@ -270,13 +279,14 @@ class ReplyRouter:
                 task = asyncio.create_task(self._dead_letter(text(entry_id), fields, str(exc)))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
-            return
+            return True
         future = self._waiting.get(reply.hop_id)
         if future is None or future.done():
             self.late_replies += 1
             log.info("late_reply_ignored", hop_id=reply.hop_id, completion_id=reply.completion_id)
-            return
+            return True
         future.set_result(reply)
+        return reply.forwarded is None
 
     async def _dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
         assert self.dead_letter is not None

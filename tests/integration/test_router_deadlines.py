@@ -88,3 +88,31 @@ async def test_answered_hops_are_not_kept_until_their_deadline(redis_url, prefix
             assert len(router._deadlines._heap) <= COMPACT_AT + 50
         finally:
             await cancel_and_wait(worker)
+
+
+async def test_after_the_reply_of_a_hop_sent_on_the_next_read_goes_at_once(redis_url, prefix):
+    """That reply leads to no write (its caller waits for the next group's reply), so the
+    reader must not offer its next read to ride with one: with a linger of 2 s, the next
+    group's reply would wait 2 s in Redis."""
+    stream = f"{prefix}replies"
+    router = ReplyRouter(connect(redis_url), connect(redis_url, retries=0), stream, linger=2.0)
+    await router.start()
+    client = connect(redis_url)
+    try:
+        event = hop(router)
+        router.expect(["next"])
+        waiting = asyncio.create_task(router.call(f"{prefix}hooks", event, timeout=10))
+        await asyncio.sleep(0.05)
+        sent_on = HopReply(hop_id=event.hop_id, completion_id="c", replica="r", forwarded="next")
+        await client.xadd(stream, encode(sent_on))  # type: ignore[arg-type]
+        assert (await waiting).forwarded == "next"
+        await asyncio.sleep(0.05)  # the reader reads again meanwhile
+        started = time.monotonic()
+        await client.xadd(stream, encode(HopReply(hop_id="next", completion_id="c", replica="r")))  # type: ignore[arg-type]
+        reply = await router.wait("next", timeout=10)
+        elapsed = time.monotonic() - started
+    finally:
+        await client.aclose()
+        await router.stop()
+    assert reply.hop_id == "next"
+    assert elapsed < 1.0, elapsed
