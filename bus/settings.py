@@ -63,6 +63,14 @@ class Settings(BaseSettings):
         default="auto", alias="HOOKBUS_LOG_FORMAT", description="json, console or auto."
     )
     log_level: str = Field(default="info", alias="HOOKBUS_LOG_LEVEL")
+    send_on: bool = Field(
+        default=True,
+        alias="HOOKBUS_SEND_ON",
+        description=(
+            "Workers send a stage on from one group to the next (hookbus.bus.route); "
+            "false: the orchestrator sends every hop itself."
+        ),
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",
         alias="HOOKBUS_EVENT_LOOP",

@@ -58,7 +58,10 @@ class BusRuntime:
         *,
         instance: str,
         default_timeout: float = DEFAULT_HOP_TIMEOUT,
+        send_on: bool = True,
     ) -> None:
+        """`send_on`: list a hop's next segments as its route, for its worker to send the
+        stage on to (hookbus.bus.route); False: every hop from here."""
         self.keys = keys
         self.router = router
         self.registry = registry
@@ -66,6 +69,7 @@ class BusRuntime:
         self.events = events
         self.instance = instance
         self.default_timeout = default_timeout
+        self.send_on = send_on
         self.epoch = 0
         self.hops = 0
         """Hook, tool and compaction hops, those that workers sent on included."""
@@ -134,7 +138,7 @@ class BusRuntime:
         """The segments after a hop that its worker may send the stage on to: those up to
         the first one in-process or in a group with no live replica (the stage then
         comes back here first)."""
-        if tracing.enabled():
+        if not self.send_on or tracing.enabled():
             return []
         route = []
         for segment in onward:

@@ -73,6 +73,7 @@ from hookbus.bus.registry import RegistryView
 from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
 from hookbus.bus.router import ReplyRouter
 from hookbus.bus.sessions import SessionStore
+from hookbus.bus.settings import get_settings
 from hookbus.bus.shard_reader import ShardedGroupReader
 from hookbus.bus.trim import TRIM_EVERY
 from hookbus.services import tracing
@@ -200,7 +201,7 @@ class OrchestratorService(BusApp):
         events = EventWriter(client, self.keys)
         runtime = _StageNotingRuntime(
             self.keys, router, registry, SessionStore(client, self.keys), events,
-            instance=self.instance,
+            instance=self.instance, send_on=get_settings().send_on,
         )
         runtime.on_stage = self.runs.note_stage
         runtime.owner_check = self.still_owner

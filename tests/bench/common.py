@@ -400,13 +400,15 @@ class Processes:
         return self.spawn(args, bench_env(redis_url, prefix), f"worker-{group}")
 
     def orchestrator(
-        self, redis_url: str, prefix: str, agent: str, *, concurrency: int = 64, model_url: str | None = None
+        self, redis_url: str, prefix: str, agent: str, *, concurrency: int = 64, model_url: str | None = None,
+        **env: str,
     ) -> subprocess.Popen[bytes]:
         """`model_url`: the LLM endpoint (`Processes.model`); None: the built-in offline
-        model, served from a thread of the orchestrator's own process."""
+        model, served from a thread of the orchestrator's own process. `env`: more
+        settings (HOOKBUS_SEND_ON=...)."""
         args = [PYTHON, "-m", "hookbus.services.cli", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
         endpoint = {"OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "bench"} if model_url else {}
-        return self.spawn(args, bench_env(redis_url, prefix, **endpoint), "orchestrator")
+        return self.spawn(args, bench_env(redis_url, prefix, **endpoint, **env), "orchestrator")
 
     async def model(self, timeout: float = 30.0) -> str:
         """The offline model in a process of its own, as an LLM provider runs apart from

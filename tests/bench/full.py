@@ -15,6 +15,9 @@ finalize_connection. Every stage has 3 remote no-op hooks in 2 worker groups: `a
 Both call the same offline model, in a process of its own (as an LLM provider runs
 apart: in a thread of the caller it would take the GIL from the caller's loop).
 The bus overhead per request is p50(bus) - p50(in-process), and the ratio of the two.
+At c=1 a second stack runs with HOOKBUS_SEND_ON=false (every hop from the orchestrator),
+taking turns with the first in rounds: the same-run baseline of what sending each stage
+on from alpha's worker to beta's saves (hookbus.bus.route).
 
 Run alone: `python -m tests.bench.full`.
 """
@@ -22,7 +25,9 @@ Run alone: `python -m tests.bench.full`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from tests.bench.common import (
     Processes,
@@ -40,6 +45,8 @@ from tests.bench.common import (
 from tests.bench.skills import FULL_PROMPT, full_agent_inprocess
 
 CONCURRENCIES = (1, 16, 64)
+ROUNDS = 4
+"""Rounds of c=1 requests, each stack in turn."""
 HOPS_PER_REQUEST = 18
 EXPECTED = "The tool lookup returned: value of k"
 
@@ -55,15 +62,22 @@ async def wait_for_orchestrator(client, keys, procs, timeout: float = 60.0) -> N
             await asyncio.sleep(0.1)
 
 
-async def on_bus(redis_url: str, prefix: str, procs: Processes, model_url: str) -> dict[int, Stats]:
+@contextlib.asynccontextmanager
+async def bus_stack(
+    redis_url: str, prefix: str, procs: Processes, model_url: str, *, send_on: bool = True
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """The two worker groups and an orchestrator under `prefix`; yields one request's
+    call. `send_on=False`: the orchestrator sends every hop itself (HOOKBUS_SEND_ON)."""
     from hookbus.bus.client import HookbusClient
     from hookbus.bus.keys import Keys
 
-    results: dict[int, Stats] = {}
     procs.worker(redis_url, prefix, "alpha", ["tests.bench.skills:Alpha"], concurrency=64)
     procs.worker(redis_url, prefix, "beta", ["tests.bench.skills:Beta"], concurrency=64)
     await wait_for_replicas(redis_url, prefix, {"alpha": 1, "beta": 1}, procs)
-    procs.orchestrator(redis_url, prefix, "tests.bench.skills:full_agent", concurrency=64, model_url=model_url)
+    procs.orchestrator(
+        redis_url, prefix, "tests.bench.skills:full_agent", concurrency=64, model_url=model_url,
+        HOOKBUS_SEND_ON=str(send_on).lower(),
+    )
     keys = Keys(prefix)
     client = HookbusClient(redis_url, prefix=prefix, timeout=120)
     try:
@@ -78,14 +92,38 @@ async def on_bus(redis_url: str, prefix: str, procs: Processes, model_url: str) 
             if answer.choices[0].message.content != EXPECTED:
                 raise RuntimeError(f"unexpected answer {answer.choices[0].message.content!r}")
 
-        for concurrency in CONCURRENCIES:
-            results[concurrency] = await run_load(
-                request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
-                max_seconds=60,
-            )
+        yield request
     finally:
         await client.close()
-    return results
+
+
+async def on_bus(redis_url: str, procs: Processes, model_url: str) -> tuple[dict[int, Stats], Stats]:
+    """The bus at each concurrency, and at c=1 with every hop from the orchestrator too
+    (the baseline of what sending a stage on from alpha's worker to beta's saves),
+    the two taking turns in rounds on two stacks, so the machine's drift hits both."""
+    results: dict[int, Stats] = {}
+    async with (
+        bus_stack(redis_url, new_prefix("full"), procs, model_url) as routed,
+        bus_stack(redis_url, new_prefix("full-hops"), procs, model_url, send_on=False) as hop_by_hop,
+    ):
+        rounds: tuple[list[Stats], list[Stats]] = ([], [])
+        for _ in range(ROUNDS):
+            for request, stats in ((routed, rounds[0]), (hop_by_hop, rounds[1])):
+                stats.append(await run_load(request, concurrency=1, total=counts(1) // ROUNDS, warmup=2, max_seconds=60))
+        results[1] = merged(rounds[0])
+        for concurrency in CONCURRENCIES[1:]:
+            results[concurrency] = await run_load(
+                routed, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
+                max_seconds=60,
+            )
+    return results, merged(rounds[1])
+
+
+def merged(parts: list[Stats]) -> Stats:
+    return Stats(
+        [latency for part in parts for latency in part.latencies], sum(part.wall for part in parts),
+        sum(part.failures for part in parts),
+    )
 
 
 async def in_process(model_url: str) -> dict[int, Stats]:
@@ -113,12 +151,13 @@ async def measure(redis_url: str) -> list[Row]:
     async with processes() as procs:
         model_url = await procs.model()
         local = await in_process(model_url)
-        bus = await on_bus(redis_url, new_prefix("full"), procs, model_url)
+        bus, hop_by_hop = await on_bus(redis_url, procs, model_url)
     rows: list[Row] = []
     print(f"\n[full] non-streaming request, 9 stages x 3 remote no-op hooks in 2 groups ({HOPS_PER_REQUEST} hops), 2 LLM calls")
     for concurrency in CONCURRENCIES:
         print(local[concurrency].line(f"in-process Agent.run c={concurrency}", "req/s"))
         print(bus[concurrency].line(f"bus (client -> orchestrator -> workers) c={concurrency}", "req/s"))
+    print(hop_by_hop.line("bus, every hop from the orchestrator (HOOKBUS_SEND_ON=false) c=1", "req/s"))
     for concurrency in CONCURRENCIES:
         b, here = bus[concurrency], local[concurrency]
         rows.append(Row("full", f"c={concurrency} throughput", b.rate, "req/s", here.rate, "in-process"))
@@ -129,6 +168,9 @@ async def measure(redis_url: str) -> list[Row]:
             Row("full", f"c={concurrency} bus overhead/request (p50)", overhead, "ms",
                 note=f"{overhead / HOPS_PER_REQUEST:.2f} ms per hop" if concurrency == 1 else "queueing included")
         )
+        if concurrency == 1:
+            rows.append(Row("full", "c=1 p50, stages sent on from group to group", b.p50_ms, "ms",
+                            hop_by_hop.p50_ms, "hop by hop"))
         if b.failures or here.failures:
             rows.append(Row("full", f"c={concurrency} failures", b.failures, "count", here.failures, "in-process"))
     return rows

@@ -106,6 +106,18 @@ async def test_the_first_group_sends_the_stage_on_and_every_segment_is_recorded(
     assert First.finalized == [answer.id] and Second.finalized == [None]
 
 
+async def test_with_send_on_off_every_hop_is_the_orchestrators_and_the_answer_the_same(redis_url, prefix, monkeypatch):
+    _reset()
+    monkeypatch.setenv("HOOKBUS_SEND_ON", "false")
+    groups = {"one": [First()], "two": [Second()]}
+    async with running_stack(redis_url, prefix, Agent("routes"), groups) as (client, services, _):
+        answer = await client.complete("[[echo]] hello")
+    assert answer.choices[0].message.content == "hello +first +second"
+    assert Second.seen == ["tagged"] and Second.finalized == [None]
+    runtime = services[0].runtime
+    assert (runtime.send_on, runtime.forwarded, runtime.hops) == (False, 0, 6)
+
+
 async def test_an_abort_ends_the_route_and_finalize_still_reaches_every_group(redis_url, prefix):
     _reset()
     groups = {"one": [First()], "two": [Second()]}
