@@ -109,6 +109,18 @@ class Stats:
     def rate(self) -> float:
         return self.count / self.wall if self.wall > 0 else float("nan")
 
+    @classmethod
+    def merged(cls, parts: list[Stats]) -> Stats:
+        """Runs of one case taken in rounds, as one."""
+        errors: dict[str, int] = {}
+        for part in parts:
+            for kind, count in part.errors.items():
+                errors[kind] = errors.get(kind, 0) + count
+        return cls(
+            [latency for part in parts for latency in part.latencies], sum(part.wall for part in parts),
+            sum(part.failures for part in parts), errors,
+        )
+
     def line(self, label: str, unit: str = "ops/s") -> str:
         fail = f"  failures={self.failures} {self.errors}" if self.failures else ""
         return (

@@ -110,20 +110,13 @@ async def on_bus(redis_url: str, procs: Processes, model_url: str) -> tuple[dict
         for _ in range(ROUNDS):
             for request, stats in ((routed, rounds[0]), (hop_by_hop, rounds[1])):
                 stats.append(await run_load(request, concurrency=1, total=counts(1) // ROUNDS, warmup=2, max_seconds=60))
-        results[1] = merged(rounds[0])
+        results[1] = Stats.merged(rounds[0])
         for concurrency in CONCURRENCIES[1:]:
             results[concurrency] = await run_load(
                 routed, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
                 max_seconds=60,
             )
-    return results, merged(rounds[1])
-
-
-def merged(parts: list[Stats]) -> Stats:
-    return Stats(
-        [latency for part in parts for latency in part.latencies], sum(part.wall for part in parts),
-        sum(part.failures for part in parts),
-    )
+    return results, Stats.merged(rounds[1])
 
 
 async def in_process(model_url: str) -> dict[int, Stats]:

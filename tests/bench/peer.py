@@ -11,7 +11,8 @@ messages, two tools) done with FastStream's own request/reply against hookbus.
 - hookbus, 3 hooks in 3 groups: three hops, the like-for-like transport comparison, as
   the orchestrator's stage runs them (BusRuntime.hop_segments: each worker sends the
   stage on to the next group, hookbus.bus.route), and hop by hop from the caller
-  (BusRuntime.hop per segment), the baseline of what routes save.
+  (BusRuntime.hop per segment), the baseline of what routes save: the same workers, the
+  two taking turns in rounds.
 The hookbus cases run `hookbus worker` replicas (--concurrency 32).
 
 Run alone: `python -m tests.bench.peer`.
@@ -42,6 +43,8 @@ from tests.bench.common import (
 )
 
 CONCURRENCIES = (1, 32, 128)
+ROUNDS = 3
+"""Rounds of each concurrency, the two ways of running the 3-group chain in turn."""
 CHAIN = ["tests.bench.skills:Chain1", "tests.bench.skills:Chain2", "tests.bench.skills:Chain3"]
 
 
@@ -79,12 +82,13 @@ async def faststream_chain(redis_url: str, prefix: str, procs: Any) -> dict[int,
     return results
 
 
-async def hookbus_chain(
+async def hookbus_chains(
     redis_url: str, prefix: str, procs: Any, groups: dict[str, list[str]], *, routed: bool = True
-) -> dict[int, Stats]:
-    """The chain as the orchestrator's stage runs it (`routed`: BusRuntime.hop_segments,
-    each worker sending the stage on to the next group), or hop by hop from the caller
-    (BusRuntime.hop per segment: the baseline for what routes save)."""
+) -> dict[str, dict[int, Stats]]:
+    """The chain hop by hop from the caller (BusRuntime.hop per segment), and, with
+    `routed`, as the orchestrator's stage runs it (BusRuntime.hop_segments: each worker
+    sends the stage on to the next group) on the same workers, the two taking turns in
+    rounds, so the machine's drift hits both."""
     from hookbus.services.orchestrator.plan import HookPlan
 
     for group, skills in groups.items():
@@ -104,27 +108,39 @@ async def hookbus_chain(
         if any(o.outcome != "ok" for o in result.outcomes):
             raise RuntimeError(result.outcomes[0].error)
 
-    async def chain() -> None:
+    async def sent_on() -> None:
+        ctx = contexts[next(turn) % len(contexts)]
+        began = time.perf_counter()
+        chain = runtime.hop_segments(segments, payloads.before_llm_call_data(), ctx, "before_llm_call#0")
+        async with contextlib.aclosing(chain) as results:
+            position = 0
+            async for result in results:
+                record(ctx, segments[position], result, began)
+                position, began = position + 1, time.perf_counter()
+
+    async def hop_by_hop() -> None:
         ctx = contexts[next(turn) % len(contexts)]
         data = payloads.before_llm_call_data()
         began = time.perf_counter()
-        if routed:
-            async with contextlib.aclosing(runtime.hop_segments(segments, data, ctx, "before_llm_call#0")) as results:
-                position = 0
-                async for result in results:
-                    record(ctx, segments[position], result, began)
-                    position, began = position + 1, time.perf_counter()
-            return
         for segment in segments:
             result = await runtime.hop(segment, data, ctx, "before_llm_call#0")
             record(ctx, segment, result, began)
             data, began = result.data, time.perf_counter()
 
-    results = {}
+    drives = {"sent on": sent_on, "hop by hop": hop_by_hop} if routed else {"hop by hop": hop_by_hop}
+    results: dict[str, dict[int, Stats]] = {name: {} for name in drives}
     try:
         for concurrency in CONCURRENCIES:
-            total = scaled(300 if concurrency == 1 else 1500)
-            results[concurrency] = await run_load(chain, concurrency=concurrency, total=total, warmup=scaled(30), max_seconds=40)
+            total = scaled(300 if concurrency == 1 else 1500) // ROUNDS
+            rounds: dict[str, list[Stats]] = {name: [] for name in drives}
+            for _ in range(ROUNDS):
+                for name, drive in drives.items():
+                    rounds[name].append(await run_load(
+                        drive, concurrency=concurrency, total=total, warmup=scaled(30) // ROUNDS,
+                        max_seconds=40 / ROUNDS,
+                    ))
+            for name, parts in rounds.items():
+                results[name][concurrency] = Stats.merged(parts)
     finally:
         await side.close()
     return results
@@ -135,10 +151,10 @@ async def measure(redis_url: str) -> list[Row]:
     rows: list[Row] = []
     async with processes() as procs:
         fs = await faststream_chain(redis_url, new_prefix("peer-fs"), procs)
-        one = await hookbus_chain(redis_url, new_prefix("peer-one"), procs, {"chain": CHAIN})
+        one = (await hookbus_chains(redis_url, new_prefix("peer-one"), procs, {"chain": CHAIN}, routed=False))["hop by hop"]
         three_groups = {f"c{n}": [skill] for n, skill in enumerate(CHAIN, 1)}
-        three = await hookbus_chain(redis_url, new_prefix("peer-three"), procs, three_groups)
-        hop_by_hop = await hookbus_chain(redis_url, new_prefix("peer-hops"), procs, three_groups, routed=False)
+        chains = await hookbus_chains(redis_url, new_prefix("peer-three"), procs, three_groups)
+        three, hop_by_hop = chains["sent on"], chains["hop by hop"]
     print("\n[peer] chain of 3 no-op hooks over a before_llm_call (20 messages)")
     for concurrency in CONCURRENCIES:
         print(fs[concurrency].line(f"FastStream broker.request() x3 c={concurrency}", "chains/s"))
