@@ -29,3 +29,29 @@ class RemoteCounter(Skill):
 
     async def on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         self.calls.append(outcome.id)
+
+
+
+class TagA(Skill):
+    """Hosted in a worker group: appends "+a" to the last message at on_connection; with
+    TagB in another group, the stage is sent on from one group to the other."""
+
+    name = "tag-a"
+
+    @hook("on_connection", 10)
+    async def tag(self, data: HookData, ctx: Context) -> HookData:
+        return _tagged(data, "a")
+
+
+class TagB(Skill):
+    name = "tag-b"
+
+    @hook("on_connection", 20)
+    async def tag(self, data: HookData, ctx: Context) -> HookData:
+        return _tagged(data, "b")
+
+
+def _tagged(data: HookData, label: str) -> HookData:
+    last = data.messages[-1]
+    data.messages[-1] = {**last, "content": f"{last['content']} +{label}"}
+    return data

@@ -14,7 +14,7 @@ from hookbus import Agent, CompactionPolicy
 from hookbus.bus.embedded_cluster import EmbeddedCluster
 from hookbus.bus.shards import slot_of
 from hookbus.services.gateway.cancel import request_cancel
-from tests.cluster.skills import Ledger, RemoteCounter
+from tests.cluster.skills import Ledger, RemoteCounter, TagA, TagB
 from tests.conversations import conversation
 from tests.integration.stack import Notes, Upper, running_stack
 
@@ -58,6 +58,18 @@ async def test_requests_of_every_kind_are_answered_on_a_cluster(redis_cluster: E
     assert sum(w.processed for w in workers) >= 24  # at least one on_chunk hop per stream
     # the requests were spread over the shards (completion ids are random)
     assert len({client.keys.shard_of(cid) for cid, _ in ledger.finalized}) >= 8
+
+
+async def test_a_stage_is_sent_on_from_group_to_group_across_the_masters(redis_cluster: EmbeddedCluster, prefix: str) -> None:
+    """Each request's hops go to its own shard: a worker sends the stage on to the other
+    group's shard stream on whichever master holds it (a cluster pipeline, no ride)."""
+    groups = {"group-a": [TagA()], "group-b": [TagB()]}
+    async with running_stack(redis_cluster.url, prefix, Agent("cluster"), groups, orchestrators=2) as (client, services, _):
+        answers = await asyncio.gather(*(client.complete(f"[[echo]] {n}") for n in range(16)))
+        keys = client.keys
+    assert [a.choices[0].message.content for a in answers] == [f"{n} +a +b" for n in range(16)]
+    assert sum(s.runtime.forwarded for s in services) == 16  # every on_connection, by group-a's worker
+    assert len({keys.shard_of(a.id) for a in answers}) >= 4
 
 
 async def test_commands_spread_over_every_master(redis_cluster: EmbeddedCluster, prefix: str) -> None:
