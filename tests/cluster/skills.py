@@ -32,26 +32,22 @@ class RemoteCounter(Skill):
 
 
 
+
 class TagA(Skill):
-    """Hosted in a worker group: appends "+a" to the last message at on_connection; with
-    TagB in another group, the stage is sent on from one group to the other."""
+    """Hosted in a worker group: appends "+a" to the last message at on_connection. With
+    TagB in a group that registered later (the same priority: registry order breaks the
+    tie), the stage is sent on from one group to the other."""
 
     name = "tag-a"
+    label = "a"
 
     @hook("on_connection", 10)
     async def tag(self, data: HookData, ctx: Context) -> HookData:
-        return _tagged(data, "a")
+        last = data.messages[-1]
+        data.messages[-1] = {**last, "content": f"{last['content']} +{self.label}"}
+        return data
 
 
-class TagB(Skill):
+class TagB(TagA):
     name = "tag-b"
-
-    @hook("on_connection", 20)
-    async def tag(self, data: HookData, ctx: Context) -> HookData:
-        return _tagged(data, "b")
-
-
-def _tagged(data: HookData, label: str) -> HookData:
-    last = data.messages[-1]
-    data.messages[-1] = {**last, "content": f"{last['content']} +{label}"}
-    return data
+    label = "b"
