@@ -219,11 +219,13 @@ class ReplyBatcher:
         answered = []
         position = 0
         for _, _, entry, onward, future in batch:
-            sent_on = results[position] if onward is not None else None
-            position += 1 + (onward is not None)
+            sent_on = None
+            if onward is not None:
+                sent_on, position = results[position], position + 1
+            replied, position = results[position], position + 1
             answered.append(entry)  # a refused reply is acked too: nobody can ever get it
-            if isinstance(results[position - 1], Exception):
-                settle(future, results[position - 1])
+            if isinstance(replied, Exception):
+                settle(future, replied)
             elif not future.done():
                 future.set_result(sent_on)
         self._owe_acks(answered)
