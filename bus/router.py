@@ -9,7 +9,9 @@ dropped (logged), never applied.
 
 Right after the reader resolved replies, its next XREAD is offered to ride with the hops
 those replies lead to (hookbus.bus.ride): a request's hops in a row cost one socket
-write each, the hop and the read of its reply together (not on a Redis Cluster). The
+write each, the hop and the read of its reply together (not on a Redis Cluster). While
+no hop waits for a reply (an LLM call between two stages, an idle orchestrator) the
+reader reads nothing; the next hop sent wakes it, and its read rides with that hop. The
 reply of a hop whose worker sent the stage on (hookbus.bus.route) leads to no hop: after
 only such replies the next read goes at once, as the next group's reply may already be
 there.
@@ -131,6 +133,8 @@ class ReplyRouter:
         self._hop_prefix = uuid.uuid4().hex[:16]
         self._hop_numbers = itertools.count()
         self._reader: asyncio.Task[None] | None = None
+        self._wanted = asyncio.Event()
+        """Set when a hop is sent or expected: wakes a reader that had nothing to read for."""
         self._stopping = False
         self.late_replies = 0
         self.rides = 0
@@ -141,6 +145,7 @@ class ReplyRouter:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._wanted.set()
         if self._reader is not None:
             # Wake the blocked XREAD with an entry rather than cancelling it: redis-py can
             # swallow a cancellation mid-read and keep blocking.
@@ -173,6 +178,7 @@ class ReplyRouter:
         future: asyncio.Future[HopReply] = loop.create_future()
         hop_id = event.hop_id
         self._waiting[hop_id] = future
+        self._wanted.set()  # before the send: the reader's read then rides with it
         self._deadlines.add(loop, loop.time() + timeout, hop_id)
         try:
             try:
@@ -196,6 +202,7 @@ class ReplyRouter:
         loop = asyncio.get_running_loop()
         for hop_id in hop_ids:
             self._waiting[hop_id] = loop.create_future()
+        self._wanted.set()
 
     async def wait(self, hop_id: str, timeout: float) -> HopReply:
         """The reply of an expected hop, HopTimeout when none comes within `timeout`
@@ -221,6 +228,12 @@ class ReplyRouter:
         backoff = 0.05
         writes_coming = False
         while not self._stopping:
+            if not any(not future.done() for future in self._waiting.values()):
+                # nobody waits for a reply: no read until a hop is sent, and then with it
+                self._wanted.clear()
+                await self._wanted.wait()
+                writes_coming = True
+                continue
             try:
                 writes_coming = await self._read_once(writes_coming)
                 backoff = 0.05

@@ -116,3 +116,49 @@ async def test_after_the_reply_of_a_hop_sent_on_the_next_read_goes_at_once(redis
         await router.stop()
     assert reply.hop_id == "next"
     assert elapsed < 1.0, elapsed
+
+
+async def _blocked_reads(client) -> int:  # type: ignore[no-untyped-def]
+    """Clients blocked in an XREAD right now (CLIENT LIST)."""
+    listed = await client.client_list()
+    return sum(1 for c in listed if "b" in c.get("flags", "") and c.get("cmd") == "xread")
+
+
+async def polling_answer(redis_url: str, stream: str) -> None:
+    """A stand-in worker that polls instead of blocking, so the router's read is the only
+    blocking one."""
+    client = connect(redis_url)
+    last = "0-0"
+    try:
+        while True:
+            for _stream, entries in await client.xread({stream: last}, count=100) or ():
+                for entry_id, fields in entries:
+                    last, event = entry_id, decode(fields, HopEvent)
+                    reply = HopReply(hop_id=event.hop_id, completion_id=event.completion_id, replica="r")
+                    await client.xadd(event.reply_to, encode(reply))  # type: ignore[arg-type]
+            await asyncio.sleep(0.002)
+    finally:
+        await client.aclose()
+
+
+async def test_a_reader_with_no_hop_waiting_reads_nothing_and_the_next_hop_wakes_it(redis_url, prefix):
+    """While no hop waits for a reply (an LLM call between two stages, an idle
+    orchestrator), no XREAD of the router's sits blocked in Redis; the next hop's read
+    goes with it, so its reply comes at once."""
+    hooks = f"{prefix}hooks"
+    client = connect(redis_url)
+    async with running_router(redis_url, f"{prefix}replies") as router:
+        worker = asyncio.create_task(polling_answer(redis_url, hooks))
+        try:
+            await asyncio.sleep(0.2)
+            idle = [await _blocked_reads(client)]
+            for _ in range(3):
+                started = time.monotonic()
+                await router.call(hooks, hop(router), 5)
+                assert time.monotonic() - started < 1.0
+                await asyncio.sleep(0.1)  # past the linger of a read offered to ride
+                idle.append(await _blocked_reads(client))
+        finally:
+            await cancel_and_wait(worker)
+            await client.aclose()
+    assert idle == [0, 0, 0, 0]
