@@ -16,6 +16,7 @@ import pytest
 from hookbus import Agent, HookError
 from hookbus.bus.envelopes import HookRef, HopEvent, HopReply, RouteStep, decode, encode_hop
 from hookbus.services.monitor import recent_events
+from hookbus.services.tracing import configure_tracing, shutdown_tracing
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
@@ -116,6 +117,21 @@ async def test_with_send_on_off_every_hop_is_the_orchestrators_and_the_answer_th
     assert Second.seen == ["tagged"] and Second.finalized == [None]
     runtime = services[0].runtime
     assert (runtime.send_on, runtime.forwarded, runtime.hops) == (False, 0, 6)
+
+
+async def test_while_tracing_every_hop_is_the_orchestrators(redis_url, prefix, monkeypatch):
+    """A hop sent on would have no span of the orchestrator's: while tracing, none is."""
+    _reset()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert configure_tracing("orchestrator", "orch-0")
+    try:
+        groups = {"one": [First()], "two": [Second()]}
+        async with running_stack(redis_url, prefix, Agent("routes"), groups) as (client, services, _):
+            answer = await client.complete("[[echo]] traced")
+    finally:
+        shutdown_tracing()
+    assert answer.choices[0].message.content == "traced +first +second"
+    assert (services[0].runtime.forwarded, services[0].runtime.hops) == (0, 6)
 
 
 async def test_an_abort_ends_the_route_and_finalize_still_reaches_every_group(redis_url, prefix):
