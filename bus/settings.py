@@ -59,6 +59,14 @@ class Settings(BaseSettings):
         ge=0,
         description="Retries of an LLM call that could not connect; answers (429, 5xx) are never retried.",
     )
+    llm_http: Literal["httpx", "aiohttp"] | None = Field(
+        default=None,
+        alias="HOOKBUS_LLM_HTTP",
+        description=(
+            "HTTP stack of the openai client: aiohttp or httpx; unset: aiohttp in the "
+            "orchestrator service (it closes its clients), httpx for an Agent run in-process."
+        ),
+    )
     log_format: str = Field(
         default="auto", alias="HOOKBUS_LOG_FORMAT", description="json, console or auto."
     )

@@ -178,6 +178,11 @@ class Agent:
             (tools, model_settings, deadline, on_progress),
         )
 
+    async def aclose(self) -> None:
+        """Close the LLM client of the running loop (needed with `http="aiohttp"`: its
+        session belongs to that loop); the agent can still run after, with a new one."""
+        await self.llm.aclose()
+
     async def finalize_only(
         self,
         messages: Sequence[dict[str, Any]] | str,

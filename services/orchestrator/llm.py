@@ -15,6 +15,12 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
 - maps the endpoint's errors to what the client should see (`llm_error`);
 - treats a stream that ends with no chunk and no finish_reason as an upstream error;
 - counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
+
+The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
+of httpx per streamed call (tests/bench/RESULTS.md, "Issue 14, session 9"), but an
+aiohttp session must be closed on its own loop, so it is for an owner that calls
+`aclose()` before its loop ends: the orchestrator service picks it when nothing was
+chosen; an Agent run in-process keeps httpx, which needs no closing.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import asyncio
 import json
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 import openai
@@ -48,12 +54,16 @@ RETRY_PAUSE = 0.2
 PROBE_TIMEOUT = 5.0
 """Seconds to wait for an endpoint to say its context window."""
 
+HttpStack = Literal["httpx", "aiohttp"]
+
 
 class LLM:
     """One endpoint and its credentials; a client per event loop (clients are loop-bound).
 
-    `timeout` (seconds per call) and `retries` (of calls that could not connect) default
-    to `HOOKBUS_LLM_TIMEOUT` and `HOOKBUS_LLM_RETRIES`."""
+    `timeout` (seconds per call), `retries` (of calls that could not connect) and `http`
+    (the client's HTTP stack; None: not chosen, httpx) default to `HOOKBUS_LLM_TIMEOUT`,
+    `HOOKBUS_LLM_RETRIES` and `HOOKBUS_LLM_HTTP`. With aiohttp, call `aclose()` on the
+    loop that used the client before that loop ends."""
 
     def __init__(
         self,
@@ -62,12 +72,14 @@ class LLM:
         *,
         timeout: float | None = None,
         retries: int | None = None,
+        http: HttpStack | None = None,
     ) -> None:
         settings = get_settings()
         self._base_url = base_url or settings.openai_base_url
         self._api_key = api_key or settings.openai_api_key or "hookbus-offline"
         self.timeout = timeout if timeout is not None else settings.llm_timeout
         self.retries = retries if retries is not None else settings.llm_retries
+        self.http: HttpStack | None = http or settings.llm_http
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
@@ -102,9 +114,17 @@ class LLM:
                 api_key=self._api_key,
                 timeout=self.timeout,
                 max_retries=0,  # our own, narrower retry: see the module docstring
+                http_client=openai.DefaultAioHttpClient(timeout=self.timeout) if self.http == "aiohttp" else None,
             )
             self._clients[loop] = client
         return client
+
+    async def aclose(self) -> None:
+        """Close the client of the running loop (its connections, its aiohttp session);
+        the next call opens a new one. Idempotent."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
 
     async def _connecting(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call()`, again (at most `retries` times) when it could not reach the endpoint."""

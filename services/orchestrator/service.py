@@ -211,6 +211,10 @@ class OrchestratorService(BusApp):
         await registry.start()
         await events.start()
         self.agent.runtime = self.runtime
+        if self.agent.llm.http is None:
+            # this service closes the agent's client on its own loop at shutdown, which an
+            # aiohttp session needs (hookbus.services.orchestrator.llm: why aiohttp)
+            self.agent.llm.http = "aiohttp"
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self.recovery.start()
         self._tasks = [asyncio.create_task(self._cancel_listener(), name="hookbus-cancel")]
@@ -262,6 +266,7 @@ class OrchestratorService(BusApp):
             await self.runtime.router.stop()
             await self.runtime.registry.stop()
             await self.runtime.events.stop()
+        await self.agent.aclose()
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await self._client.zrem(self.keys.orchestrators, self.instance)

@@ -1,54 +1,124 @@
 """The LLM adapter's streamed chunks, read by the real `openai` client from a real HTTP
-endpoint (the recording upstream): validated chunks, lenient ones, and the errors."""
+endpoint (the recording upstream): validated chunks, lenient ones, and the errors, on
+both of the client's HTTP stacks; and the aiohttp session closed by `aclose()`."""
 
 from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
 
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.skills.errors import UpstreamError
 from tests.compat import upstream as up
 from tests.compat.upstream import RecordingUpstream
+from tests.integration.stack import running_stack
 
 HI = [{"role": "user", "content": "hi"}]
 
 
-async def streamed(recording: RecordingUpstream, *answers: up.Reply | up.Stream) -> list[ChatCompletionChunk]:
+@pytest.fixture(params=["httpx", "aiohttp"])
+def http(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def streamed(recording: RecordingUpstream, *answers: up.Reply | up.Stream, http: str) -> list[ChatCompletionChunk]:
     recording.answer(*answers)
-    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=2.0, retries=0)
-    return [chunk async for chunk in llm.stream("m", HI, None)]
+    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=2.0, retries=0, http=http)  # type: ignore[arg-type]
+    try:
+        return [chunk async for chunk in llm.stream("m", HI, None)]
+    finally:
+        await llm.aclose()
 
 
-async def test_streamed_chunks_are_validated_by_the_chunk_model(recording):
+async def test_streamed_chunks_are_validated_by_the_chunk_model(recording, http):
     chunks = up.text_stream("one two").chunks
     chunks[1] = {**chunks[1], "created": "5"}  # the model's lax validation makes it an int
-    received = await streamed(recording, up.Stream(chunks))
+    received = await streamed(recording, up.Stream(chunks), http=http)
     assert all(type(c) is ChatCompletionChunk for c in received)
     assert received[1].created == 5
     assert "".join(c.choices[0].delta.content or "" for c in received if c.choices) == "one two"
     assert received[-1].usage is not None and received[-1].usage.total_tokens == 8
 
 
-async def test_a_chunk_the_model_refuses_is_built_leniently_as_the_client_does(recording):
+async def test_a_chunk_the_model_refuses_is_built_leniently_as_the_client_does(recording, http):
     chunks = up.text_stream("one two").chunks
     chunks[1] = {**chunks[1], "created": "soon", "timings": {"predicted_ms": 1.5}}
-    received = await streamed(recording, up.Stream(chunks))
+    received = await streamed(recording, up.Stream(chunks), http=http)
     assert received[1].created == "soon"  # type: ignore[comparison-overlap]
     assert received[1].choices[0].delta.content == "one"
     assert received[1].model_extra == {"timings": {"predicted_ms": 1.5}}
 
 
-async def test_an_error_event_inside_the_stream_is_an_upstream_error(recording):
+async def test_an_error_event_inside_the_stream_is_an_upstream_error(recording, http):
     chunks = up.text_stream("one two", usage=False).chunks[:2]
     chunks.append({"error": {"message": "the model fell over", "code": "server_error"}})
     with pytest.raises(UpstreamError) as caught:
-        await streamed(recording, up.Stream(chunks, done=False))
+        await streamed(recording, up.Stream(chunks, done=False), http=http)
     assert caught.value.status_code == 502 and caught.value.message.endswith(": the model fell over")
 
 
-async def test_an_http_error_before_the_stream_keeps_its_status_and_code(recording):
+async def test_an_http_error_before_the_stream_keeps_its_status_and_code(recording, http):
     with pytest.raises(UpstreamError) as caught:
-        await streamed(recording, up.error(429, "slow down", "rate_limit_exceeded", headers={"retry-after": "3"}))
+        await streamed(
+            recording, up.error(429, "slow down", "rate_limit_exceeded", headers={"retry-after": "3"}), http=http,
+        )
     assert caught.value.status_code == 429 and caught.value.code == "rate_limit_exceeded"
     assert caught.value.details["retry_after"] == "3"
+
+
+def unclosed_after_a_loop(recording: RecordingUpstream, *, close: bool) -> tuple[list[str], int]:
+    """Stream twice on a loop of its own with aiohttp (`aclose()` between the calls, and
+    at the end when `close`), end the loop, collect: what the loop was told was left
+    unclosed, and the words streamed."""
+    told: list[str] = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, context: told.append(str(context.get("message"))))
+    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=2.0, retries=0, http="aiohttp")
+
+    async def use(llm: LLM) -> int:
+        words = 0
+        for last in (False, True):
+            recording.answer(up.text_stream("one two"))
+            chunks = [chunk async for chunk in llm.stream("m", HI, None)]
+            words += sum(len((c.choices[0].delta.content or "").split()) for c in chunks if c.choices)
+            if close or not last:
+                await llm.aclose()
+        if close:
+            await llm.aclose()  # a second close does nothing
+        return words
+
+    try:
+        words = loop.run_until_complete(use(llm))
+    finally:
+        loop.close()
+    del llm
+    gc.collect()
+    return told, words
+
+
+def test_aclose_leaves_no_aiohttp_session_open(recording):
+    told, words = unclosed_after_a_loop(recording, close=True)
+    assert words == 4  # the call after the first close opened a new session
+    assert told == []
+    told, _ = unclosed_after_a_loop(recording, close=False)
+    assert any("Unclosed client session" in message for message in told)  # what it prevents
+
+
+async def test_the_orchestrator_service_streams_on_aiohttp_and_closes_it(redis_url, recording):
+    agent = Agent("aio", model="m", llm=LLM(base_url=recording.url, api_key="k", timeout=2.0, retries=0))
+    assert agent.llm.http is None  # nothing chosen: the service picks
+    async with running_stack(redis_url, f"aio{uuid.uuid4().hex[:8]}:", agent) as (client, _, _):
+        assert agent.llm.http == "aiohttp"
+        recording.answer(up.text_stream("one two"), up.Reply(up.completion("three")))
+        chunks = [chunk async for chunk in client.stream("hi")]
+        completion = await client.complete("again")
+        used = agent.llm.client()  # the loop's client, the one the service's calls went through
+        assert not used.is_closed()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two"
+    assert completion.choices[0].message.content == "three"
+    assert used.is_closed()  # the service's stop closed it
