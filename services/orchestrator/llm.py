@@ -31,6 +31,7 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeVar
 
+import aiohttp
 import httpx
 import openai
 import structlog
@@ -55,6 +56,9 @@ PROBE_TIMEOUT = 5.0
 """Seconds to wait for an endpoint to say its context window."""
 
 HttpStack = Literal["httpx", "aiohttp"]
+
+CAUSES_LOOKED_AT = 8
+"""How deep `timed_out` follows an error's causes (the transport's chain is 2-3 long)."""
 
 
 class LLM:
@@ -132,10 +136,8 @@ class LLM:
         while True:
             try:
                 return await call()
-            except openai.APITimeoutError:
-                raise
             except openai.APIConnectionError as exc:
-                if attempt >= self.retries:
+                if timed_out(exc) or attempt >= self.retries:
                     raise
                 attempt += 1
                 log.warning("llm_connect_retry", attempt=attempt, error=str(exc))
@@ -376,9 +378,26 @@ def llm_error(exc: openai.APIError) -> HookError:
             details["retry_after"] = retry_after
         default_code = {429: "rate_limit_exceeded", 400: "invalid_request"}.get(status, "llm_error")
         return UpstreamError(status, str(code or default_code), message, details)
-    if isinstance(exc, openai.APITimeoutError):
+    if timed_out(exc):
         return UpstreamError(504, "llm_timeout", "the LLM endpoint did not answer in time")
     return UpstreamError(502, "llm_unreachable", f"the LLM endpoint could not be reached: {exc.message}")
+
+
+def timed_out(exc: openai.APIError) -> bool:
+    """Whether the call ran out of time, rather than losing its connection. The aiohttp
+    transport reports every aiohttp connection error as a timeout (its map sends
+    `ClientConnectionError` to `ConnectTimeout`), an endpoint that hung up without an
+    answer included; what aiohttp raised, in the chain of causes, tells the two apart."""
+    if not isinstance(exc, openai.APITimeoutError):
+        return False
+    cause: BaseException | None = exc.__cause__
+    for _ in range(CAUSES_LOOKED_AT):
+        if cause is None:
+            break
+        if isinstance(cause, aiohttp.ClientConnectionError):
+            return isinstance(cause, TimeoutError)  # aiohttp's timeouts are TimeoutErrors
+        cause = cause.__cause__ or cause.__context__
+    return True
 
 
 def _error_object(body: object) -> dict[str, Any]:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import socket
+import threading
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from openai.types.chat import ChatCompletionChunk
@@ -69,6 +73,89 @@ async def test_an_http_error_before_the_stream_keeps_its_status_and_code(recordi
         )
     assert caught.value.status_code == 429 and caught.value.code == "rate_limit_exceeded"
     assert caught.value.details["retry_after"] == "3"
+
+
+class HangingUp:
+    """A TCP endpoint that accepts each connection, reads the request, sends `says` (by
+    default nothing) and closes it; counts the connections."""
+
+    def __init__(self, says: bytes = b"") -> None:
+        self.connections = 0
+        self.says = says
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.says)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.fixture
+def hanging_up() -> Iterator[HangingUp]:
+    server = HangingUp()
+    yield server
+    server.close()
+
+
+async def test_a_call_that_could_not_connect_is_retried_then_a_502(hanging_up, http):
+    llm = LLM(base_url=hanging_up.url, api_key="k", timeout=2.0, retries=2, http=http)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await llm.complete("m", HI, None)
+    finally:
+        await llm.aclose()
+    assert caught.value.status_code == 502 and caught.value.code == "llm_unreachable"
+    assert hanging_up.connections == 3  # the call and its 2 retries, no more
+
+
+def _cut_stream() -> bytes:
+    """A streamed answer's head and first chunk, then half a chunk: the stream is cut."""
+    event = b"data: " + json.dumps(up.text_stream("one").chunks[1]).encode() + b"\n\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + b"%x\r\n" % len(event) + event + b"\r\n" + b"40\r\nhalf"
+
+
+async def test_a_stream_cut_short_is_a_502_after_the_chunks_it_brought(http):
+    server = HangingUp(says=_cut_stream())
+    llm = LLM(base_url=server.url, api_key="k", timeout=2.0, retries=2, http=http)  # type: ignore[arg-type]
+    received: list[ChatCompletionChunk] = []
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            async for chunk in llm.stream("m", HI, None):
+                received.append(chunk)
+    finally:
+        await llm.aclose()
+        server.close()
+    assert caught.value.status_code == 502 and caught.value.code == "llm_unreachable"
+    assert [c.choices[0].delta.content for c in received] == ["one"]
+    assert server.connections == 1  # a generation under way is never sent again
+
+
+async def test_a_timeout_is_a_504_and_never_sent_twice(recording, http):
+    recording.answer(up.Reply(up.completion(), delay=1.0))
+    llm = LLM(base_url=recording.url, api_key="k", timeout=0.3, retries=2, http=http)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await llm.complete("m", HI, None)
+    finally:
+        await llm.aclose()
+    assert caught.value.status_code == 504 and caught.value.code == "llm_timeout"
+    assert len(recording.received) == 1
 
 
 def unclosed_after_a_loop(recording: RecordingUpstream, *, close: bool) -> tuple[list[str], int]:
