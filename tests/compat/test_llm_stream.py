@@ -112,14 +112,20 @@ def hanging_up() -> Iterator[HangingUp]:
     server.close()
 
 
-async def test_a_call_that_could_not_connect_is_retried_then_a_502(hanging_up, http):
-    llm = LLM(base_url=hanging_up.url, api_key="k", timeout=2.0, retries=2, http=http)  # type: ignore[arg-type]
+async def completion_error(url: str, http: str, timeout: float) -> UpstreamError:
+    """What `complete` raised against `url`, with 2 retries (its client closed after)."""
+    llm = LLM(base_url=url, api_key="k", timeout=timeout, retries=2, http=http)  # type: ignore[arg-type]
     try:
         with pytest.raises(UpstreamError) as caught:
             await llm.complete("m", HI, None)
     finally:
         await llm.aclose()
-    assert caught.value.status_code == 502 and caught.value.code == "llm_unreachable"
+    return caught.value
+
+
+async def test_a_call_that_could_not_connect_is_retried_then_a_502(hanging_up, http):
+    error = await completion_error(hanging_up.url, http, timeout=2.0)
+    assert error.status_code == 502 and error.code == "llm_unreachable"
     assert hanging_up.connections == 3  # the call and its 2 retries, no more
 
 
@@ -148,13 +154,8 @@ async def test_a_stream_cut_short_is_a_502_after_the_chunks_it_brought(http):
 
 async def test_a_timeout_is_a_504_and_never_sent_twice(recording, http):
     recording.answer(up.Reply(up.completion(), delay=1.0))
-    llm = LLM(base_url=recording.url, api_key="k", timeout=0.3, retries=2, http=http)  # type: ignore[arg-type]
-    try:
-        with pytest.raises(UpstreamError) as caught:
-            await llm.complete("m", HI, None)
-    finally:
-        await llm.aclose()
-    assert caught.value.status_code == 504 and caught.value.code == "llm_timeout"
+    error = await completion_error(recording.url, http, timeout=0.3)
+    assert error.status_code == 504 and error.code == "llm_timeout"
     assert len(recording.received) == 1
 
 
