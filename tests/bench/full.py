@@ -122,20 +122,24 @@ async def on_bus(redis_url: str, procs: Processes, model_url: str) -> tuple[dict
 async def in_process(model_url: str) -> dict[int, Stats]:
     from hookbus.services.orchestrator.llm import LLM
 
-    agent = full_agent_inprocess(LLM(model_url, "bench"))
+    # the HTTP stack the orchestrator service runs on, so the baseline compares like with like
+    agent = full_agent_inprocess(LLM(model_url, "bench", http="aiohttp"))
 
     async def request() -> None:
         answer = await agent.run(FULL_PROMPT)
         if answer.choices[0].message.content != EXPECTED:
             raise RuntimeError(f"unexpected answer {answer.choices[0].message.content!r}")
 
-    await request()
     results = {}
-    for concurrency in CONCURRENCIES:
-        results[concurrency] = await run_load(
-            request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
-            max_seconds=60,
-        )
+    try:
+        await request()
+        for concurrency in CONCURRENCIES:
+            results[concurrency] = await run_load(
+                request, concurrency=concurrency, total=counts(concurrency), warmup=scaled(min(concurrency * 2, 40)),
+                max_seconds=60,
+            )
+    finally:
+        await agent.aclose()
     return results
 
 
