@@ -35,6 +35,7 @@ import contextvars
 import json
 import re
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -99,6 +100,10 @@ SHUTDOWN_WAIT = 30.0
 DRAIN_SECONDS = 60.0
 """How long a stopping orchestrator lets the requests it runs finish."""
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
+_SERVING: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
+"""Services of this process running each agent. Services that share an agent share its LLM
+client, so only the last one to stop closes it: closing it under another would cut that
+one's calls in flight."""
 
 
 class _StageNotingRuntime(BusRuntime):
@@ -151,6 +156,7 @@ class OrchestratorService(BusApp):
         self.served = 0
         self.fenced = 0
         self.refused = 0
+        self._serving = False
         self._handlers: set[asyncio.Task[None]] = set()
         """Entries read: up to `concurrency` running, as many again waiting (prefetched)."""
         self._run_slots: asyncio.Semaphore | None = None
@@ -215,6 +221,8 @@ class OrchestratorService(BusApp):
             # this service closes the agent's client on its own loop at shutdown, which an
             # aiohttp session needs (hookbus.services.orchestrator.llm: why aiohttp)
             self.agent.llm.http = "aiohttp"
+        _SERVING[self.agent] = _SERVING.get(self.agent, 0) + 1
+        self._serving = True
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self.recovery.start()
         self._tasks = [asyncio.create_task(self._cancel_listener(), name="hookbus-cancel")]
@@ -266,7 +274,11 @@ class OrchestratorService(BusApp):
             await self.runtime.router.stop()
             await self.runtime.registry.stop()
             await self.runtime.events.stop()
-        await self.agent.aclose()
+        if self._serving:
+            self._serving = False
+            _SERVING[self.agent] -= 1
+            if not _SERVING[self.agent]:
+                await self.agent.aclose()
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await self._client.zrem(self.keys.orchestrators, self.instance)

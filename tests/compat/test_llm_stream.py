@@ -210,3 +210,16 @@ async def test_the_orchestrator_service_streams_on_aiohttp_and_closes_it(redis_u
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two"
     assert completion.choices[0].message.content == "three"
     assert used.is_closed()  # the service's stop closed it
+
+
+async def test_services_sharing_an_agent_close_its_client_only_when_the_last_stops(redis_url, recording):
+    agent = Agent("aio-shared", model="m", llm=LLM(base_url=recording.url, api_key="k", timeout=2.0, retries=0))
+    async with running_stack(redis_url, f"aio{uuid.uuid4().hex[:8]}:", agent, orchestrators=2) as (client, services, _):
+        recording.answer(up.Reply(up.completion("one")))
+        assert (await client.complete("hi")).choices[0].message.content == "one"
+        used = agent.llm.client()
+        await services[0].stop()
+        assert not used.is_closed()  # the other service still calls through it
+        recording.answer(up.Reply(up.completion("two")))
+        assert (await client.complete("again")).choices[0].message.content == "two"
+    assert used.is_closed()
