@@ -51,9 +51,8 @@ def test_every_dependency_is_pinned_to_one_version():
     lock = (DEPLOY / "requirements.lock").read_text().splitlines()
     pins = [line.split(";")[0].strip() for line in lock if line.strip() and not line.startswith("#")]
     assert pins and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[\w.+]+", pin) for pin in pins), pins
-    pinned = {pin.split("==")[0].lower().replace("_", "-") for pin in pins}
-    declared = {re.split(r"[\[<>=!~ ]", dep)[0].lower() for dep in project_dependencies()}
-    assert declared <= pinned, declared - pinned
+    declared = {canonicalize_name(Requirement(dep).name) for dep in project_dependencies()}
+    assert declared <= locked_names(), declared - locked_names()
 
 
 BUILD_TOOLS = {"pip", "setuptools", "wheel"}
