@@ -183,6 +183,13 @@ class Agent:
         session belongs to that loop); the agent can still run after, with a new one."""
         await self.llm.aclose()
 
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """`async with Agent(...) as agent:` closes the client on leaving (`aclose`)."""
+        await self.aclose()
+
     async def finalize_only(
         self,
         messages: Sequence[dict[str, Any]] | str,

@@ -223,3 +223,12 @@ async def test_services_sharing_an_agent_close_its_client_only_when_the_last_sto
         recording.answer(up.Reply(up.completion("two")))
         assert (await client.complete("again")).choices[0].message.content == "two"
     assert used.is_closed()
+
+
+async def test_an_agent_in_process_on_aiohttp_closes_its_client_when_its_block_ends(recording):
+    recording.answer(up.Reply(up.completion("in process")))
+    async with Agent("local", model="m", llm=LLM(base_url=recording.url, api_key="k", http="aiohttp")) as agent:
+        answer = await agent.run("hi")
+        used = agent.llm.client()
+    assert answer.choices[0].message.content == "in process"
+    assert used.is_closed()
