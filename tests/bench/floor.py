@@ -7,6 +7,10 @@ shape as hookbus.bus.router.ReplyRouter, minus envelopes).
 Worker (a second process, `python -m tests.bench.floor URL STREAM GROUP COUNT REPLY_BYTES`):
 XREADGROUP COUNT entries (BLOCK 1 s), then one pipeline with an XADD reply (REPLY_BYTES
 of opaque payload) and an XACK per entry. No decoding, no validation: the floor.
+
+Relayed (`call(payload, via=STREAM)`): the first worker sends the entry on to `via`'s
+worker instead of replying, and that one replies: a stage sent on from one group to the
+next (hookbus.bus.route) at the floor.
 """
 
 from __future__ import annotations
@@ -35,12 +39,17 @@ class FloorCaller:
     async def start(self) -> None:
         self.task = asyncio.create_task(self._read())
 
-    async def call(self, payload: bytes, timeout: float = 10.0) -> bytes:
+    async def call(self, payload: bytes, timeout: float = 10.0, *, via: str | None = None) -> bytes:
+        """One round trip; with `via`, through this caller's stream's worker and then
+        `via`'s, which replies."""
         hop_id = uuid.uuid4().hex.encode()
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiting[hop_id] = future
+        fields = {b"i": hop_id, b"r": self.reply_stream, b"p": payload}
+        if via is not None:
+            fields[b"n"] = via.encode()
         try:
-            await self.client.xadd(self.stream, {b"i": hop_id, b"r": self.reply_stream, b"p": payload})
+            await self.client.xadd(self.stream, fields)  # type: ignore[arg-type]
             return await asyncio.wait_for(future, timeout)
         finally:
             self.waiting.pop(hop_id, None)
@@ -80,7 +89,11 @@ async def serve(redis_url: str, stream: str, group: str, count: int, reply_bytes
         for _stream, entries in response or ():
             async with client.pipeline(transaction=False) as pipe:
                 for entry_id, fields in entries:
-                    pipe.xadd(fields[b"r"], {b"i": fields[b"i"], b"p": reply})
+                    onward = fields.get(b"n")
+                    if onward is None:
+                        pipe.xadd(fields[b"r"], {b"i": fields[b"i"], b"p": reply})
+                    else:  # relayed: the next worker replies
+                        pipe.xadd(onward, {b"i": fields[b"i"], b"r": fields[b"r"], b"p": fields[b"p"]})
                     pipe.xack(stream, group, entry_id)
                 await pipe.execute()
     await client.aclose()
