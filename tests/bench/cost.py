@@ -8,7 +8,10 @@ hook on every lifecycle (on_chunk included), `audit` one on on_connection,
 before_toolcall and finalize_connection (tests.bench.skills: CostPolicy, CostAudit).
 
 Figures per request, from a run of sequential requests (c=1):
-- Redis commands (INFO commandstats deltas, commands a script runs included), by command;
+- Redis commands (INFO commandstats deltas, commands a script runs included), by command,
+  with the time Redis spent in each (commandstats `usec`; a script's time includes the
+  commands it runs, which also count on their own; the rest of Redis's CPU is its work
+  per socket read and write);
 - Redis CPU (INFO cpu, user + system of the server);
 - socket writes to Redis (INFO stats `total_reads_processed`: the read events the server
   handled, one per client write that reached it separately): what pipelining saves, as
@@ -63,13 +66,14 @@ class Snapshot:
     redis_cpu: float
     reads: int
     cpu: dict[str, float] = field(default_factory=dict)
+    usec: Counter[str] = field(default_factory=Counter)
+    """Microseconds Redis spent in each command (commandstats `usec`)."""
 
     def minus(self, other: Snapshot) -> Snapshot:
-        commands = Counter(self.commands)
-        commands.subtract(other.commands)
         return Snapshot(
-            self.at - other.at, commands, self.redis_cpu - other.redis_cpu, self.reads - other.reads,
-            {name: self.cpu[name] - other.cpu[name] for name in self.cpu},
+            self.at - other.at, self.commands - other.commands, self.redis_cpu - other.redis_cpu,
+            self.reads - other.reads, {name: self.cpu[name] - other.cpu[name] for name in self.cpu},
+            self.usec - other.usec,
         )
 
 
@@ -78,9 +82,10 @@ async def snapshot(client, pids: dict[str, int]) -> Snapshot:  # type: ignore[no
     cpu = await client.info("cpu")
     reads = int((await client.info("stats"))["total_reads_processed"])
     commands = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+    usec = Counter({name.removeprefix("cmdstat_"): int(v["usec"]) for name, v in stats.items()})
     return Snapshot(
         time.perf_counter(), commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), reads,
-        {name: cpu_seconds(pid) for name, pid in pids.items()},
+        {name: cpu_seconds(pid) for name, pid in pids.items()}, usec,
     )
 
 
@@ -93,6 +98,8 @@ class PerRequest:
     socket_writes: float
     cpu_ms: dict[str, float]
     wall_ms: float
+    command_us: dict[str, float]
+    """Redis's time in each command, per request."""
 
     @property
     def total_commands(self) -> float:
@@ -105,17 +112,21 @@ class PerRequest:
 
 def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
     scale = window.at / idle.at
-    names = set(window.commands) | set(idle.commands)
-    commands = {
-        name: (window.commands[name] - idle.commands[name] * scale) / requests for name in names
-    }
-    commands = {name: n for name, n in commands.items() if abs(n) >= 0.05 and name not in ("info",)}
+
+    def share(counts: Counter[str], idle_counts: Counter[str]) -> dict[str, float]:
+        """Each command's count per request, the idle rate taken out (the bench's own
+        INFO calls and figures too small to matter left out)."""
+        names = set(counts) | set(idle_counts)
+        per = {name: (counts[name] - idle_counts[name] * scale) / requests for name in names}
+        return {name: n for name, n in per.items() if abs(n) >= 0.05 and name != "info"}
+
     return PerRequest(
-        commands,
+        share(window.commands, idle.commands),
         (window.redis_cpu - idle.redis_cpu * scale) / requests * 1000,
         (window.reads - idle.reads * scale) / requests,
         {name: (window.cpu[name] - idle.cpu[name] * scale) / requests * 1000 for name in window.cpu},
         window.at / requests * 1000,
+        share(window.usec, idle.usec),
     )
 
 
@@ -249,9 +260,10 @@ def report(result: CostResult) -> list[Row]:
     hops = sum(result.hops.values())
     print(f"  hops {hops / result.requests:.1f} per request: "
           + ", ".join(f"{lc} {n / result.requests:.1f}" for lc, n in sorted(result.hops.items())))
-    print(f"  Redis commands {cost.total_commands:.1f} per request:")
+    print(f"  Redis commands {cost.total_commands:.1f} per request "
+          f"(Redis's time in them: {sum(cost.command_us.values()) / 1000:.2f} ms):")
     for name, n in sorted(cost.commands.items(), key=lambda kv: -kv[1]):
-        print(f"    {name:<12} {n:7.1f}")
+        print(f"    {name:<12} {n:7.1f}   {cost.command_us.get(name, 0.0):7.1f} us")
     print(f"  socket writes to Redis {cost.socket_writes:.1f} per request (read events of the server)")
     print(f"  Redis CPU {cost.redis_cpu_ms:.2f} ms per request")
     print(f"  Python CPU {cost.python_cpu_ms:.1f} ms per request: "

@@ -56,8 +56,9 @@ from tests.bench.skills import FULL_PROMPT, full_agent_inprocess
 CONCURRENCIES = (1, 16, 64)
 ROUNDS = 4
 """Rounds of c=1 requests, each stack in turn."""
-HOPS_PER_REQUEST = 18
 STAGES = 9
+HOPS_PER_REQUEST = 2 * STAGES
+"""One hop per group (alpha, beta) and stage."""
 FLOOR_BYTES = 2048
 """What each floor hop carries: about what one no-op stage hop of this request does."""
 EXPECTED = "The tool lookup returned: value of k"
@@ -192,12 +193,12 @@ async def measure(redis_url: str) -> list[Row]:
         bus, hop_by_hop = await on_bus(redis_url, procs, model_url)
         floor = await at_the_floor(redis_url, procs)
     rows: list[Row] = []
-    print(f"\n[full] non-streaming request, 9 stages x 3 remote no-op hooks in 2 groups ({HOPS_PER_REQUEST} hops), 2 LLM calls")
+    print(f"\n[full] non-streaming request, {STAGES} stages x 3 remote no-op hooks in 2 groups ({HOPS_PER_REQUEST} hops), 2 LLM calls")
     for concurrency in CONCURRENCIES:
         print(local[concurrency].line(f"in-process Agent.run c={concurrency}", "req/s"))
         print(bus[concurrency].line(f"bus (client -> orchestrator -> workers) c={concurrency}", "req/s"))
     print(hop_by_hop.line("bus, every hop from the orchestrator (HOOKBUS_SEND_ON=false) c=1", "req/s"))
-    print(floor.line("the transport at the floor (raw redis-py, 1 + 9 relayed round trips) c=1", "req/s"))
+    print(floor.line(f"the transport at the floor (raw redis-py, 1 + {STAGES} relayed round trips) c=1", "req/s"))
     for concurrency in CONCURRENCIES:
         b, here = bus[concurrency], local[concurrency]
         rows.append(Row("full", f"c={concurrency} throughput", b.rate, "req/s", here.rate, "in-process"))
@@ -213,7 +214,7 @@ async def measure(redis_url: str) -> list[Row]:
             rows.append(Row("full", "c=1 p50, stages sent on from group to group", b.p50_ms, "ms",
                             hop_by_hop.p50_ms, "hop by hop"))
             rows.append(Row("full", "c=1 transport at the floor p50", floor.p50_ms, "ms",
-                            note="raw redis-py: the request's round trip + 9 stages sent on"))
+                            note=f"raw redis-py: the request's round trip + {STAGES} stages sent on"))
             rows.append(Row("full", "c=1 p50 at the floor (in-process + floor transport)",
                             here.p50_ms + floor.p50_ms, "ms", here.p50_ms, "in-process", "<=2x",
                             note="what no implementation of these semantics beats here"))
