@@ -11,7 +11,7 @@ deadline raises a 504 HookError instead of hanging.
 
 Through a Redis outage the client keeps trying until the request's deadline: sending
 retries with backoff (then a 503 `bus_unavailable`), reading reconnects. A response stream
-entry holds a batch of items (hookbus.bus.envelopes.ResponseBatch) or, as writers before
+entry holds a batch of items (hookbus.bus.wire.envelopes.ResponseBatch) or, as writers before
 batching wrote, one bare item: both are read. An entry that cannot be decoded (a batch
 with one bad item included) is copied to the dead-letter stream and skipped as a whole.
 
@@ -24,7 +24,7 @@ on a key never written: no effect, but refused at maxmemory as XADD is). Refused
 `redis_out_of_memory` and publishes its cancel (PUBLISH is not refused at maxmemory), so
 the orchestrator stops the run and finalize_connection runs with a 499, as on a
 disconnect; the orchestrator stores that terminal item when memory returns
-(hookbus.bus.responses).
+(hookbus.bus.store.response_stream).
 """
 
 from __future__ import annotations
@@ -43,15 +43,21 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
-from hookbus.bus import tracecontext
-from hookbus.bus.cluster import keys_for, ready
-from hookbus.bus.connection import RECONNECT_ERRORS, connect, out_of_memory
-from hookbus.bus.deadletter import send_dead_letter
-from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, encode, response_items
+from hookbus.bus.connection.cluster import keys_for, ready
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, connect, out_of_memory
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.dead_letters import send_dead_letter
 from hookbus.bus.limits import RequestLimits
-from hookbus.bus.redis_values import text
-from hookbus.bus.responses import TERMINAL_KINDS
 from hookbus.bus.settings import get_settings
+from hookbus.bus.store.response_stream import TERMINAL_KINDS
+from hookbus.bus.wire import tracecontext
+from hookbus.bus.wire.envelopes import (
+    DecodeError,
+    RequestEnvelope,
+    ResponseItem,
+    encode,
+    response_items,
+)
 from hookbus.skills import (
     AuthInfo,
     BusUnavailable,
@@ -109,7 +115,7 @@ class HookbusClient:
         return self._client
 
     async def _connected(self) -> None:
-        """On a cluster, load the slot map once before concurrent use (hookbus.bus.cluster.ready)."""
+        """On a cluster, load the slot map once before concurrent use (hookbus.bus.connection.cluster.ready)."""
         if not self._ready:
             await ready(self._client)
             await ready(self._reader)

@@ -2,8 +2,8 @@
 
 On a single Redis (the default layout) the names are plain: `hookbus:requests`,
 `hookbus:journal:<completion id>`, ... On a Redis Cluster (`cluster=True`, chosen by
-hookbus.bus.cluster.keys_for when the server says it is one) every key carries a hash
-tag (hookbus.bus.shards) so that what one atomic step touches shares a slot while the
+hookbus.bus.connection.cluster.keys_for when the server says it is one) every key carries a hash
+tag (hookbus.bus.connection.shards) so that what one atomic step touches shares a slot while the
 load spreads over the nodes:
 
 | keys | slot |
@@ -21,7 +21,7 @@ every shard by their consumers. With one shard (`shards=1`, the single-Redis def
 stream is a mistake and raises, so a caller that forgot the shards fails loudly.
 
 A prefix with a hash tag of its own (`{hookbus}:`) would put every key in one slot:
-hookbus.bus.cluster refuses it on a cluster.
+hookbus.bus.connection.cluster refuses it on a cluster.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from hookbus.bus.shards import shard_of, shard_tags
+from hookbus.bus.connection.shards import shard_of, shard_tags
 
 ORCHESTRATOR_GROUP = "orchestrators"
 REGISTRY_TAG = "{registry}"

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
         default=True,
         alias="HOOKBUS_SEND_ON",
         description=(
-            "Workers send a stage on from one group to the next (hookbus.bus.route); "
+            "Workers send a stage on from one group to the next (hookbus.bus.hops.send_on); "
             "false: the orchestrator sends every hop itself."
         ),
     )

@@ -9,7 +9,7 @@ skills), `hookbus.bus` (everything that touches Redis) and `hookbus.services` (t
 orchestrator, the workers, the gateway and the `hookbus` command line).
 
 The names are imported on first use: `hookbus health`, the probe every container runs every
-few seconds, imports `hookbus.services.health` and must not pay for the agent and the openai
+few seconds, imports `hookbus.services.cli.health` and must not pay for the agent and the openai
 client (seconds of imports on a busy host, enough to miss a probe's timeout).
 """
 

@@ -44,7 +44,7 @@ Effect = Literal["refuse", "abort", "block", "unchanged"]
 
 HookObserver = Callable[[str, str], AbstractContextManager[Any]]
 """Wraps each hook call, given (hook key, lifecycle): how a service traces hooks without
-skills knowing of it (hookbus.services.tracing.hook_observer)."""
+skills knowing of it (hookbus.services.observability.tracing.hook_observer)."""
 
 
 @dataclass(slots=True)
@@ -70,7 +70,7 @@ class ChainResult:
 def stage_goes_on(lifecycle: str, aborted: bool, blocked: bool) -> bool:
     """Whether a stage's next segment runs after one that ended so: an abort ends the
     stage (except finalize_connection, where every hook runs), a block ends the chain.
-    The orchestrator's loop and a worker sending a stage on (hookbus.bus.route) ask this
+    The orchestrator's loop and a worker sending a stage on (hookbus.bus.hops.send_on) ask this
     one rule."""
     return not blocked and (not aborted or lifecycle == "finalize_connection")
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hookbus.bus.embedded import EmbeddedRedis
+from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.services.testing.offline_server import shared_offline_base_url
 
 

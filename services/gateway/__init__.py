@@ -7,8 +7,29 @@ app around a HookbusClient; `serve(host, port, api_keys_file, redis_url, prefix)
 it under uvicorn until SIGTERM. The gateway runs no agent code; run as many as you like.
 """
 
-from hookbus.services.gateway.app import create_app
-from hookbus.services.gateway.openapi import openapi_document
-from hookbus.services.gateway.server import serve
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hookbus.services.gateway.app import create_app
+    from hookbus.services.gateway.openapi import openapi_document
+    from hookbus.services.gateway.server import serve
+
+# Imported on first use: the command line and the offline model import the light modules of
+# this package (edge_options, openai_wire) and must not pay for Starlette and the app.
+_HOME = {
+    "create_app": "hookbus.services.gateway.app",
+    "openapi_document": "hookbus.services.gateway.openapi",
+    "serve": "hookbus.services.gateway.server",
+}
 
 __all__ = ["create_app", "openapi_document", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -29,15 +29,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hookbus.bus.client import HookbusClient
+from hookbus.bus.groups.registry import REPLICA_TTL
 from hookbus.bus.limits import RequestLimits
-from hookbus.bus.registry import REPLICA_TTL
 from hookbus.bus.settings import get_settings
-from hookbus.bus.stored_responses import STORED_RESPONSE_TTL, StoredResponses
-from hookbus.services import tracing
-from hookbus.services.edge_options import BODY_TIMEOUT
+from hookbus.bus.store.stored_responses import STORED_RESPONSE_TTL, StoredResponses
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
+from hookbus.services.gateway.edge_options import BODY_TIMEOUT
 from hookbus.services.gateway.errors import (
     GatewayError,
     on_hook_error,
@@ -59,6 +58,7 @@ from hookbus.services.gateway.responses_api import (
     retrieve_response,
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
+from hookbus.services.observability import tracing
 from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")

@@ -23,7 +23,7 @@ import redis.asyncio as aredis
 import structlog
 from redis.exceptions import ResponseError
 
-from hookbus.bus.connection import RECONNECT_ERRORS, out_of_memory
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, out_of_memory
 from hookbus.bus.keys import Keys
 
 log = structlog.get_logger("hookbus.gateway")

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.envelopes import RequestEnvelope, ResponseItem
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS
+from hookbus.bus.wire.envelopes import RequestEnvelope, ResponseItem
 from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
@@ -46,7 +46,7 @@ from hookbus.services.gateway.sse import (
     sse_event,
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
-from hookbus.services.offload import is_large, off_loop
+from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, BusUnavailable, HookError
 
 log = structlog.get_logger("hookbus.gateway")

@@ -25,7 +25,7 @@ import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from hookbus.services.edge_options import HEADER_TIMEOUT
+from hookbus.services.gateway.edge_options import HEADER_TIMEOUT
 
 log = structlog.get_logger("hookbus.gateway")
 

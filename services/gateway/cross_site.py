@@ -26,7 +26,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hookbus.services.edge_options import ALLOWED_HOSTS_ENV
+from hookbus.services.gateway.edge_options import ALLOWED_HOSTS_ENV
 from hookbus.services.gateway.errors import GatewayError, error_response
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})

@@ -30,7 +30,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hookbus.bus.connection import RECONNECT_ERRORS
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.keys import Keys
 from hookbus.services.gateway.auth import Authenticator
 from hookbus.services.gateway.errors import GatewayError, error_response

@@ -7,7 +7,7 @@ Three sources:
   that arrive mid-stream), latency, time to the first streamed chunk, disconnects;
 - **the `events` stream** (`hookbus_stage_*`, `hookbus_hop*`, `hookbus_agent_*`): a
   background task follows the monitor firehose from the moment the gateway started and
-  turns each MonitorRecord (entries hold batches of them, hookbus.bus.events) into histogram observations - lifecycle stages per lifecycle
+  turns each MonitorRecord (entries hold batches of them, hookbus.bus.store.events) into histogram observations - lifecycle stages per lifecycle
   and per hook group (`group="local"` for in-process hooks), hops per worker group, and
   whole requests as the orchestrators saw them. These describe the whole bus, not just this
   gateway's requests: with several gateways, aggregate them with `max`, not `sum`;
@@ -29,13 +29,13 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hookbus.bus.cluster import latest_ids, xread_streams
-from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.envelopes import DecodeError, MonitorRecord, monitor_records
+from hookbus.bus.connection.cluster import latest_ids, xread_streams
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS
+from hookbus.bus.connection.values import text_or_none
+from hookbus.bus.groups.periodic import cancel_and_wait
+from hookbus.bus.groups.registry import REPLICA_TTL
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
-from hookbus.bus.periodic import cancel_and_wait
-from hookbus.bus.redis_values import text_or_none
-from hookbus.bus.registry import REPLICA_TTL
+from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.skills import HookError
 
 log = structlog.get_logger("hookbus.gateway")

@@ -23,7 +23,7 @@ from hookbus.services.gateway.allowed_tools import (
     narrow_allowed_tools,
     parse_allowed_tools,
 )
-from hookbus.services.openai_wire import Message, StreamOptions, tool_pairing_problem
+from hookbus.services.gateway.openai_wire import Message, StreamOptions, tool_pairing_problem
 from hookbus.skills.model_settings import ModelSettings
 
 SESSION_ID_MAX = 200

@@ -26,7 +26,7 @@ from hookbus.bus.limits import (
     too_large,
 )
 from hookbus.services.gateway.errors import GatewayError
-from hookbus.services.offload import is_large, off_loop
+from hookbus.services.process.offload import is_large, off_loop
 
 
 async def read_json_body(request: Request, limits: RequestLimits, body_timeout: float) -> dict[str, Any]:

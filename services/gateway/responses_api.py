@@ -19,7 +19,7 @@ completion id: hooks, logs and the monitor see it.
   event (the hook's code and message) and then `response.failed`.
 - A client that disconnects before its answer ended gets its run cancelled.
 - `store` (default true) keeps the response and its conversation under the caller's
-  principal (hookbus.bus.stored_responses) before the answer (or `response.completed`)
+  principal (hookbus.bus.store.stored_responses) before the answer (or `response.completed`)
   goes out, so a `previous_response_id` sent right after finds it. A response of another
   principal, a deleted or an expired one is a 404.
 """
@@ -35,8 +35,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.stored_responses import StoredResponse, StoredResponses
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS
+from hookbus.bus.store.stored_responses import StoredResponse, StoredResponses
 from hookbus.services.gateway.chat_completions import (
     COMPLETION_ID_HEADER,
     Relay,

@@ -28,10 +28,10 @@ from prometheus_client import disable_created_metrics
 
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.limits import RequestLimits
-from hookbus.services.edge_options import EdgeOptions
 from hookbus.services.gateway.app import create_app
 from hookbus.services.gateway.auth import load_api_keys
 from hookbus.services.gateway.connections import AcceptErrorLog, header_timeout_protocol
+from hookbus.services.gateway.edge_options import EdgeOptions
 
 log = structlog.get_logger("hookbus.gateway")
 

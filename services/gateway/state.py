@@ -11,7 +11,7 @@ from starlette.requests import Request
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.keys import Keys
 from hookbus.bus.limits import RequestLimits
-from hookbus.bus.stored_responses import StoredResponses
+from hookbus.bus.store.stored_responses import StoredResponses
 from hookbus.services.gateway.auth import Authenticator
 from hookbus.services.gateway.metrics import GatewayMetrics
 

@@ -32,10 +32,9 @@ from typing import Any
 import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from hookbus.bus.chunk_batch import ChunkIn
 from hookbus.bus.settings import get_settings
-from hookbus.services import tracing
-from hookbus.services.offload import is_large, off_loop
+from hookbus.bus.wire.chunk_batch import ChunkIn
+from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
@@ -47,6 +46,7 @@ from hookbus.services.orchestrator.plan import HookPlan, Segment
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
 from hookbus.services.orchestrator.turn_stream import TurnStream
+from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
 from hookbus.skills.context import Metadata, Session
 from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hook_error
@@ -651,7 +651,7 @@ class Agent:
     async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
         """Run every hook of data.lifecycle in order, segment by segment; consecutive
         remote segments through the runtime's `hop_segments`, so that a worker can send the
-        stage on to the next group itself (hookbus.bus.route)."""
+        stage on to the next group itself (hookbus.bus.hops.send_on)."""
         lifecycle = data.lifecycle
         segments = state.plan.segments(lifecycle, state.ctx.auth.scopes)
         if not segments:

@@ -14,8 +14,13 @@ from typing import Any, TypeVar
 import structlog
 from pydantic import ValidationError
 
-from hookbus.bus.chunk_batch import ChunkIn, dump_chunks, load_results
-from hookbus.bus.envelopes import (
+from hookbus.bus.groups.registry import RegistryView
+from hookbus.bus.hops.reply_router import HopTimeout, ReplyRouter
+from hookbus.bus.keys import Keys
+from hookbus.bus.store.events import EventWriter
+from hookbus.bus.store.sessions import SessionStore
+from hookbus.bus.wire.chunk_batch import ChunkIn, dump_chunks, load_results
+from hookbus.bus.wire.envelopes import (
     COMPACTION_LIFECYCLE,
     HookRef,
     HopEvent,
@@ -25,12 +30,7 @@ from hookbus.bus.envelopes import (
     ToolInvocation,
     encode_hop,
 )
-from hookbus.bus.events import EventWriter
-from hookbus.bus.keys import Keys
-from hookbus.bus.registry import RegistryView
-from hookbus.bus.router import HopTimeout, ReplyRouter
-from hookbus.bus.sessions import SessionStore
-from hookbus.services import tracing
+from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
 from hookbus.skills import Context, HookData, HookError
@@ -61,7 +61,7 @@ class BusRuntime:
         send_on: bool = True,
     ) -> None:
         """`send_on`: list a hop's next segments as its route, for its worker to send the
-        stage on to (hookbus.bus.route); False: every hop from here."""
+        stage on to (hookbus.bus.hops.send_on); False: every hop from here."""
         self.keys = keys
         self.router = router
         self.registry = registry
@@ -74,7 +74,7 @@ class BusRuntime:
         self.hops = 0
         """Hook, tool and compaction hops, those that workers sent on included."""
         self.forwarded = 0
-        """Hops a worker sent on along a route (hookbus.bus.route) instead of this runtime."""
+        """Hops a worker sent on along a route (hookbus.bus.hops.send_on) instead of this runtime."""
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
 
     # ------------------------------------------------------------- registry view
@@ -111,7 +111,7 @@ class BusRuntime:
     ) -> AsyncGenerator[ChainResult, None]:
         """Consecutive remote segments of one stage, in turn, each on the data the one
         before left (hookbus.services.orchestrator.runtime.Runtime.hop_segments). A hop lists the
-        live segments after it as its route (hookbus.bus.route); where its worker sent the
+        live segments after it as its route (hookbus.bus.hops.send_on); where its worker sent the
         stage on, the next segment's reply is waited for, not sent for. Not while tracing:
         each hop's span is the orchestrator's, from its send to its reply."""
         ahead: list[RouteStep] = []
@@ -168,7 +168,7 @@ class BusRuntime:
         )
 
     async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
-        """One hop for several chunks (hookbus.bus.chunk_batch); its timeout allows every
+        """One hop for several chunks (hookbus.bus.wire.chunk_batch); its timeout allows every
         chunk its hooks' timeouts, as one hop per chunk would."""
         result, _ = await self._hook_hop(
             segment, ctx, "on_chunk", f"on_chunk#{chunks[0].index}", dump_chunks(chunks),

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from openai.types.chat import ChatCompletionChunk
 
-from hookbus.bus.chunk_batch import ChunkIn
+from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.assemble import ChunkAssembler
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.skills import HookError

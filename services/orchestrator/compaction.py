@@ -47,7 +47,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from hookbus.services.offload import is_large, off_loop_async, on_this_loop
 from hookbus.services.orchestrator.tokens import (
     count_content,
     count_message,
@@ -55,6 +54,7 @@ from hookbus.services.orchestrator.tokens import (
     count_text,
     truncate_text,
 )
+from hookbus.services.process.offload import is_large, off_loop_async, on_this_loop
 from hookbus.skills.compaction_outcome import AUTO_OFF, Compaction, Stage
 
 Message = dict[str, Any]

@@ -18,9 +18,9 @@ from typing import Any
 
 import structlog
 
-from hookbus.bus.envelopes import COMPACTION_LIFECYCLE
 from hookbus.bus.settings import get_settings
-from hookbus.services import tracing
+from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE
+from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
 from hookbus.services.orchestrator.llm import LLM

@@ -41,9 +41,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
 from hookbus.bus.settings import get_settings
-from hookbus.services import tracing
-from hookbus.services.offload import is_large, off_loop
+from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.tokens import count_messages, count_text
+from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
 from hookbus.skills.model_settings import ModelSettings
 

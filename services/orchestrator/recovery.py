@@ -1,7 +1,7 @@
 """Orchestrator crash recovery: claiming requests a lost orchestrator left pending,
 renewing the lease on the requests this one runs, and the `requests` janitor.
 
-The loops are the ones every consumer-group member runs (hookbus.bus.group_member, shared
+The loops are the ones every consumer-group member runs (hookbus.bus.groups.member, shared
 with the worker replicas); the heartbeat and the lease renewal run on the member's
 liveness thread (bus/liveness.py) instead of the event loop. What an orchestrator does in
 them:
@@ -39,15 +39,15 @@ import redis
 import redis.asyncio as aredis
 import structlog
 
-from hookbus.bus.claims import Claimed, OrphanRules
-from hookbus.bus.connection import RECONNECT_ERRORS
-from hookbus.bus.deadletter import add_dead_letter
-from hookbus.bus.envelopes import RequestEnvelope
-from hookbus.bus.group_member import GroupMember, OnThread
-from hookbus.bus.journal import Journal, Lease, Leases
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.claims import Claimed, OrphanRules
+from hookbus.bus.groups.dead_letters import add_dead_letter
+from hookbus.bus.groups.member import GroupMember, OnThread
+from hookbus.bus.groups.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
-from hookbus.bus.redis_values import text
-from hookbus.bus.trim import FORGET_AFTER, prune_consumers, trim_acked
+from hookbus.bus.store.journal import Journal, Lease, Leases
+from hookbus.bus.wire.envelopes import RequestEnvelope
 from hookbus.services.orchestrator.run_table import Running, RunTable
 from hookbus.skills import DuplicateCompletionId, HookError, OrchestratorLost
 
@@ -89,7 +89,7 @@ class RecoveryHost(Protocol):
 
 
 class Recovery:
-    """The orchestrator as a member of group `orchestrators` (hookbus.bus.group_member):
+    """The orchestrator as a member of group `orchestrators` (hookbus.bus.groups.member):
     its heartbeat, claims, leases and janitor, and what it does with a claimed request."""
 
     def __init__(self, service: RecoveryHost) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from hookbus.bus.chunk_batch import ChunkIn
+from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookData, HookError
 from hookbus.skills.compaction_outcome import Compaction

@@ -45,8 +45,8 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
-from hookbus.bus.cluster import forget_topology, in_order, keys_for, ready
-from hookbus.bus.connection import (
+from hookbus.bus.connection.cluster import forget_topology, in_order, keys_for, ready
+from hookbus.bus.connection.retrying import (
     RECONNECT_ERRORS,
     connect,
     ensure_group,
@@ -54,8 +54,21 @@ from hookbus.bus.connection import (
     raw_entry_parser,
     retryable,
 )
-from hookbus.bus.deadletter import add_dead_letter
-from hookbus.bus.envelopes import (
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.dead_letters import add_dead_letter
+from hookbus.bus.groups.periodic import cancel_and_wait
+from hookbus.bus.groups.registry import RegistryView
+from hookbus.bus.groups.shard_reader import ShardedGroupReader
+from hookbus.bus.groups.trim import TRIM_EVERY
+from hookbus.bus.hops.reply_router import ReplyRouter
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
+from hookbus.bus.settings import get_settings
+from hookbus.bus.store.events import EventWriter
+from hookbus.bus.store.journal import Begun, Journal
+from hookbus.bus.store.response_stream import RESPONSE_TTL, Ack, Fence, ResponseWriter
+from hookbus.bus.store.sessions import SessionStore
+from hookbus.bus.wire.envelopes import (
     FIELD,
     DecodeError,
     MonitorRecord,
@@ -64,31 +77,18 @@ from hookbus.bus.envelopes import (
     decode,
     encode,
 )
-from hookbus.bus.events import EventWriter
-from hookbus.bus.journal import Begun, Journal
-from hookbus.bus.keys import ORCHESTRATOR_GROUP
-from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
-from hookbus.bus.periodic import cancel_and_wait
-from hookbus.bus.redis_values import text
-from hookbus.bus.registry import RegistryView
-from hookbus.bus.responses import RESPONSE_TTL, Ack, Fence, ResponseWriter
-from hookbus.bus.router import ReplyRouter
-from hookbus.bus.sessions import SessionStore
-from hookbus.bus.settings import get_settings
-from hookbus.bus.shard_reader import ShardedGroupReader
-from hookbus.bus.trim import TRIM_EVERY
-from hookbus.services import tracing
-from hookbus.services.bus_app import BusApp
-from hookbus.services.defaults import (
-    ORCHESTRATOR_CLAIM_IDLE,
-    ORCHESTRATOR_CONCURRENCY,
-    ORCHESTRATOR_MAX_DELIVERIES,
-)
-from hookbus.services.offload import is_large, off_loop
+from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
 from hookbus.services.orchestrator.recovery import Recovery
 from hookbus.services.orchestrator.run_table import Running, RunTable
+from hookbus.services.process.bus_app import BusApp
+from hookbus.services.process.defaults import (
+    ORCHESTRATOR_CLAIM_IDLE,
+    ORCHESTRATOR_CONCURRENCY,
+    ORCHESTRATOR_MAX_DELIVERIES,
+)
+from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills import HookError
 from hookbus.skills.errors import Cancelled, DeadlineExceeded, DuplicateCompletionId, as_hook_error
 from hookbus.skills.outcome import Outcome
@@ -165,7 +165,7 @@ class OrchestratorService(BusApp):
     def declare_subscriber(self) -> None:
         """Declare `requests` as this app's subscriber for the AsyncAPI document. A
         serving orchestrator does not call this: it reads every requests shard with its
-        own loops (hookbus.bus.shard_reader); FastStream runs the app's lifecycle."""
+        own loops (hookbus.bus.groups.shard_reader); FastStream runs the app's lifecycle."""
 
         @self.broker.subscriber(
             stream=StreamSub(
@@ -301,7 +301,7 @@ class OrchestratorService(BusApp):
             except (*RECONNECT_ERRORS, ResponseError) as exc:
                 if not retryable(exc):  # unreachable, or out of memory: try again later
                     raise
-                # Left pending: this process claims it back after a while (hookbus.bus.claims).
+                # Left pending: this process claims it back after a while (hookbus.bus.groups.claims).
                 log.error("request_not_started", completion_id=request.completion_id, error=str(exc))
                 return
             if not begun.ok:

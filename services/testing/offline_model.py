@@ -116,7 +116,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hookbus.services.openai_wire import Lenient, Message, StreamOptions, tool_pairing_problem
+from hookbus.services.gateway.openai_wire import (
+    Lenient,
+    Message,
+    StreamOptions,
+    tool_pairing_problem,
+)
 from hookbus.services.orchestrator.compaction import SUMMARY_INSTRUCTION
 
 __all__ = [

@@ -12,10 +12,10 @@ from typing import Any
 
 import structlog
 
-from hookbus.bus.chunk_batch import ChangeCheck, dump_results, load_chunks
-from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
-from hookbus.bus.registry import GroupAnnouncement
-from hookbus.services import tracing
+from hookbus.bus.groups.registry import GroupAnnouncement
+from hookbus.bus.wire.chunk_batch import ChangeCheck, dump_results, load_chunks
+from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
+from hookbus.services.observability import tracing
 from hookbus.skills import Context, HookData, Skill
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.runner import HookOutcome, run_hooks, run_listeners
@@ -58,7 +58,7 @@ class GroupHost:
     ) -> HopReply:
         """Run the hop's hooks (or tool) and build the reply; hop-level problems become `failure`.
 
-        `split`: (Context JSON, HookData JSON) of a version 2 hop (hookbus.bus.envelopes.hop_parts);
+        `split`: (Context JSON, HookData JSON) of a version 2 hop (hookbus.bus.wire.envelopes.hop_parts);
         the reply is then version 2 too, with the data as JSON only if the hooks changed it."""
         started = time.perf_counter()
         data_json: bytes | None = None

@@ -43,21 +43,29 @@ from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 from redis.exceptions import ResponseError
 
-from hookbus.bus.appender import settle
-from hookbus.bus.claims import (
-    Claimed,
-    OrphanRules,
-)
-from hookbus.bus.cluster import in_order, keys_for
-from hookbus.bus.connection import (
+from hookbus.bus.connection.batched_appends import settle
+from hookbus.bus.connection.cluster import in_order, keys_for
+from hookbus.bus.connection.pipeline import Commands, execute
+from hookbus.bus.connection.retrying import (
     RECONNECT_ERRORS,
     ensure_group,
     instance_name,
     raw_entry_parser,
 )
-from hookbus.bus.deadletter import add_dead_letter
-from hookbus.bus.direct_pipeline import Commands, execute
-from hookbus.bus.envelopes import (
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.claims import (
+    Claimed,
+    OrphanRules,
+)
+from hookbus.bus.groups.dead_letters import add_dead_letter
+from hookbus.bus.groups.member import GroupMember
+from hookbus.bus.groups.registry import announce, heartbeat, leave
+from hookbus.bus.groups.shard_reader import ShardedGroupReader
+from hookbus.bus.groups.trim import TRIM_EVERY, prune_consumers, trim_acked
+from hookbus.bus.hops.pipelined_read import RideOffer, RideSlot
+from hookbus.bus.hops.send_on import Onward, send_on
+from hookbus.bus.store.events import EventWriter
+from hookbus.bus.wire.envelopes import (
     DecodeError,
     HopEvent,
     HopReply,
@@ -67,17 +75,13 @@ from hookbus.bus.envelopes import (
     encode_reply,
     hop_parts,
 )
-from hookbus.bus.events import EventWriter
-from hookbus.bus.group_member import GroupMember
-from hookbus.bus.redis_values import text
-from hookbus.bus.registry import announce, heartbeat, leave
-from hookbus.bus.ride import RideOffer, RideSlot
-from hookbus.bus.route import Onward, send_on
-from hookbus.bus.shard_reader import ShardedGroupReader
-from hookbus.bus.trim import TRIM_EVERY, prune_consumers, trim_acked
-from hookbus.services import tracing
-from hookbus.services.bus_app import BusApp
-from hookbus.services.defaults import WORKER_CLAIM_IDLE, WORKER_CONCURRENCY, WORKER_MAX_DELIVERIES
+from hookbus.services.observability import tracing
+from hookbus.services.process.bus_app import BusApp
+from hookbus.services.process.defaults import (
+    WORKER_CLAIM_IDLE,
+    WORKER_CONCURRENCY,
+    WORKER_MAX_DELIVERIES,
+)
 from hookbus.services.worker.host import GroupHost
 from hookbus.skills.outcome import Outcome
 
@@ -111,9 +115,9 @@ class ReplyBatcher:
     `reply_to` is a key of another type), that refusal for that reply alone: the replies
     batched with it are sent, and its entry is acked all the same.
 
-    It is also the `rider` of the replica's reader (hookbus.bus.ride): a read offered
+    It is also the `rider` of the replica's reader (hookbus.bus.hops.pipelined_read): a read offered
     meanwhile goes out at the end of the next pipeline with replies, whose `send`s then
-    return when that read does, at most `hookbus.bus.ride.BLOCK_MS` later."""
+    return when that read does, at most `hookbus.bus.hops.pipelined_read.BLOCK_MS` later."""
 
     def __init__(self, client: aredis.Redis, group: str, *, ack_delay: float = ACK_DELAY) -> None:
         self.client, self.group, self.ack_delay = client, group, ack_delay

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from hookbus.services import event_loop
+from hookbus.services.process import event_loop
 from tests.bench.common import Row, bench_redis, markdown_table, redis_version, table
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import redis.asyncio as aredis
 
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
-from hookbus.bus.responses import TERMINAL_KINDS
+from hookbus.bus.store.response_stream import TERMINAL_KINDS
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import Outcome, read_until_terminal, stored_items, submit
 from tests.integration.processes import Proc, Processes
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orchestrator-kills", type=int, default=1)
     args = parser.parse_args(argv)
 
-    from hookbus.bus.embedded import EmbeddedRedis
+    from hookbus.bus.connection.embedded import EmbeddedRedis
     from hookbus.services.testing.offline_server import shared_offline_base_url
 
     span = args.requests / args.rate

@@ -50,7 +50,7 @@ class NodeLoad:
 def topology(kind: str) -> Iterator[tuple[str, list[int], str | None]]:
     """(REDIS_URL, the ports of the nodes that hold data, their password)."""
     if kind == "single":
-        from hookbus.bus.embedded import EmbeddedRedis
+        from hookbus.bus.connection.embedded import EmbeddedRedis
 
         server = EmbeddedRedis(appendonly=False)
         server.start()
@@ -59,7 +59,7 @@ def topology(kind: str) -> Iterator[tuple[str, list[int], str | None]]:
         finally:
             server.cleanup()
         return
-    from hookbus.bus.embedded_cluster import EmbeddedCluster
+    from tests.embedded_cluster import EmbeddedCluster
 
     cluster = EmbeddedCluster(masters=3)
     cluster.start()

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hookbus.bus.embedded import free_port
-from hookbus.services import event_loop
+from hookbus.bus.connection.embedded import free_port
+from hookbus.services.process import event_loop
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -317,7 +317,7 @@ def bench_redis() -> Iterator[str]:
     if url:
         yield url
         return
-    from hookbus.bus.embedded import EmbeddedRedis
+    from hookbus.bus.connection.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(appendonly=False)
     server.start()
@@ -406,7 +406,7 @@ class Processes:
         replica: str | None = None,
     ) -> subprocess.Popen[bytes]:
         """One `hookbus worker` replica (the real CLI) in its own process."""
-        args = [PYTHON, "-m", "hookbus.services.cli", "worker", "--group", group, *skills, "--concurrency", str(concurrency)]
+        args = [PYTHON, "-m", "hookbus.services.cli.main", "worker", "--group", group, *skills, "--concurrency", str(concurrency)]
         if replica:
             args += ["--replica", replica]
         return self.spawn(args, bench_env(redis_url, prefix), f"worker-{group}")
@@ -418,7 +418,7 @@ class Processes:
         """`model_url`: the LLM endpoint (`Processes.model`); None: the built-in offline
         model, served from a thread of the orchestrator's own process. `env`: more
         settings (HOOKBUS_SEND_ON=...)."""
-        args = [PYTHON, "-m", "hookbus.services.cli", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
+        args = [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
         endpoint = {"OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "bench"} if model_url else {}
         return self.spawn(args, bench_env(redis_url, prefix, **endpoint, **env), "orchestrator")
 
@@ -487,9 +487,9 @@ async def wait_for_http(url: str, procs: Processes, timeout: float = 60.0) -> No
 
 async def wait_for_replicas(redis_url: str, prefix: str, wanted: dict[str, int], procs: Processes | None = None, timeout: float = 60.0) -> None:
     """Until every group in `wanted` has at least that many live replicas in the registry."""
-    from hookbus.bus.cluster import keys_for
-    from hookbus.bus.connection import connect
-    from hookbus.bus.registry import live_replicas
+    from hookbus.bus.connection.cluster import keys_for
+    from hookbus.bus.connection.retrying import connect
+    from hookbus.bus.groups.registry import live_replicas
 
     client = connect(redis_url)
     keys = keys_for(redis_url, prefix)
@@ -525,12 +525,12 @@ class BusSide:
 
 
 async def bus_side(redis_url: str, prefix: str, instance: str | None = None) -> BusSide:
-    from hookbus.bus.cluster import keys_for
-    from hookbus.bus.connection import connect
-    from hookbus.bus.events import EventWriter
-    from hookbus.bus.registry import RegistryView
-    from hookbus.bus.router import ReplyRouter
-    from hookbus.bus.sessions import SessionStore
+    from hookbus.bus.connection.cluster import keys_for
+    from hookbus.bus.connection.retrying import connect
+    from hookbus.bus.groups.registry import RegistryView
+    from hookbus.bus.hops.reply_router import ReplyRouter
+    from hookbus.bus.store.events import EventWriter
+    from hookbus.bus.store.sessions import SessionStore
     from hookbus.services.orchestrator.bus_runtime import BusRuntime
 
     keys = keys_for(redis_url, prefix)

@@ -142,13 +142,13 @@ async def start_stack(procs: Processes, redis_url: str, prefix: str, model_url: 
     }
     await wait_for_replicas(redis_url, prefix, {"policy": 1, "audit": 1}, procs)
     orchestrator = procs.spawn(
-        [PYTHON, "-m", "hookbus.services.cli", "orchestrator", "--agent", "tests.bench.skills:cost_agent"],
+        [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", "tests.bench.skills:cost_agent"],
         bench_env(redis_url, prefix, OPENAI_BASE_URL=model_url, OPENAI_API_KEY="bench"), "orchestrator",
     )
     pids["orchestrator"] = orchestrator.pid
     port = free_port()
     gateway = procs.spawn(
-        [PYTHON, "-m", "hookbus.services.cli", "gateway", "--port", str(port)],
+        [PYTHON, "-m", "hookbus.services.cli.main", "gateway", "--port", str(port)],
         bench_env(redis_url, prefix), "gateway",
     )
     pids["gateway"] = gateway.pid
@@ -183,8 +183,8 @@ async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
 
 async def hops_of(client, prefix: str, completion_ids: set[str]) -> Counter[str]:  # type: ignore[no-untyped-def]
     """Hops per lifecycle of these requests, from the workers' monitor records."""
-    from hookbus.bus.envelopes import monitor_records
     from hookbus.bus.keys import Keys
+    from hookbus.bus.wire.envelopes import monitor_records
 
     hops: Counter[str] = Counter()
     for _, fields in await client.xrange(Keys(prefix).events):
@@ -218,7 +218,7 @@ async def run_cost(redis_url: str) -> CostResult:
 async def _measure_stack(redis_url: str, prefix: str, base: str, pids: dict[str, int]) -> CostResult:
     import openai
 
-    from hookbus.bus.connection import connect
+    from hookbus.bus.connection.retrying import connect
 
     redis = connect(redis_url)
     client = openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0)

@@ -2,7 +2,7 @@
 
 Caller (this process): XADD {i: id, r: reply stream, p: payload} to a stream, then wait
 for a future that one reader task resolves from XREAD on its reply stream (the same
-shape as hookbus.bus.router.ReplyRouter, minus envelopes).
+shape as hookbus.bus.hops.reply_router.ReplyRouter, minus envelopes).
 
 Worker (a second process, `python -m tests.bench.floor URL STREAM GROUP COUNT REPLY_BYTES`):
 XREADGROUP COUNT entries (BLOCK 1 s), then one pipeline with an XADD reply (REPLY_BYTES
@@ -10,7 +10,7 @@ of opaque payload) and an XACK per entry. No decoding, no validation: the floor.
 
 Relayed (`call(payload, via=STREAM)`): the first worker sends the entry on to `via`'s
 worker instead of replying, and that one replies: a stage sent on from one group to the
-next (hookbus.bus.route) at the floor.
+next (hookbus.bus.hops.send_on) at the floor.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import uuid
 
 import redis.asyncio as aredis
 
-from hookbus.services import event_loop
+from hookbus.services.process import event_loop
 
 
 class FloorCaller:

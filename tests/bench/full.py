@@ -17,7 +17,7 @@ apart: in a thread of the caller it would take the GIL from the caller's loop).
 The bus overhead per request is p50(bus) - p50(in-process), and the ratio of the two.
 At c=1 a second stack runs with HOOKBUS_SEND_ON=false (every hop from the orchestrator),
 taking turns with the first in rounds: the same-run baseline of what sending each stage
-on from alpha's worker to beta's saves (hookbus.bus.route).
+on from alpha's worker to beta's saves (hookbus.bus.hops.send_on).
 - the floor: the transport this request needs, done by raw redis-py processes with no
   hookbus code (tests.bench.floor), c=1: the request's own round trip (client ->
   orchestrator -> client) and each of the 9 stages sent on from alpha's worker to beta's,

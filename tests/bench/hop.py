@@ -13,7 +13,7 @@ a second process in both cases.
 - hookbus router: the same hops through `ReplyRouter.call` with a prebuilt HopEvent
   (no HookData/Context dumps, no reply applied): the transport share of the cost;
 - one flush of the hop path's writers (a reply XADD and an XACK in one write, in this
-  process, alternating): hookbus.bus.direct_pipeline against redis-py's own pipeline,
+  process, alternating): hookbus.bus.connection.pipeline against redis-py's own pipeline,
   CPU per flush.
 
 Run alone: `python -m tests.bench.hop`.
@@ -67,7 +67,7 @@ async def noop_group(procs: Processes, redis_url: str, prefix: str) -> tuple[Bus
 
 async def sizes(kind: str) -> tuple[int, int]:
     """Bytes of the encoded HopEvent and HopReply of one hop of `kind`."""
-    from hookbus.bus.envelopes import HookRef, encode
+    from hookbus.bus.wire.envelopes import HookRef, encode
     from hookbus.services.worker.host import GroupHost
     from tests.bench.skills import HopNoop
 
@@ -80,7 +80,7 @@ async def sizes(kind: str) -> tuple[int, int]:
 
 
 def sample_event(kind: str, data, ctx, reply_to: str):  # type: ignore[no-untyped-def]
-    from hookbus.bus.envelopes import HookRef, HopEvent
+    from hookbus.bus.wire.envelopes import HookRef, HopEvent
 
     return HopEvent(
         hop_id=uuid.uuid4().hex,
@@ -127,8 +127,8 @@ async def flush_cpu(redis_url: str, prefix: str, reply_bytes: int) -> list[Row]:
     server (the bench's own, not a BENCH_REDIS_URL) share one core meanwhile: on this VM
     a wake-up across cores costs more than the flush's own code, and where the scheduler
     puts the two varies from run to run."""
-    from hookbus.bus.connection import connect
-    from hookbus.bus.direct_pipeline import Commands, execute
+    from hookbus.bus.connection.pipeline import Commands, execute
+    from hookbus.bus.connection.retrying import connect
 
     client = connect(redis_url)
     stream, fields = f"{prefix}flush", {b"e": b"x" * reply_bytes}

@@ -10,7 +10,7 @@ messages, two tools) done with FastStream's own request/reply against hookbus.
 - hookbus, 3 hooks in one worker group: the chain runs in one hop (one round trip).
 - hookbus, 3 hooks in 3 groups: three hops, the like-for-like transport comparison, as
   the orchestrator's stage runs them (BusRuntime.hop_segments: each worker sends the
-  stage on to the next group, hookbus.bus.route), and hop by hop from the caller
+  stage on to the next group, hookbus.bus.hops.send_on), and hop by hop from the caller
   (BusRuntime.hop per segment), the baseline of what routes save: the same workers, the
   two taking turns in rounds.
 The hookbus cases run `hookbus worker` replicas (--concurrency 32).

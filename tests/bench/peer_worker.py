@@ -14,7 +14,7 @@ from typing import Any
 from faststream import FastStream
 from faststream.redis import RedisBroker, StreamSub
 
-from hookbus.services import event_loop
+from hookbus.services.process import event_loop
 
 HOOKS = 3
 

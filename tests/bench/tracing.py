@@ -22,7 +22,7 @@ import asyncio
 import os
 import time
 
-from hookbus.bus.embedded import free_port
+from hookbus.bus.connection.embedded import free_port
 from tests.bench import payloads
 from tests.bench.common import (
     PYTHON,
@@ -60,7 +60,7 @@ async def receiver_ready(port: int, procs) -> None:  # type: ignore[no-untyped-d
 def off_path_us() -> float:
     """The tracing calls of one hop while off: stage span, hop span (carrier, reply),
     the worker's process span and hook observer."""
-    from hookbus.services import tracing
+    from hookbus.services.observability import tracing
 
     def one_hop() -> None:
         with tracing.stage_span("on_chunk", "on_chunk#1"), tracing.hop_span("g", "s", "on_chunk", ()) as hop:
@@ -74,7 +74,7 @@ def off_path_us() -> float:
 
 def _ops(runtime, tracer, by_group, kind: str, concurrency: int):  # type: ignore[no-untyped-def]
     """One operation per variant: what Agent._stage does for one remote segment."""
-    from hookbus.services import tracing
+    from hookbus.services.observability import tracing
 
     contexts = [payloads.context() for _ in range(concurrency)]
     data = payloads.KINDS[kind]()
@@ -100,7 +100,7 @@ def _ops(runtime, tracer, by_group, kind: str, concurrency: int):  # type: ignor
 
 
 async def measure(redis_url: str) -> list[Row]:
-    from hookbus.services import tracing
+    from hookbus.services.observability import tracing
     from hookbus.services.orchestrator.plan import HookPlan
 
     quiet_logs()
@@ -113,7 +113,7 @@ async def measure(redis_url: str) -> list[Row]:
         await receiver_ready(port, procs)
         skills = ["tests.bench.skills:HopNoop"]
         plain = procs.worker(redis_url, prefix, "hop", skills, concurrency=32)
-        traced_args = [PYTHON, "-m", "hookbus.services.cli", "worker", "--group", "hoptraced", *skills, "--concurrency", "32"]
+        traced_args = [PYTHON, "-m", "hookbus.services.cli.main", "worker", "--group", "hoptraced", *skills, "--concurrency", "32"]
         traced = procs.spawn(traced_args, bench_env(redis_url, prefix, **otel), "worker-hoptraced")
         side = await bus_side(redis_url, prefix)
         await wait_for_replicas(redis_url, prefix, {"hop": 1, "hoptraced": 1}, procs)

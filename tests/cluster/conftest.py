@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hookbus.bus.embedded_cluster import EmbeddedCluster
+from tests.embedded_cluster import EmbeddedCluster
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,12 @@ import uuid
 
 from redis.asyncio.cluster import RedisCluster
 
-from hookbus.bus.cluster import is_cluster, keys_for
-from hookbus.bus.connection import connect
-from hookbus.bus.embedded_cluster import EmbeddedCluster
-from hookbus.bus.envelopes import ResponseItem, encode
-from hookbus.bus.journal import Journal
+from hookbus.bus.connection.cluster import is_cluster, keys_for
+from hookbus.bus.connection.retrying import connect
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.store.journal import Journal
+from hookbus.bus.wire.envelopes import ResponseItem, encode
+from tests.embedded_cluster import EmbeddedCluster
 
 
 def test_any_node_of_a_cluster_is_detected_and_a_single_redis_is_not(
@@ -59,8 +59,8 @@ async def test_a_request_runs_its_journal_scripts_atomically_on_whichever_node_h
 async def test_status_sums_the_backlog_of_every_shard(redis_cluster: EmbeddedCluster, prefix: str) -> None:
     """`hookbus status` (and KEDA's summed trigger) see one queue, not twelve."""
     from hookbus.bus.client import HookbusClient
-    from hookbus.bus.connection import ensure_group
-    from hookbus.services.monitor import read_status
+    from hookbus.bus.connection.retrying import ensure_group
+    from hookbus.services.cli.monitor import read_status
 
     async with HookbusClient(redis_cluster.url, prefix=prefix) as client:
         for stream in client.keys.request_streams:
@@ -74,7 +74,7 @@ async def test_status_sums_the_backlog_of_every_shard(redis_cluster: EmbeddedClu
 
 async def test_a_request_queued_on_another_shard_is_refused_with_a_400(redis_cluster: EmbeddedCluster, prefix: str) -> None:
     from hookbus import Agent
-    from hookbus.bus.envelopes import RequestEnvelope
+    from hookbus.bus.wire.envelopes import RequestEnvelope
     from hookbus.skills import HookError
     from tests.integration.stack import running_stack
 
@@ -93,8 +93,8 @@ async def test_on_a_cluster_reads_do_not_ride_and_every_hop_is_answered(
     redis_cluster: EmbeddedCluster, prefix: str
 ) -> None:
     """A blocking read in a cluster pipeline would hold back that node's part of it, so
-    neither the worker's nor the router's reads ride there (hookbus.bus.ride)."""
-    from hookbus.bus.router import ReplyRouter
+    neither the worker's nor the router's reads ride there (hookbus.bus.hops.pipelined_read)."""
+    from hookbus.bus.hops.reply_router import ReplyRouter
     from hookbus.services.worker.host import GroupHost
     from hookbus.services.worker.replica import WorkerReplica
     from tests.integration.test_reply_refused import Quick, hop

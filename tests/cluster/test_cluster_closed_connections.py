@@ -19,9 +19,9 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from hookbus.bus.cluster import ToleratingSSLConnection, tolerate_closed_connections
-from hookbus.bus.connection import broker_class, broker_retry, connect
-from hookbus.bus.embedded_cluster import EmbeddedCluster
+from hookbus.bus.connection.cluster import ToleratingSSLConnection, tolerate_closed_connections
+from hookbus.bus.connection.retrying import broker_class, broker_retry, connect
+from tests.embedded_cluster import EmbeddedCluster
 
 Operation = Callable[[RedisCluster, str], Awaitable[Any]]
 

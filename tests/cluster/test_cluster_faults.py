@@ -15,10 +15,10 @@ import pytest
 
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
-from hookbus.bus.embedded_cluster import EmbeddedCluster
-from hookbus.bus.shards import slot_of
+from hookbus.bus.connection.shards import slot_of
 from hookbus.skills import HookError
 from tests.cluster.skills import Ledger
+from tests.embedded_cluster import EmbeddedCluster
 from tests.integration.stack import Upper, running_stack
 
 pytestmark = pytest.mark.slow

@@ -11,11 +11,11 @@ import uuid
 from typing import Any
 
 from hookbus import Agent, CompactionPolicy
-from hookbus.bus.embedded_cluster import EmbeddedCluster
-from hookbus.bus.shards import slot_of
+from hookbus.bus.connection.shards import slot_of
 from hookbus.services.gateway.cancel import request_cancel
 from tests.cluster.skills import Ledger, RemoteCounter, TagA, TagB
 from tests.conversations import conversation
+from tests.embedded_cluster import EmbeddedCluster
 from tests.integration.stack import Notes, Upper, running_stack
 
 

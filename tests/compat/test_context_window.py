@@ -70,7 +70,7 @@ async def test_a_conversation_past_the_endpoints_window_is_compacted_to_fit_and_
 @pytest.mark.parametrize("command", [["chat", "--local"]])
 def test_the_context_window_flag_sets_the_window(command):
     done = subprocess.run(
-        [sys.executable, "-m", "hookbus.services.cli", *command, "--context-window", "3000"],
+        [sys.executable, "-m", "hookbus.services.cli.main", *command, "--context-window", "3000"],
         input="/quit\n", capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr

@@ -22,7 +22,7 @@ def test_hookbus_run_keeps_the_stack_up_when_the_demo_request_fails(tmp_path):
         env = {**os.environ, "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "k", "HOOKBUS_MODEL": "slow-model"}
         env.pop("REDIS_URL", None)
         child = pexpect.spawn(
-            sys.executable, ["-m", "hookbus.services.cli", "run", "--keep", "--port", "0", "--replicas", "1"],
+            sys.executable, ["-m", "hookbus.services.cli.main", "run", "--keep", "--port", "0", "--replicas", "1"],
             cwd=str(tmp_path), env=env, encoding="utf-8", timeout=120,
         )
         try:

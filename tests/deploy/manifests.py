@@ -173,6 +173,16 @@ def is_hookbus_service(service: dict[str, Any]) -> bool:
     return "build" in service or "hookbus" in str(service.get("image", ""))
 
 
+# The `check` profile's billing worker runs a test harness that is not in the image: compose
+# mounts it from this folder and puts it on PYTHONPATH (make deploy-check only).
+HARNESS_FOLDER = ROOT / "tests" / "deploy" / "check"
+HARNESS_MOUNT = "/opt/hookbus-check"
+
+
+def is_harness_service(service: dict[str, Any]) -> bool:
+    return "check" in service.get("profiles", ())
+
+
 def hookbus_service_names() -> set[str]:
     """Services of the main compose file that run the hookbus image (override files reuse them)."""
     return {name for name, service in compose_services().items() if is_hookbus_service(service)}

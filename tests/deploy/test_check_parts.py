@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hookbus import Agent, PaymentRequired
-from hookbus.services.testing.credit_limit import NO_CREDIT_ENV, CreditLimit
+from tests.deploy.check.credit_limit import NO_CREDIT_ENV, CreditLimit
 from tests.deploy.check.images import SECRET_CA, pip_secrets
 from tests.deploy.manifests import ROOT
 
@@ -34,9 +34,15 @@ def test_credit_limit_reads_its_peers_from_the_environment(monkeypatch):
 
 def test_the_health_probe_does_not_import_the_agent_gateway_or_client():
     """`hookbus health` runs every few seconds in every container: it must start fast."""
-    heavy = ("hookbus.services.orchestrator", "hookbus.services.gateway", "hookbus.bus.client")
+    heavy = (
+        "hookbus.services.orchestrator",
+        "hookbus.services.gateway.app",
+        "hookbus.services.gateway.server",
+        "hookbus.bus.client",
+        "starlette",
+    )
     code = (
-        "import sys, hookbus.services.cli, hookbus.services.health; "
+        "import sys, hookbus.services.cli.main, hookbus.services.cli.health; "
         f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)

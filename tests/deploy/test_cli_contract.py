@@ -7,6 +7,7 @@ the CLI has every subcommand and flag; that is the point: change the CLI or depl
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from collections import defaultdict
 import pytest
 
 from tests.deploy.manifests import (
+    HARNESS_FOLDER,
     ROOT,
     hookbus_executable,
     hookbus_invocations,
@@ -79,7 +81,9 @@ def test_subcommand_accepts_the_flags_deploy_uses(subcommand):
 def test_import_spec_resolves(spec):
     module, _, attribute = spec.partition(":")
     code = f"import importlib; getattr(importlib.import_module({module!r}), {attribute!r})"
+    # The check profile's harness is importable from the folder compose mounts it from.
+    env = {**os.environ, "PYTHONPATH": str(HARNESS_FOLDER)}
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
     )
     assert result.returncode == 0, f"{spec}: {result.stderr.strip().splitlines()[-1:]}"

@@ -12,6 +12,7 @@ import pytest
 from tests.deploy.manifests import (
     COMPOSE_FILE,
     COMPOSE_FILES,
+    HARNESS_MOUNT,
     ROOT,
     SCHEMAS,
     compose_argv,
@@ -20,6 +21,7 @@ from tests.deploy.manifests import (
     compose_services,
     duration_seconds,
     hookbus_service_names,
+    is_harness_service,
     load_yaml,
     option_value,
 )
@@ -114,8 +116,12 @@ def test_configuration_is_environment_only(services):
     for name in hookbus_service_names():
         service = services[name]
         assert "env_file" not in service, name
-        # No config files mounted into hookbus services (the auth override mounts a secret).
-        assert "volumes" not in service, name
+        # No config files mounted into hookbus services (the auth override mounts a secret);
+        # the check profile's harness is the one mount, read-only, of its own folder.
+        if is_harness_service(service):
+            assert all(v.endswith(":ro") and HARNESS_MOUNT in v for v in service["volumes"]), name
+        else:
+            assert "volumes" not in service, name
         assert "configs" not in service, name
 
 

@@ -9,6 +9,7 @@ import pytest
 from hookbus.bus.settings import Settings
 from tests.deploy.manifests import (
     COMPOSE_FILE,
+    HARNESS_MOUNT,
     KUSTOMIZATIONS,
     NON_SETTINGS_ENV,
     compose_environment,
@@ -17,6 +18,7 @@ from tests.deploy.manifests import (
     dockerfile_env,
     hookbus_containers,
     hookbus_service_names,
+    is_harness_service,
     rendered,
     short_name,
 )
@@ -59,6 +61,8 @@ def test_compose_environment_is_settings_only():
     services = compose_services(COMPOSE_FILE)
     for name in hookbus_service_names():
         variables = compose_environment(services[name])
+        if is_harness_service(services[name]):
+            assert variables.pop("PYTHONPATH") == HARNESS_MOUNT, name
         assert not unknown(variables), (name, unknown(variables))
         assert variables.get("REDIS_URL"), name
 

@@ -11,7 +11,7 @@ from tests.deploy.manifests import ROOT, dockerfile_env
 
 CODE = """
 import logging
-from hookbus.services.logs import configure_logging
+from hookbus.services.observability.logs import configure_logging
 from faststream._internal.logger import logger as faststream_logger
 import structlog
 configure_logging()

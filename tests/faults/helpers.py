@@ -11,9 +11,15 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from hookbus.bus.envelopes import DecodeError, RequestEnvelope, ResponseItem, encode, response_items
 from hookbus.bus.keys import Keys
-from hookbus.bus.responses import TERMINAL_KINDS
+from hookbus.bus.store.response_stream import TERMINAL_KINDS
+from hookbus.bus.wire.envelopes import (
+    DecodeError,
+    RequestEnvelope,
+    ResponseItem,
+    encode,
+    response_items,
+)
 from tests.faults.fault_skills import fault_key
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from hookbus.services.logs import configure_logging
+from hookbus.services.observability.logs import configure_logging
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 from tests.faults.fault_skills import NAME, Slow

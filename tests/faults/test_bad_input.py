@@ -10,11 +10,11 @@ import uuid
 import pytest
 
 from hookbus import Agent
-from hookbus.bus.envelopes import HookRef, HopEvent, HopReply, MonitorRecord, decode, encode
+from hookbus.bus.groups.registry import GroupAnnouncement, announce, heartbeat
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
 from hookbus.bus.limits import RequestLimits
-from hookbus.bus.registry import GroupAnnouncement, announce, heartbeat
-from hookbus.services.monitor import recent_events
+from hookbus.bus.wire.envelopes import HookRef, HopEvent, HopReply, MonitorRecord, decode, encode
+from hookbus.services.cli.monitor import recent_events
 from hookbus.skills import Context, HookData, Skill, hook
 from hookbus.skills.descriptors import HookDescriptor
 from tests.faults.helpers import pending, read_until_terminal

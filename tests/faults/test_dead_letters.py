@@ -13,7 +13,7 @@ import time
 import uuid
 
 from hookbus import Agent
-from hookbus.bus.deadletter import DEAD_LETTER_MAXLEN, DEAD_LETTER_RETENTION, describe
+from hookbus.bus.groups.dead_letters import DEAD_LETTER_MAXLEN, DEAD_LETTER_RETENTION, describe
 from tests.faults.helpers import read_until_terminal
 from tests.integration.stack import running_stack
 

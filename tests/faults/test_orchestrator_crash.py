@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from hookbus.bus.journal import Journal
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.store.journal import Journal
 from hookbus.skills import HookError, OrchestratorLost
 from tests.faults.helpers import (
     finalize_log,

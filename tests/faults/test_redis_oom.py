@@ -25,9 +25,9 @@ import pytest
 import redis
 
 from hookbus.bus.client import HookbusClient
-from hookbus.bus.embedded import EmbeddedRedis
-from hookbus.bus.envelopes import response_items
+from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.wire.envelopes import response_items
 from hookbus.skills import HookError
 from tests.gateway.server import running_gateway
 from tests.integration.processes import REPO, Processes
@@ -77,7 +77,7 @@ def send(url: str, text: str) -> Awaitable[subprocess.CompletedProcess[str]]:
     """`hookbus send TEXT` in a process of its own."""
     return asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "hookbus.services.cli", "send", text],
+        [sys.executable, "-m", "hookbus.services.cli.main", "send", text],
         env={**os.environ, "REDIS_URL": url, "HOOKBUS_PREFIX": PREFIX},
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )

@@ -9,7 +9,7 @@ import uuid
 import pytest
 import redis.asyncio as aredis
 
-from hookbus.bus.embedded import EmbeddedRedis
+from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import pending, read_until_terminal, submit

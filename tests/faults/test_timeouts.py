@@ -9,7 +9,7 @@ import pytest
 
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
-from hookbus.services.monitor import recent_events
+from hookbus.services.cli.monitor import recent_events
 from hookbus.skills import Context, HookData, HookError, Skill, hook
 from tests.integration.stack import running_stack, wait_for_groups
 from tests.waiting import wait_for

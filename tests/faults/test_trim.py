@@ -6,10 +6,10 @@ import asyncio
 import uuid
 
 from hookbus import Agent
-from hookbus.bus.events import EVENTS_MAXLEN
-from hookbus.bus.journal import DONE_TTL, Journal
+from hookbus.bus.groups.trim import trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
-from hookbus.bus.trim import trim_acked
+from hookbus.bus.store.events import EVENTS_MAXLEN
+from hookbus.bus.store.journal import DONE_TTL, Journal
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.faults.helpers import pending
 from tests.integration.stack import running_stack

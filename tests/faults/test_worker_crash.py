@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from hookbus.bus.envelopes import HopReply, decode
-from hookbus.services.monitor import recent_events
+from hookbus.bus.wire.envelopes import HopReply, decode
+from hookbus.services.cli.monitor import recent_events
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import (
     read_until_terminal,

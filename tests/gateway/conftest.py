@@ -19,7 +19,7 @@ import pytest
 from hookbus import Agent
 from hookbus.bus.keys import Keys
 from hookbus.bus.limits import RequestLimits
-from hookbus.bus.sessions import SessionStore
+from hookbus.bus.store.sessions import SessionStore
 from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.integration.stack import Notes, running_stack

@@ -22,7 +22,7 @@ GOOD_KEY = f"sk-{uuid.uuid4().hex}"
 
 def gateway_cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", "0", *args],
+        [sys.executable, "-m", "hookbus.services.cli.main", "gateway", "--port", "0", *args],
         env=env, capture_output=True, text=True, timeout=timeout,
     )
 
@@ -87,7 +87,7 @@ def test_a_missing_keys_file_is_an_error(env, tmp_path):
 
 async def test_auth_off_is_said_on_stderr_at_start(env, unused_tcp_port):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", str(unused_tcp_port),
+        sys.executable, "-m", "hookbus.services.cli.main", "gateway", "--port", str(unused_tcp_port),
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -113,7 +113,7 @@ def test_settings_show_no_passwords_or_api_keys(env):
         "OPENAI_API_KEY": "sk-hunter2-openai",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "hookbus.services.cli", "settings"],
+        [sys.executable, "-m", "hookbus.services.cli.main", "settings"],
         env={**env, **secrets}, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result

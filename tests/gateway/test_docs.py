@@ -7,8 +7,8 @@ import json
 import jsonschema
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
-from hookbus.bus.envelopes import HopEvent, RequestEnvelope
-from hookbus.services.asyncapi import asyncapi_document, openapi_document
+from hookbus.bus.wire.envelopes import HopEvent, RequestEnvelope
+from hookbus.services.protocol.asyncapi import asyncapi_document, openapi_document
 
 
 def test_the_asyncapi_document_describes_every_stream_with_its_envelope():

@@ -16,7 +16,7 @@ import pytest
 
 from hookbus import Agent, CompactionPolicy
 from hookbus.bus.keys import Keys
-from hookbus.bus.sessions import SessionStore
+from hookbus.bus.store.sessions import SessionStore
 from hookbus.skills.builtin import MemorySkill
 from tests.gateway.conftest import Notes
 from tests.gateway.server import RunningGateway, running_gateway

@@ -90,7 +90,7 @@ async def test_metrics_after_traffic(gateway):
 async def test_queue_lag_counts_requests_no_orchestrator_took(redis_url, prefix):
     """With no orchestrator consuming, queued requests are lag on `requests`."""
     from hookbus.bus.client import HookbusClient
-    from hookbus.bus.connection import ensure_group
+    from hookbus.bus.connection.retrying import ensure_group
 
     async with HookbusClient(redis_url, prefix=prefix) as client:
         await ensure_group(client.redis, client.keys.requests, "orchestrators")

@@ -45,7 +45,7 @@ async def gateway_process(
     port = free_port()
     with tempfile.TemporaryFile(mode="w+") as log:  # a file, not a pipe: a flood must not block it
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "hookbus.services.cli", "gateway", "--port", str(port), *args,
+            sys.executable, "-m", "hookbus.services.cli.main", "gateway", "--port", str(port), *args,
             env=env, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=preexec,
         )
         running = GatewayProcess(port, proc)

@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 import redis.asyncio as aredis
 
+from hookbus.bus.groups.registry import REFRESH_EVERY
 from hookbus.bus.keys import Keys
-from hookbus.bus.registry import REFRESH_EVERY
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ class Processes:
         self._spawned: dict[str, int] = {}
 
     def _spawn(
-        self, role: str, name: str, group: str | None, args: Sequence[str], module: str = "hookbus.services.cli"
+        self, role: str, name: str, group: str | None, args: Sequence[str], module: str = "hookbus.services.cli.main"
     ) -> Proc:
         count = self._spawned.get(name, 0)
         self._spawned[name] = count + 1

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from redis.exceptions import ResponseError
 
-from hookbus.bus.appender import StreamAppender
-from hookbus.bus.connection import RECONNECT_ERRORS, connect
+from hookbus.bus.connection.batched_appends import StreamAppender
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, connect
 
 
 async def test_entries_of_one_turn_share_a_pipeline_and_a_refusal_fails_only_its_caller(redis_url, prefix):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from hookbus import Agent
-from hookbus.services.monitor import recent_events
+from hookbus.services.cli.monitor import recent_events
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
@@ -72,7 +72,7 @@ async def test_two_replicas_of_a_group_both_take_work_under_load(redis_url, pref
 
 def hookbus(env: dict[str, str], *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "hookbus.services.cli", *args], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hookbus.services.cli.main", *args], env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     return result.stdout

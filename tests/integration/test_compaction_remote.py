@@ -10,8 +10,8 @@ from typing import Any
 import redis.asyncio as aredis
 
 from hookbus import Agent, Compaction, CompactionPolicy
-from hookbus.bus.envelopes import COMPACTION_LIFECYCLE, HookRef, HopEvent
-from hookbus.bus.registry import GroupAnnouncement
+from hookbus.bus.groups.registry import GroupAnnouncement
+from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE, HookRef, HopEvent
 from hookbus.services.worker.host import GroupHost
 from hookbus.skills import Context, Skill, tool
 from hookbus.skills.builtin import MemorySkill

@@ -8,7 +8,7 @@ import time
 import uuid
 
 from hookbus import Agent, Context, HookData, Skill, hook
-from hookbus.bus.envelopes import RequestEnvelope, encode
+from hookbus.bus.wire.envelopes import RequestEnvelope, encode
 from tests.faults.helpers import read_until_terminal
 from tests.integration.stack import running_stack
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hookbus.bus.connection import connect, ensure_group
-from hookbus.bus.envelopes import HopReply, decode, encode
+from hookbus.bus.connection.retrying import connect, ensure_group
 from hookbus.bus.keys import Keys
+from hookbus.bus.wire.envelopes import HopReply, decode, encode
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import ReplyBatcher, WorkerReplica
 from tests.integration.test_reply_refused import Quick, hop

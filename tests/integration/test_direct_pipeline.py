@@ -1,4 +1,4 @@
-"""The hop path's pipeline (hookbus.bus.direct_pipeline) over a real Redis: each command's
+"""The hop path's pipeline (hookbus.bus.connection.pipeline) over a real Redis: each command's
 reply in its place, a refusal in its own place, and a cancelled pipeline never leaves a
 reply behind for the connection's next user."""
 
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from redis.exceptions import ResponseError
 
-from hookbus.bus.connection import connect
-from hookbus.bus.direct_pipeline import Commands, execute
+from hookbus.bus.connection.pipeline import Commands, execute
+from hookbus.bus.connection.retrying import connect
 
 
 async def test_replies_come_back_in_order_and_a_refusal_stays_in_its_place(redis_url, prefix):

@@ -7,7 +7,7 @@ import stat
 import pytest
 import redis
 
-from hookbus.bus.embedded import EmbeddedRedis, write_private
+from hookbus.bus.connection.embedded import EmbeddedRedis, write_private
 
 
 def test_the_embedded_redis_needs_its_random_password_and_keeps_private_files(tmp_path) -> None:

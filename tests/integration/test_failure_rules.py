@@ -10,8 +10,8 @@ import time
 import pytest
 
 from hookbus import Agent, CompactionPolicy, HookError
-from hookbus.bus.envelopes import COMPACTION_LIFECYCLE
-from hookbus.services.monitor import recent_events
+from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE
+from hookbus.services.cli.monitor import recent_events
 from hookbus.skills import Context, HookData, Skill, hook, tool
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for

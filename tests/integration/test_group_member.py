@@ -9,8 +9,8 @@ import time
 
 import redis.asyncio as aredis
 
-from hookbus.bus.claims import Claimed, OrphanRules
-from hookbus.bus.group_member import GroupMember, OnThread
+from hookbus.bus.groups.claims import Claimed, OrphanRules
+from hookbus.bus.groups.member import GroupMember, OnThread
 from tests.waiting import wait_for
 
 CLAIM_IDLE = 0.3

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hookbus.bus.connection import connect
-from hookbus.bus.envelopes import MonitorRecord, encode, monitor_records
-from hookbus.bus.events import EventWriter
+from hookbus.bus.connection.retrying import connect
 from hookbus.bus.keys import Keys
+from hookbus.bus.store.events import EventWriter
+from hookbus.bus.wire.envelopes import MonitorRecord, encode, monitor_records
+from hookbus.services.cli.monitor import RECENT_PAGE, follow_events, read_status, recent_events
 from hookbus.services.gateway.metrics import FOLLOW_EVERY, EventsFollower, GatewayMetrics
-from hookbus.services.monitor import RECENT_PAGE, follow_events, read_status, recent_events
 from tests.waiting import wait_for
 
 

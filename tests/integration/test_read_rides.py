@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hookbus.bus.connection import connect, ensure_group
-from hookbus.bus.envelopes import HookRef, HopReply, decode, encode
+from hookbus.bus.connection.retrying import connect, ensure_group
+from hookbus.bus.groups.shard_reader import ShardedGroupReader
+from hookbus.bus.hops.reply_router import ReplyRouter
 from hookbus.bus.keys import Keys
-from hookbus.bus.router import ReplyRouter
-from hookbus.bus.shard_reader import ShardedGroupReader
+from hookbus.bus.wire.envelopes import HookRef, HopReply, decode, encode
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import ReplyBatcher, WorkerReplica
 from hookbus.skills import Context, HookData, Skill, hook

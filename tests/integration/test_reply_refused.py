@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from hookbus.bus.connection import connect
-from hookbus.bus.envelopes import HookRef, HopEvent, HopReply, decode, encode
+from hookbus.bus.connection.retrying import connect
 from hookbus.bus.keys import Keys
+from hookbus.bus.wire.envelopes import HookRef, HopEvent, HopReply, decode, encode
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 from hookbus.skills import Context, HookData, Skill, hook

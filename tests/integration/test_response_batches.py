@@ -10,16 +10,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from hookbus.bus.client import HookbusClient
-from hookbus.bus.envelopes import (
+from hookbus.bus.keys import ORCHESTRATOR_GROUP
+from hookbus.bus.store.journal import FENCED, Journal
+from hookbus.bus.store.response_stream import Ack, Fence, ResponseWriter
+from hookbus.bus.wire.envelopes import (
     RequestEnvelope,
     ResponseItem,
     encode,
     encode_response_batch,
     response_items,
 )
-from hookbus.bus.journal import FENCED, Journal
-from hookbus.bus.keys import ORCHESTRATOR_GROUP
-from hookbus.bus.responses import Ack, Fence, ResponseWriter
 from tests.waiting import wait_for
 
 GROUP = ORCHESTRATOR_GROUP

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from hookbus.bus.connection import connect
-from hookbus.bus.envelopes import ResponseItem
-from hookbus.bus.journal import Journal
+from hookbus.bus.connection.retrying import connect
 from hookbus.bus.keys import Keys
-from hookbus.bus.responses import Ack, Fence, ResponseWriter
+from hookbus.bus.store.journal import Journal
+from hookbus.bus.store.response_stream import Ack, Fence, ResponseWriter
+from hookbus.bus.wire.envelopes import ResponseItem
 from tests.waiting import wait_for
 
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from hookbus.bus.connection import connect
-from hookbus.bus.envelopes import HopEvent, HopReply, decode, encode
-from hookbus.bus.periodic import cancel_and_wait
-from hookbus.bus.router import COMPACT_AT, HopTimeout, ReplyRouter
+from hookbus.bus.connection.retrying import connect
+from hookbus.bus.groups.periodic import cancel_and_wait
+from hookbus.bus.hops.reply_router import COMPACT_AT, HopTimeout, ReplyRouter
+from hookbus.bus.wire.envelopes import HopEvent, HopReply, decode, encode
 
 
 def hop(router: ReplyRouter) -> HopEvent:

@@ -1,5 +1,5 @@
 """A stage whose segments live in several worker groups is sent on from group to group
-(hookbus.bus.route): the orchestrator sends the first hop, each worker sends the next,
+(hookbus.bus.hops.send_on): the orchestrator sends the first hop, each worker sends the next,
 and every group still replies. Over real Redis, with real worker replicas: the chain
 gives what hop-by-hop gives, an abort or a block stops the route where the orchestrator
 would stop, finalize_connection goes on past an abort, a group whose hook times out
@@ -14,9 +14,9 @@ import time
 import pytest
 
 from hookbus import Agent, HookError
-from hookbus.bus.envelopes import HookRef, HopEvent, HopReply, RouteStep, decode, encode_hop
-from hookbus.services.monitor import recent_events
-from hookbus.services.tracing import configure_tracing, shutdown_tracing
+from hookbus.bus.wire.envelopes import HookRef, HopEvent, HopReply, RouteStep, decode, encode_hop
+from hookbus.services.cli.monitor import recent_events
+from hookbus.services.observability.tracing import configure_tracing, shutdown_tracing
 from hookbus.skills import Context, HookData, Skill, hook
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for

@@ -10,9 +10,10 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from hookbus import Agent
-from hookbus.bus.chunk_batch import ChunkIn, dump_chunks, load_results
-from hookbus.bus.connection import connect
-from hookbus.bus.envelopes import (
+from hookbus.bus.connection.retrying import connect
+from hookbus.bus.keys import Keys
+from hookbus.bus.wire.chunk_batch import ChunkIn, dump_chunks, load_results
+from hookbus.bus.wire.envelopes import (
     HookRef,
     HopEvent,
     HopReply,
@@ -22,7 +23,6 @@ from hookbus.bus.envelopes import (
     encode_reply,
     hop_parts,
 )
-from hookbus.bus.keys import Keys
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook

@@ -34,7 +34,7 @@ from pathlib import Path
 import openai
 
 from hookbus import Agent
-from hookbus.bus.embedded import EmbeddedRedis
+from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.services.orchestrator.llm import LLM
 from tests.gateway.server import running_gateway
 from tests.integration.stack import running_stack

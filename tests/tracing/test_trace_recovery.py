@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aredis
 
-from hookbus.bus.journal import Journal
 from hookbus.bus.keys import Keys
+from hookbus.bus.store.journal import Journal
 from tests.faults.helpers import read_until_terminal, submit
 from tests.integration.processes import Processes
 from tests.otlp_receiver import OtlpReceiver

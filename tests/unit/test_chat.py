@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio as aredis
 
 from hookbus import Agent, Compaction
+from hookbus.services.cli.chat import _main, chat
 from hookbus.services.orchestrator.compaction import SUMMARY_HEADER
-from hookbus.services.repl import _main, chat
 from hookbus.skills import PaymentRequired, Skill, hook
 from tests.integration.stack import running_stack
 
@@ -209,7 +209,7 @@ def test_the_chat_in_a_pseudo_terminal(redis_url, prefix) -> None:
     )
     child = pexpect.spawn(
         sys.executable,
-        ["-c", "import sys; from hookbus.services.repl import run_chat; sys.exit(run_chat(local=True))"],
+        ["-c", "import sys; from hookbus.services.cli.chat import run_chat; sys.exit(run_chat(local=True))"],
         cwd=str(REPO), env=env, encoding="utf-8", timeout=60, dimensions=(50, 400),
     )
     try:

@@ -8,7 +8,7 @@ import json
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from hookbus.bus.chunk_batch import ChangeCheck, ChunkIn, dump_chunks, load_chunks
+from hookbus.bus.wire.chunk_batch import ChangeCheck, ChunkIn, dump_chunks, load_chunks
 from hookbus.skills import HookData
 
 

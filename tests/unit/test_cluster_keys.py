@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
+from hookbus.bus.connection.shards import DEFAULT_CLUSTER_SHARDS, SLOTS, shard_tags, slot_of
 from hookbus.bus.keys import Keys, ShardedStreamError
-from hookbus.bus.shards import DEFAULT_CLUSTER_SHARDS, SLOTS, shard_tags, slot_of
 
 CLUSTER = Keys("hookbus:", shards=DEFAULT_CLUSTER_SHARDS, cluster=True)
 

@@ -8,7 +8,7 @@ import pytest
 import uvloop
 from pydantic import ValidationError
 
-from hookbus.services import event_loop
+from hookbus.services.process import event_loop
 
 VARIABLE = "HOOKBUS_EVENT_LOOP"
 

@@ -35,11 +35,11 @@ def test_the_wheel_installs_one_top_level_package_with_py_typed(tmp_path: Path) 
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"hookbus"}
     assert "hookbus/py.typed" in names
-    for module in ("hookbus/bus/keys.py", "hookbus/skills/skill.py", "hookbus/services/cli.py",
+    for module in ("hookbus/bus/keys.py", "hookbus/skills/skill.py", "hookbus/services/cli/main.py",
                    "hookbus/skills/builtin/security.py", "hookbus/services/gateway/app.py"):
         assert module in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "hookbus = hookbus.services.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "hookbus = hookbus.services.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_no_module_imports_the_old_top_level_names() -> None:

@@ -1,4 +1,4 @@
-"""When a worker sends a stage on (hookbus.bus.route.send_on), and what the next hop
+"""When a worker sends a stage on (hookbus.bus.hops.send_on.send_on), and what the next hop
 carries: the data and context exactly as the orchestrator would have sent them."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from hookbus.bus.envelopes import (
+from hookbus.bus.hops.send_on import send_on
+from hookbus.bus.wire.envelopes import (
     HookRef,
     HopEvent,
     HopReply,
@@ -17,7 +18,6 @@ from hookbus.bus.envelopes import (
     encode_hop,
     hop_parts,
 )
-from hookbus.bus.route import send_on
 from hookbus.skills import Context, HookData
 
 DATA = HookData(lifecycle="on_connection", messages=[{"role": "user", "content": "hi"}])

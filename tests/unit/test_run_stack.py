@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hookbus.bus.embedded import free_port
+from hookbus.bus.connection.embedded import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def test_hookbus_run_once_serves_the_demo_and_says_the_model_is_the_offline_stan
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_BASE_URL"}
     env.update(REDIS_URL=redis_url, HOOKBUS_PREFIX=prefix)
     done = subprocess.run(
-        [sys.executable, "-m", "hookbus.services.cli", "run", "--once", "--port", str(free_port())],
+        [sys.executable, "-m", "hookbus.services.cli.main", "run", "--once", "--port", str(free_port())],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
     )
     output = done.stdout + done.stderr

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from hookbus.bus import tracecontext
-from hookbus.bus.envelopes import HopEvent, RequestEnvelope, encode, encode_hop
-from hookbus.services import tracing
-from hookbus.services.tracing import TracingSettings, configure_tracing
+from hookbus.bus.wire import tracecontext
+from hookbus.bus.wire.envelopes import HopEvent, RequestEnvelope, encode, encode_hop
+from hookbus.services.observability import tracing
+from hookbus.services.observability.tracing import TracingSettings, configure_tracing
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 

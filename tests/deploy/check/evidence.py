@@ -7,16 +7,16 @@ from collections import Counter
 
 from pydantic import BaseModel, ValidationError
 
-from hookbus.bus.envelopes import MonitorRecord
+from hookbus.bus.wire.envelopes import MonitorRecord
 from tests.deploy.check.stack import Stack
 
 # Runs in a hookbus container: the newest events of the bus as JSON lines.
 EVENTS_SCRIPT = """
 import asyncio, os
-from hookbus.bus.cluster import keys_for
-from hookbus.bus.connection import connect
+from hookbus.bus.connection.cluster import keys_for
+from hookbus.bus.connection.retrying import connect
 from hookbus.bus.settings import get_settings
-from hookbus.services.monitor import recent_events
+from hookbus.services.cli.monitor import recent_events
 
 async def main():
     url = os.environ["REDIS_URL"]

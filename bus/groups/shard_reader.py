@@ -1,0 +1,183 @@
+"""Consumer-group reads of a sharded stream: one XREADGROUP loop per shard.
+
+A consumer (an orchestrator on `requests`, a worker replica on its group's hook stream)
+reads every shard of what it consumes. On a Redis Cluster the shards sit in different
+slots, and a command may only name keys of one slot, so each shard gets its own
+blocking read; on a single Redis there is one shard and one loop, as before.
+
+Each loop reads as many entries as its share of the consumer's free capacity
+(`ceil(free / shards)`, at least one), so in flight + prefetched stays within
+`capacity + shards - 1` (exactly `capacity` with one shard) and a sibling replica still
+gets work. A Redis error makes that loop alone back off (50 ms doubling to 2 s): a
+failover or a slot migration never turns into a hot loop, and the other shards keep
+being read. A missing group (the stream was deleted, a master restarted empty) is
+created again.
+
+A single-shard reader may be given a `rider`, the worker's reply pipeline
+(hookbus.services.worker.replica.ReplyBatcher): right after it delivered entries, it
+offers its next XREADGROUP to ride with their replies (hookbus.bus.hops.pipelined_read), so a steady
+flow of hops costs the worker one socket write per hop. A ride reads as many entries as
+are free plus the replies it carries, whose slots free as it returns: in flight +
+prefetched may exceed the capacity by those replies for the moment between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+from redis.exceptions import ResponseError
+
+from hookbus.bus.connection.cluster import ready
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, connect, ensure_group
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.periodic import cancel_and_wait
+from hookbus.bus.hops.pipelined_read import BLOCK_MS, RideOffer, Rider, ride
+
+log = structlog.get_logger("hookbus.shard_reader")
+
+BACKOFF_START = 0.05
+BACKOFF_CAP = 2.0
+
+Deliver = Callable[[str, str, dict[bytes, bytes]], None]
+"""Called with (stream, entry id, fields) for each entry read; it must count the entry
+as in flight before it returns (the next read sizes itself by the free capacity)."""
+
+
+class ShardedGroupReader:
+    def __init__(
+        self,
+        redis_url: str,
+        streams: Sequence[str],
+        group: str,
+        consumer: str,
+        *,
+        free: Callable[[], int],
+        deliver: Deliver,
+        block_ms: int = 1000,
+        rider: Rider | None = None,
+    ) -> None:
+        """`free()`: how many more entries the consumer can take now; `rider`: see the
+        module docstring (used with a single shard only)."""
+        self.streams = list(streams)
+        self.group = group
+        self.consumer = consumer
+        self._free = free
+        self._deliver = deliver
+        self._block_ms = block_ms
+        self._client = connect(redis_url, max_connections=len(self.streams) + 4, retries=0)
+        self._slot = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._rider = rider if len(self.streams) == 1 else None
+        self._ride: RideOffer | None = None
+        self.ride_block_ms = BLOCK_MS
+        self.errors = 0
+        self.rides = 0
+        """Reads that went out with replies."""
+
+    def start(self) -> None:
+        self._stopping = False
+        self._tasks = [asyncio.create_task(self._start_loops(), name="hookbus-read-start")]
+
+    async def _start_loops(self) -> None:
+        backoff = BACKOFF_START
+        while not self._stopping:
+            try:
+                await ready(self._client)
+                break
+            except RECONNECT_ERRORS as exc:
+                log.warning("read_connecting", error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP)
+        self._tasks += [
+            asyncio.create_task(self._read(stream), name=f"hookbus-read-{stream}") for stream in self.streams
+        ]
+
+    def wake(self) -> None:
+        """Capacity was freed: loops waiting for it read again."""
+        self._slot.set()
+
+    async def stop(self) -> None:
+        """Read nothing more; what was not read stays in the streams for the siblings."""
+        self._stopping = True
+        self._slot.set()
+        ride = self._ride
+        if ride is not None and ride.taken:  # its entries are delivered before we go
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(ride.done), ride.block_ms / 1000 + 2.0)
+        await cancel_and_wait(*self._tasks, timeout=3.0)
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await self._client.aclose()
+
+    async def _read(self, stream: str) -> None:
+        backoff = BACKOFF_START
+        delivered = False
+        while not self._stopping:
+            try:
+                if delivered:
+                    delivered = False
+                    rode = await self._rode(stream)
+                    if rode is not None:
+                        self.rides += 1
+                        delivered, backoff = rode, BACKOFF_START
+                        continue
+                free = self._free()
+                if free <= 0:
+                    self._slot.clear()
+                    await self._slot.wait()
+                    continue
+                response: Any = await self._client.xreadgroup(
+                    self.group, self.consumer, {stream: ">"},
+                    count=-(-free // len(self.streams)), block=self._block_ms,
+                )
+                backoff = BACKOFF_START
+            except RECONNECT_ERRORS as exc:
+                if self._stopping:  # redis-py may turn our cancel into a read error
+                    return
+                self.errors += 1
+                log.warning("read_reconnecting", stream=stream, error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP)
+                continue
+            except ResponseError as exc:
+                self.errors += 1
+                if "NOGROUP" in str(exc):
+                    log.warning("read_group_missing", stream=stream, group=self.group)
+                    with contextlib.suppress(*RECONNECT_ERRORS):
+                        await ensure_group(self._client, stream, self.group)
+                else:
+                    log.error("read_refused", stream=stream, error=str(exc), retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP)
+                continue
+            delivered = self._deliver_response(stream, response)
+
+    async def _rode(self, stream: str) -> bool | None:
+        """The next read offered to the rider: None if no reply flush took it within the
+        linger (read alone), else whether the read it rode with delivered entries."""
+        if self._rider is None:
+            return None
+
+        def queue(pipe: Any, riding: int, block_ms: int) -> None:
+            pipe.xreadgroup(
+                self.group, self.consumer, {stream: ">"}, count=max(1, self._free() + riding), block=block_ms
+            )
+
+        self._ride = RideOffer(queue, lambda response: self._deliver_response(stream, response), self.ride_block_ms)
+        try:
+            return await ride(self._rider, self._ride)
+        finally:
+            self._ride = None
+
+    def _deliver_response(self, stream: str, response: Any) -> bool:
+        delivered = False
+        for _stream, entries in response or ():
+            for raw_id, fields in entries:
+                self._deliver(stream, text(raw_id), fields)
+                delivered = True
+        return delivered

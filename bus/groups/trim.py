@@ -1,0 +1,109 @@
+"""Keeping streams bounded without ever losing an entry that is not acknowledged.
+
+- `requests` and `hooks:{group}`: a janitor in the orchestrators (for `requests`) and in
+  the workers (for their group's stream) calls `trim_acked` every `TRIM_EVERY` seconds.
+  It trims with XTRIM MINID up to the oldest entry that some consumer group of the
+  stream still needs: its oldest pending entry, or the first entry after its
+  last-delivered id. One Lua script reads the groups and trims, atomically, so an entry
+  delivered or acked meanwhile cannot be lost. A stream with no consumer group is
+  never trimmed (nobody has read anything yet).
+- `responses:{completion_id}` expire (hookbus.bus.store.response_stream.RESPONSE_TTL) and are deleted by the
+  client once it read the terminal item; `journal:{completion_id}` expire
+  (hookbus.bus.store.journal).
+- `events` and `dead-letter` are capped by MAXLEN on every write.
+- `replies:{instance}` are trimmed by their reader (hookbus.bus.hops.reply_router); the janitor deletes
+  those of orchestrators gone for `FORGET_AFTER`, and forgets their heartbeats and their
+  consumer names once they hold no pending entry (`prune_consumers`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aredis
+
+from hookbus.bus.connection.values import text
+
+TRIM_EVERY = 30.0
+FORGET_AFTER = 600.0
+
+_TRIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return {0, ''} end
+local function parse(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+local best_ms, best_seq = nil, nil
+for _, g in ipairs(groups) do
+  local info = {}
+  for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+  local ms, seq
+  if tonumber(info['pending']) > 0 then
+    local summary = redis.call('XPENDING', KEYS[1], info['name'])
+    ms, seq = parse(summary[2])
+  else
+    ms, seq = parse(info['last-delivered-id'])
+    seq = seq + 1
+  end
+  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
+    best_ms, best_seq = ms, seq
+  end
+end
+local minid = string.format('%d-%d', best_ms, best_seq)
+return {redis.call('XTRIM', KEYS[1], 'MINID', minid), minid}
+"""
+
+# KEYS[1] stream; ARGV: group, then consumer names to forget if they hold nothing.
+_PRUNE = """
+local consumers = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+local pending = {}
+for _, c in ipairs(consumers) do
+  local info = {}
+  for k = 1, #c, 2 do info[c[k]] = c[k + 1] end
+  pending[info['name']] = tonumber(info['pending'])
+end
+local removed = 0
+for i = 2, #ARGV do
+  if pending[ARGV[i]] == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
+    removed = removed + 1
+  end
+end
+return removed
+"""
+
+
+async def trim_acked(client: aredis.Redis, stream: str) -> tuple[int, str]:
+    """Trim what every consumer group of `stream` has acknowledged; (entries removed,
+    the MINID used or "" when nothing could be trimmed)."""
+    removed, minid = await client.eval(_TRIM, 1, stream)
+    return int(removed), text(minid)
+
+
+async def prune_consumers(
+    client: aredis.Redis,
+    stream: str,
+    group: str,
+    heartbeats: str,
+    *,
+    forget_after: float = FORGET_AFTER,
+) -> int:
+    """Forget consumers of `group` whose heartbeat is older than `forget_after` (or who
+    have none) and who hold no pending entry; drop their old heartbeats too."""
+    try:
+        consumers = await client.xinfo_consumers(stream, group)
+    except aredis.ResponseError:
+        return 0  # no such stream or group yet
+    names = [text(c["name"]) for c in consumers]
+    if not names:
+        return 0
+    scores = await client.zmscore(heartbeats, names)
+    cutoff = time.time() - forget_after
+    gone = [n for n, s in zip(names, scores, strict=True) if s is None or float(s) < cutoff]
+    removed = 0
+    if gone:
+        removed = int(await client.eval(_PRUNE, 1, stream, group, *gone))
+    await client.zremrangebyscore(heartbeats, "-inf", cutoff)
+    return removed

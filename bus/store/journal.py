@@ -1,0 +1,340 @@
+"""The request journal: who runs a request, how far it got, and whether it was finished.
+
+`journal:{completion_id}` (hookbus.bus.keys.Keys.journal: in the slot of the request's
+requests shard, response stream and cancel marker, so each script below touches one
+slot, also on a Redis Cluster) is a hash written only through the Lua scripts below, so each
+step is one atomic round trip:
+
+| field | meaning |
+|---|---|
+| `owner` | orchestrator instance running the request now |
+| `epoch` | fencing token: "1" when a run starts; +1 each time another orchestrator claims it |
+| `entry` | the `requests` entry id (another entry with the same completion id is a duplicate) |
+| `stage` | the last lifecycle stage a hook ran at (`started` before any, `done` at the end) |
+| `started` | unix time the first run started |
+| `written` | response items stored so far (chunks and the terminal item; items, not entries) |
+| `terminal` | "1" once the terminal item is stored |
+| `finalized` | "1" once finalize_connection ran and the terminal item is stored |
+| `done` | "1" once the request entry is acked |
+| `recovered` | "1" if an orchestrator other than the first one claimed it |
+| `previous_owner` | who owned it before the last claim |
+
+Every script is safe to run twice (the client retries a call whose reply was lost in a
+dropped connection): `begin` recognises its own journal, `write` and `finish` skip items
+already stored (by the journal's item count), `claim` just bumps the epoch again.
+
+Response stream entries: each `write` and `finish` stores its items as one entry of
+`responses:{completion_id}`, a ResponseBatch (hookbus.bus.wire.envelopes) holding them in
+order, the terminal item last (one XADD per write, not one per item). `written` still
+counts items: a script stores its whole batch or nothing, so "has `written` reached the
+writer's first_seq" decides a retry exactly as before, and a new owner after a takeover
+(which writes only the terminal item, first_seq -1) neither repeats nor drops an item.
+Readers also read entries of one bare ResponseItem (writers before batching, and the
+orchestrator's refusals of bad requests); a reader from before batching skips batch
+entries, so upgrade gateways and clients before orchestrators.
+
+Fencing: every response write and the final ack go through a script that first checks
+that the journal's `epoch` is still the writer's. An owner that stalled and lost the
+request (another orchestrator claimed it and bumped the epoch) finds out at its next
+write or lease renewal and stops; it never writes after the claim. A journal that is
+gone (expired) fences everybody out.
+
+Cost on a request's path: `begin` is one round trip at the start (it also reads the
+cancel marker: one EXISTS of both keys, then HSET and EXPIRE); `finish` replaces the two
+round trips a request used to end with (the last response write and the XACK) by one;
+each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD, HSET
+(`written`, `stage`) and, for the first batch only, the stream's EXPIRE. `finish` sets
+that TTL again only when asked (the writer does not when its own first batch set it less
+than half a TTL ago). Lease renewal and stage notes go in one script per orchestrator
+every few seconds, for all its requests together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio as aredis
+
+from hookbus.bus.connection.values import text
+from hookbus.bus.keys import Keys
+from hookbus.bus.wire.envelopes import ResponseItem, encode_response_batch
+
+JOURNAL_TTL = 6 * 3600
+"""While a request runs (renewed with its lease)."""
+DONE_TTL = 600
+"""After the request was acked: long enough to refuse a late duplicate and to inspect."""
+
+FENCED = -1
+
+_BEGIN = """
+local cancelled = 0
+-- one EXISTS for both keys: a new journal with no cancel marker, the common case, is 0
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
+  cancelled = redis.call('EXISTS', KEYS[2])
+  local j = redis.call('HMGET', KEYS[1], 'entry', 'done', 'owner', 'epoch', 'recovered')
+  if j[4] then
+    if j[1] == ARGV[2] and j[3] == ARGV[1] and j[4] == '1' and not j[5] and j[2] ~= '1' then
+      -- our own begin, run again by the client's retry after its reply was lost
+      return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
+    end
+    return {0, j[1] or '', j[2] or '0', j[3] or '', j[4] or '0', cancelled}
+  end
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'entry', ARGV[2],
+  'stage', 'started', 'started', ARGV[4], 'written', '0')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
+"""
+
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'entry', ARGV[2],
+    'stage', 'started', 'started', ARGV[4], 'written', '0', 'recovered', '1')
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  return {'fresh', '1', '0', 'started', '0'}
+end
+local j = redis.call('HMGET', KEYS[1], 'entry', 'done', 'finalized', 'stage', 'terminal', 'owner')
+if j[1] ~= ARGV[2] then return {'duplicate', '0', j[3] or '0', j[4] or '', j[5] or '0'} end
+if j[2] == '1' then return {'done', '0', j[3] or '0', j[4] or '', j[5] or '0'} end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'recovered', '1', 'previous_owner', j[6] or '')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {'claimed', tostring(epoch), j[3] or '0', j[4] or '', j[5] or '0'}
+"""
+
+# KEYS: journal, responses. ARGV: epoch, ttl, first_seq, stage, item count, batch entry.
+# first_seq >= 0 makes a retried batch idempotent: if `written` moved past it, the batch
+# is already stored (a script runs whole or not at all).
+_WRITE = """
+local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+if j[1] ~= ARGV[1] or j[3] == '1' then return -1 end
+local written = tonumber(j[2] or '0')
+local first = tonumber(ARGV[3])
+if first >= 0 and written ~= first then return written end
+redis.call('XADD', KEYS[2], '*', 'e', ARGV[6])
+-- the TTL is set by the first batch and renewed by `finish`, not once per batch
+if written == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
+written = written + tonumber(ARGV[5])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'written', written, 'stage', ARGV[4])
+else
+  redis.call('HSET', KEYS[1], 'written', written)
+end
+return written
+"""
+
+# KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
+# item count, renew the TTL ("1" or "0"), batch entry (its last item terminal).
+# Idempotent: a retry after a lost reply only acks again.
+_FINISH = """
+local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+if j[1] ~= ARGV[1] then return -1 end
+local written = tonumber(j[2] or '0')
+if j[3] ~= '1' then
+  local first = tonumber(ARGV[3])
+  if first < 0 or written == first then
+    redis.call('XADD', KEYS[2], '*', 'e', ARGV[9])
+    written = written + tonumber(ARGV[7])
+  end
+  if ARGV[8] == '1' then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
+end
+redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
+redis.call('HSET', KEYS[1], 'written', written, 'terminal', '1', 'finalized', '1',
+  'done', '1', 'stage', 'done')
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+return written
+"""
+
+# KEYS: requests, then (journal, cancel marker) per request. ARGV: group, consumer, ttl,
+# then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries}.
+_RENEW = """
+local fenced, cancelled = {}, {}
+local n = (#KEYS - 1) / 2
+for i = 1, n do
+  local journal, marker = KEYS[2 * i], KEYS[2 * i + 1]
+  local base = 4 + (i - 1) * 3
+  local entry, epoch, stage = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+  local j = redis.call('HMGET', journal, 'epoch', 'done')
+  if j[1] ~= epoch then
+    fenced[#fenced + 1] = entry
+  elseif j[2] ~= '1' then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry, 'JUSTID')
+    redis.call('EXPIRE', journal, ARGV[3])
+    if stage ~= '' then redis.call('HSET', journal, 'stage', stage) end
+    if redis.call('EXISTS', marker) == 1 then cancelled[#cancelled + 1] = entry end
+  end
+end
+return {fenced, cancelled}
+"""
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What `Journal.begin` found: `ok` means this call created the journal (epoch 1)."""
+
+    ok: bool
+    entry: str
+    done: bool
+    owner: str
+    epoch: int
+    cancelled: bool
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What `Journal.claim` found.
+
+    `outcome`: `fresh` (nobody had started it: run it), `claimed` (it was started and its
+    owner is gone: finalize it), `done` (it was finished: only ack), `duplicate` (the
+    journal belongs to another request entry with the same completion id).
+    """
+
+    outcome: str
+    epoch: int
+    finalized: bool
+    stage: str
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One running request as the lease renewal sees it."""
+
+    entry_id: str
+    completion_id: str
+    epoch: int
+    stage: str = ""
+
+
+class Leases:
+    """Lease renewal through a synchronous client, for the liveness thread
+    (bus/liveness.py): a busy event loop cannot hold it up, so a busy owner keeps its
+    requests."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, *, ttl: int = JOURNAL_TTL) -> None:
+        self.keys = keys
+        self.ttl = ttl
+        self._renew = client.register_script(_RENEW)
+
+    def renew(self, group: str, consumer: str, leases: Sequence[Lease]) -> tuple[list[Lease], list[Lease]]:
+        """Renew the claim on every running request still ours (XCLAIM JUSTID), refresh
+        their journals' TTL and stage; returns (leases fenced out, leases cancelled).
+
+        One script per requests shard (a script touches one slot)."""
+        by_shard: dict[int, list[Lease]] = {}
+        for lease in leases:
+            by_shard.setdefault(self.keys.shard_of(lease.completion_id), []).append(lease)
+        fenced: list[Lease] = []
+        cancelled: list[Lease] = []
+        for shard, batch in by_shard.items():
+            keys: list[str] = [self.keys.requests_shard(shard)]
+            args: list[str | int] = [group, consumer, self.ttl]
+            for lease in batch:
+                keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]
+                args += [lease.entry_id, lease.epoch, lease.stage]
+            shard_fenced, shard_cancelled = self._renew(keys=keys, args=args)
+            by_entry = {lease.entry_id: lease for lease in batch}
+            fenced += [by_entry[text(e)] for e in shard_fenced]
+            cancelled += [by_entry[text(e)] for e in shard_cancelled]
+        return fenced, cancelled
+
+
+class Journal:
+    """The journal scripts, bound to one client and key layout."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: Keys,
+        *,
+        ttl: int = JOURNAL_TTL,
+        done_ttl: int = DONE_TTL,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.ttl = ttl
+        self.done_ttl = done_ttl
+        self._begin = client.register_script(_BEGIN)
+        self._claim = client.register_script(_CLAIM)
+        self._write = client.register_script(_WRITE)
+        self._finish = client.register_script(_FINISH)
+
+    def key(self, completion_id: str) -> str:
+        return self.keys.journal(completion_id)
+
+    async def begin(self, completion_id: str, entry_id: str, owner: str, *, now: float) -> Begun:
+        """Create the journal for a first run (and read the cancel marker); if one
+        exists, say whose it is instead."""
+        keys = [self.key(completion_id), self.keys.cancel(completion_id)]
+        raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now)])
+        ok, entry, done, who, epoch, cancelled = raw
+        return Begun(
+            ok=int(ok) == 1, entry=text(entry), done=text(done) == "1", owner=text(who),
+            epoch=int(text(epoch) or 0), cancelled=int(cancelled) == 1,
+        )
+
+    async def claim(self, completion_id: str, entry_id: str, owner: str, *, now: float) -> Claim:
+        """Take a request over from a lost owner: bumps the epoch (fencing the old owner out)."""
+        raw = await self._claim(
+            keys=[self.key(completion_id)], args=[owner, entry_id, self.ttl, repr(now)]
+        )
+        outcome, epoch, finalized, stage, terminal = (text(v) for v in raw)
+        return Claim(outcome, int(epoch or 0), finalized == "1", stage, terminal == "1")
+
+    async def write(
+        self,
+        completion_id: str,
+        responses: str,
+        epoch: int,
+        items: Sequence[ResponseItem],
+        *,
+        ttl: int,
+        first_seq: int = -1,
+        stage: str = "",
+    ) -> int:
+        """Append response items, as one batch entry, if `epoch` still owns the request;
+        FENCED (-1) if not.
+
+        Returns the journal's count of written items."""
+        return int(
+            await self._write(
+                keys=[self.key(completion_id), responses],
+                args=[epoch, ttl, first_seq, stage, len(items), encode_response_batch(list(items))],
+            )
+        )
+
+    async def finish(
+        self,
+        completion_id: str,
+        responses: str,
+        epoch: int,
+        items: Sequence[ResponseItem],
+        *,
+        ttl: int,
+        requests: str,
+        group: str,
+        entry_id: str,
+        first_seq: int = -1,
+        renew_ttl: bool = True,
+    ) -> int:
+        """Store the last items as one batch entry (the terminal one last, unless a
+        terminal item is already stored), ack the request entry and mark the journal
+        done, if `epoch` still owns the request; FENCED (-1) if not.
+
+        `renew_ttl=False` leaves the response stream's TTL as it is: only for a caller
+        that knows its first batch set it recently (hookbus.bus.store.response_stream)."""
+        return int(
+            await self._finish(
+                keys=[self.key(completion_id), responses, requests],
+                args=[
+                    epoch, ttl, first_seq, group, entry_id, self.done_ttl, len(items),
+                    int(renew_ttl), encode_response_batch(list(items)),
+                ],
+            )
+        )
+
+    async def read(self, completion_id: str) -> dict[str, str]:
+        raw = await self.client.hgetall(self.key(completion_id))
+        return {text(k): text(v) for k, v in raw.items()}

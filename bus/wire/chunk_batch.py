@@ -1,0 +1,133 @@
+"""The data of a batched on_chunk hop (format: hookbus.bus.wire.envelopes): chunks in, results out.
+
+Both sides of the hop use these, so the array layout and the rebuilt `full_content` are
+written once. A chunk travels as its HookData without the fields at their defaults (the
+stage's other fields, a chunk's unset `null`s): the worker's validation puts them back,
+equal, and the worker dumps what it checks the same way, so an unchanged chunk is still
+recognised by its bytes. That is a third of the bytes of a full dump, and the orchestrator
+writes the batch from the model's chunks in one call instead of building a HookData per
+chunk (tests/bench/RESULTS.md, issue 14 session 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NotRequired
+
+from openai.types.chat import ChatCompletionChunk
+from pydantic import TypeAdapter
+from typing_extensions import TypedDict
+
+from hookbus.skills.data import HookData
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkIn:
+    """One chunk from the model, as the on_chunk stage gets it."""
+
+    chunk: ChatCompletionChunk
+    content: str
+    index: int
+    full: str
+    """The model's text so far, this chunk's included."""
+
+    def data(self) -> HookData:
+        """This chunk as the on_chunk stage's data."""
+        return HookData.model_construct(
+            lifecycle="on_chunk", chunk=self.chunk, content=self.content, chunk_index=self.index, full_content=self.full
+        )
+
+
+class _ChunkWire(TypedDict):
+    """A chunk's HookData on the wire: its on_chunk fields, in HookData's field order."""
+
+    lifecycle: str
+    chunk: ChatCompletionChunk
+    content: str
+    chunk_index: int
+    full_content: NotRequired[str]
+
+
+_WIRE: TypeAdapter[list[_ChunkWire]] = TypeAdapter(list[_ChunkWire])
+_CHUNKS: TypeAdapter[list[HookData]] = TypeAdapter(list[HookData])
+_RESULTS: TypeAdapter[list[HookData | None]] = TypeAdapter(list[HookData | None])
+_SKIP_FULL = {"full_content"}
+
+
+def dump_chunks(chunks: Sequence[ChunkIn]) -> bytes:
+    """The `d` field of a batch: `full_content` only on the first chunk."""
+    items: list[_ChunkWire] = [
+        {"lifecycle": "on_chunk", "chunk": c.chunk, "content": c.content, "chunk_index": c.index} for c in chunks
+    ]
+    items[0]["full_content"] = chunks[0].full
+    return _WIRE.dump_json(items, exclude_defaults=True)
+
+
+def _dump(data: HookData, *, first: bool = True) -> bytes:
+    """A chunk's HookData as `dump_chunks` writes it (`first`: with its `full_content`)."""
+    return data.model_dump_json(exclude_defaults=True, exclude=None if first else _SKIP_FULL).encode()
+
+
+def load_chunks(raw: bytes) -> list[HookData]:
+    """The chunks of a batch with every `full_content` rebuilt (the model's text so far)."""
+    chunks = _CHUNKS.validate_json(raw)
+    if not chunks:
+        raise ValueError("a batched on_chunk hop without chunks")
+    full = chunks[0].full_content or ""
+    for chunk in chunks[1:]:
+        full += chunk.content or ""
+        chunk.set_internal(full_content=full)
+    return chunks
+
+
+class ChangeCheck:
+    """Tells, chunk by chunk, whether the hooks changed the chunks of one batch (`raw`, as
+    `dump_chunks` wrote it), with one dump per unchanged chunk instead of two.
+
+    A chunk is unchanged when it dumps to the very bytes the orchestrator sent for it and
+    keeps the `full_content` it was given, so no dump of it is needed before its hooks
+    run. That needs to know where its JSON starts in `raw`: known up to the first chunk
+    that differs, after which each chunk is dumped before its hooks and after them, and
+    the two dumps are compared. Either way an edit in place is seen (it changes the dump);
+    a chunk reported changed that is equal after all (another build's dump differs) costs
+    bytes, never correctness."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._offset: int | None = 1
+        """Where the next chunk's JSON starts in `raw`, while known (just past the `[`)."""
+        self._first = True
+        self._before: bytes | None = None
+        self._full: str | None = None
+
+    def before(self, chunk: HookData) -> None:
+        """Call with each chunk in turn, before its hooks run; `after` once they ran."""
+        self._full = chunk.full_content
+        if self._offset is None:
+            self._before = _dump(chunk)
+
+    def after(self, data: HookData) -> bytes | None:
+        """The chunk's HookData JSON once its hooks ran (`data`), or None when unchanged."""
+        first, self._first = self._first, False
+        if self._offset is None:
+            dumped = _dump(data)
+            return dumped if dumped != self._before else None
+        sent = _dump(data, first=first)
+        end = self._offset + len(sent)
+        if self._raw.startswith(sent, self._offset) and self._raw[end : end + 1] in (b",", b"]") and (
+            first or data.full_content == self._full
+        ):
+            self._offset = end + 1
+            return None
+        self._offset = None
+        return sent if first else _dump(data)
+
+
+def dump_results(results: Sequence[bytes | None]) -> bytes:
+    """The reply's `d`: each processed chunk's changed HookData JSON, or null."""
+    return b"[" + b",".join(r if r is not None else b"null" for r in results) + b"]"
+
+
+def load_results(raw: bytes) -> list[HookData | None]:
+    return _RESULTS.validate_json(raw)

@@ -1,0 +1,227 @@
+"""`hookbus monitor` and `hookbus status`: what the bus is doing, read from Redis.
+
+The monitor follows the `events` firehose (one record per hop, stage segment and
+request; an entry holds the records of one writer's flush, hookbus.bus.store.events); status reads the registry, heartbeats and consumer-group counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+from pydantic import BaseModel
+
+from hookbus.bus.connection.cluster import latest_ids, xread_streams
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
+
+LAG_SCAN_LIMIT = 10_000
+RECENT_PAGE = 500
+"""Entries per XREVRANGE while collecting the newest records."""
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    completion_id: str | None = None
+    lifecycle: str | None = None
+    group: str | None = None
+    errors_only: bool = False
+
+    def matches(self, record: MonitorRecord) -> bool:
+        if self.completion_id and not record.completion_id.startswith(self.completion_id):
+            return False
+        if self.lifecycle and record.lifecycle != self.lifecycle:
+            return False
+        if self.group and record.group != self.group:
+            return False
+        return not (self.errors_only and record.outcome == "ok")
+
+
+async def follow_events(
+    client: aredis.Redis, keys: Keys, *, from_start: bool = False, block_ms: int = 1000
+) -> AsyncIterator[MonitorRecord]:
+    """Every event record from now on (or from the start of the capped streams), forever;
+    the records of one read (entries of several writers and event shards) come in time order."""
+    streams = keys.event_streams
+    positions: dict[str, Any] = (
+        dict.fromkeys(streams, "0-0") if from_start else await latest_ids(client, streams)
+    )
+    while True:
+        response = await xread_streams(client, positions, count=500, block_ms=block_ms)
+        batch = []
+        for stream, entries in response:
+            positions[text(stream)] = entries[-1][0]
+            batch += _decoded(entries)
+        for record in sorted(batch, key=lambda r: r.ts):
+            yield record
+
+
+async def recent_events(client: aredis.Redis, keys: Keys, count: int = 10_000) -> list[MonitorRecord]:
+    """The newest `count` records (of every event shard), oldest first."""
+    records = []
+    for stream in keys.event_streams:
+        records += await _newest(client, stream, count)
+    return sorted(records, key=lambda r: r.ts)[-count:]
+
+
+async def _newest(client: aredis.Redis, stream: str, count: int) -> list[MonitorRecord]:
+    """At least the newest `count` records of one stream (all it has when fewer), read
+    backwards a page of entries at a time."""
+    pages: list[list[MonitorRecord]] = []
+    found, before = 0, "+"
+    while found < count:
+        entries: Any = await client.xrevrange(stream, max=before, count=RECENT_PAGE)
+        if not entries:
+            break
+        page = _decoded(reversed(entries))
+        pages.append(page)
+        found += len(page)
+        if len(entries) < RECENT_PAGE:
+            break
+        before = f"({text(entries[-1][0])}"
+    return [record for page in reversed(pages) for record in page]
+
+
+def _decoded(entries: Any) -> list[MonitorRecord]:
+    records = []
+    for _entry_id, fields in entries:
+        try:
+            records += monitor_records(fields)
+        except DecodeError:
+            continue
+    return records
+
+
+def format_event(record: MonitorRecord) -> str:
+    when = dt.datetime.fromtimestamp(record.ts).strftime("%H:%M:%S.%f")[:-3]
+    where = record.group or "local"
+    if record.kind == "request":
+        where = "request"
+    hooks = ",".join(record.hooks) or "-"
+    line = (
+        f"{when}  {record.completion_id[-12:]:>12}  {record.lifecycle:<19} {record.kind:<7} "
+        f"{where:<12} {hooks:<40} {record.duration_ms:8.2f} ms  {record.outcome}"
+    )
+    if record.error:
+        line += f"  ({record.error})"
+    return line
+
+
+class GroupStatus(BaseModel):
+    name: str
+    replicas: list[str]
+    hooks: list[str]
+    tools: list[str]
+    lag: int
+    pending: int
+
+
+class Status(BaseModel):
+    groups: list[GroupStatus]
+    orchestrators: list[str]
+    requests_lag: int
+    requests_pending: int
+    requests_last_minute: int
+    errors_last_minute: int
+    dead_letters: int
+
+
+async def read_status(client: aredis.Redis, keys: Keys) -> Status:
+    now = time.time()
+    registry = await client.hgetall(keys.registry)
+    groups = []
+    for raw_name, body in sorted(registry.items()):
+        name = text(raw_name)
+        try:
+            announcement = GroupAnnouncement.model_validate_json(body)
+        except ValueError:
+            continue
+        replicas = await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf")
+        lag, pending = await group_backlog(client, keys.hook_streams(name), name)
+        groups.append(
+            GroupStatus(
+                name=name,
+                replicas=sorted(text(r) for r in replicas),
+                hooks=[f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}" for h in announcement.hooks],
+                tools=[t.name for t in announcement.tools],
+                lag=lag,
+                pending=pending,
+            )
+        )
+    orchestrators = await client.zrangebyscore(keys.orchestrators, now - REPLICA_TTL, "+inf")
+    requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
+    finished = []
+    for stream in keys.event_streams:
+        minute: Any = await client.xrange(stream, min=f"{int((now - 60) * 1000)}-0", max="+")
+        finished += [r for r in _decoded(minute) if r.kind == "request"]
+    return Status(
+        groups=groups,
+        orchestrators=sorted(text(o) for o in orchestrators),
+        requests_lag=requests_lag,
+        requests_pending=requests_pending,
+        requests_last_minute=len(finished),
+        errors_last_minute=sum(1 for r in finished if r.outcome != "ok"),
+        dead_letters=await client.xlen(keys.dead_letter),
+    )
+
+
+async def group_backlog(client: aredis.Redis, streams: Sequence[str], group: str) -> tuple[int, int]:
+    """(entries not yet delivered to the group, entries delivered but not acked), summed
+    over the shards of a sharded stream."""
+    backlogs = [await _shard_backlog(client, stream, group) for stream in streams]
+    return sum(lag for lag, _ in backlogs), sum(pending for _, pending in backlogs)
+
+
+async def _shard_backlog(client: aredis.Redis, stream: str, group: str) -> tuple[int, int]:
+    try:
+        infos = await client.xinfo_groups(stream)
+    except aredis.ResponseError:
+        return 0, 0
+    info = next((i for i in infos if text(i.get("name")) == group), None)
+    if info is None:
+        return await client.xlen(stream), 0
+    pending = int(info.get("pending", 0))
+    lag = info.get("lag")
+    if lag is None:  # Redis < 7 has no lag field: count what lies after last-delivered-id
+        last = text(info.get("last-delivered-id") or "0-0")
+        undelivered: Any = await client.xrange(stream, min=f"({last}", max="+", count=LAG_SCAN_LIMIT)
+        lag = len(undelivered)
+    return int(lag), pending
+
+
+def format_status(status: Status) -> str:
+    lines = [
+        f"orchestrators ({len(status.orchestrators)} live): {', '.join(status.orchestrators) or '-'}",
+        f"requests: lag {status.requests_lag}, pending {status.requests_pending}, "
+        f"finished in the last minute {status.requests_last_minute} ({status.errors_last_minute} errors)",
+        f"dead letters: {status.dead_letters}",
+        "",
+        f"{'group':<16} {'replicas':>8} {'lag':>6} {'pending':>8}  hooks / tools",
+    ]
+    for group in status.groups:
+        lines.append(
+            f"{group.name:<16} {len(group.replicas):>8} {group.lag:>6} {group.pending:>8}  "
+            f"{', '.join(group.hooks + [f'tool:{t}' for t in group.tools])}"
+        )
+        for replica in group.replicas:
+            lines.append(f"{'':<16}   - {replica}")
+    if not status.groups:
+        lines.append("(no worker groups registered)")
+    return "\n".join(lines)
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.1) -> bool:
+    """Poll an async predicate until it is true or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(interval)
+    return False

@@ -1,0 +1,187 @@
+"""`hookbus run` (`make run`): the whole stack on one machine, then a demo request.
+
+Starts an embedded Redis when REDIS_URL is unset, then an orchestrator, a hook-worker
+group hosting the built-in skills (two replicas) and the gateway, each as its own
+process, exactly as they run in production. It sends one streamed request through
+the queue, prints the answer as it streams and the request's lifecycle events, and then
+keeps running (interactive) or stops (`--once`, or when not on a terminal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hookbus.bus.client import HookbusClient
+from hookbus.bus.connection.cluster import keys_for
+from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, write_private
+from hookbus.bus.connection.retrying import connect
+from hookbus.bus.settings import get_settings
+from hookbus.services.cli.monitor import format_event, read_status, recent_events, wait_for
+from hookbus.skills import HookError
+
+BUILTIN_GROUP = "builtin"
+BUILTIN_SKILLS = [
+    "hookbus.skills.builtin:RequestLogger",
+    "hookbus.skills.builtin:SecuritySkill",
+    "hookbus.skills.builtin:ContentFilter",
+    "hookbus.skills.builtin:PerformanceMonitor",
+    "hookbus.skills.builtin:AnalyticsSkill",
+]
+DEMO_AGENT = "hookbus.services.orchestrator.demo:agent"
+DEMO_FAILED = 2
+"""`demo`'s answer when the services came up but the demo request failed."""
+DEMO_PROMPT = 'What is 2 + 3? [[tool:add {"a": 2, "b": 3}]]'
+STATE_DIR = Path(".hookbus")
+
+
+def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
+    settings = get_settings()
+    embedded: EmbeddedRedis | None = None
+    redis_url = settings.redis_url
+    if not redis_url:
+        embedded = EmbeddedRedis(directory=STATE_DIR / "redis", port=free_port())
+        redis_url = embedded.start()
+        say(
+            f"started an embedded Redis on 127.0.0.1:{embedded.port} with a random password "
+            f"(its URL is in {STATE_DIR / 'redis-url'}, AOF in {embedded.directory})"
+        )
+    STATE_DIR.mkdir(exist_ok=True)
+    write_private(STATE_DIR / "redis-url", redis_url)  # it holds the password
+    env = dict(os.environ, REDIS_URL=redis_url, HOOKBUS_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
+    logs = STATE_DIR / "logs"
+    logs.mkdir(exist_ok=True)
+    port = port if port_is_free(port) else free_port()
+    commands = {
+        "orchestrator": ["orchestrator", "--agent", DEMO_AGENT],
+        **{
+            f"worker-{n}": ["worker", "--group", BUILTIN_GROUP, *BUILTIN_SKILLS, "--replica", f"{BUILTIN_GROUP}-{n}"]
+            for n in range(1, replicas + 1)
+        },
+        "gateway": ["gateway", "--port", str(port)],
+    }
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "hookbus.services.cli.main", *argv],
+            env=env,
+            stdout=(logs / f"{name}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        for name, argv in commands.items()
+    }
+    say(f"started {', '.join(processes)} (logs in {logs}/)")
+    if not settings.openai_base_url:
+        say(
+            "no OPENAI_BASE_URL: the agent answers with the built-in offline model, a "
+            "deterministic stand-in for demos and tests (not an AI)"
+        )
+    try:
+        code = asyncio.run(demo(redis_url, settings.prefix, replicas, port))
+        if code in (0, DEMO_FAILED) and keep_running:
+            stop = catch_stop_signals()  # before saying Ctrl-C stops it: a Ctrl-C right after must stop it cleanly
+            say(
+                "the stack keeps running; Ctrl-C stops it. In another terminal:\n"
+                f"    .venv/bin/hookbus send 'hello'            # one request through the queue\n"
+                f"    .venv/bin/hookbus status                  # groups, replicas, lag\n"
+                f"    .venv/bin/hookbus monitor                 # follow events live\n"
+                f"    .venv/bin/hookbus worker --group {BUILTIN_GROUP} {' '.join(BUILTIN_SKILLS)}   # one more replica\n"
+                f"    curl -s localhost:{port}/v1/chat/completions -d '{{\"model\":\"offline\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+            )
+            wait_for_signal(processes, stop)
+            return 0
+        return 1 if code == DEMO_FAILED else code
+    finally:
+        stop_all(processes)
+        (STATE_DIR / "redis-url").unlink(missing_ok=True)
+        if embedded is not None:
+            embedded.stop()
+        say("stopped")
+
+
+async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
+    keys = keys_for(redis_url, prefix)
+    client = connect(redis_url)
+
+    async def ready() -> bool:
+        status = await read_status(client, keys)
+        group = next((g for g in status.groups if g.name == BUILTIN_GROUP), None)
+        return bool(status.orchestrators) and group is not None and len(group.replicas) >= replicas
+
+    if not await wait_for(ready, timeout=60):
+        say("the services did not come up within 60 s; see .hookbus/logs/")
+        return 1
+    await asyncio.sleep(0.6)  # let the orchestrator's registry view see the group
+    say(f"gateway on http://127.0.0.1:{port}/v1 ; sending a streamed request through the queue:")
+    print(f"\n>>> {DEMO_PROMPT}\n<<< ", end="", flush=True)
+    async with HookbusClient(redis_url, prefix=prefix, timeout=60) as hookbus:
+        completion_id = ""
+        try:
+            async for chunk in hookbus.stream(DEMO_PROMPT, session_id="demo"):
+                completion_id = chunk.id
+                if chunk.choices and chunk.choices[0].delta.content:
+                    print(chunk.choices[0].delta.content, end="", flush=True)
+        except HookError as exc:  # a slow or failing model must not take the stack down
+            print()
+            say(f"the demo request failed ({exc.status_code} {exc.code}: {exc.message}); the services are up")
+            await client.aclose()
+            return DEMO_FAILED
+    print("\n")
+    await asyncio.sleep(0.3)  # the event writers flush every few ms
+    say(f"lifecycle events of {completion_id} (hookbus monitor --completion-id {completion_id[-12:]}):")
+    records = [
+        r for r in await recent_events(client, keys, 2000)
+        if r.completion_id == completion_id and r.kind != "hop"  # each hop also has its stage line
+    ]
+    for record in sorted(records, key=lambda r: r.ts):
+        print("  " + format_event(record))
+    await client.aclose()
+    return 0
+
+
+def catch_stop_signals() -> dict[str, bool]:
+    """SIGINT and SIGTERM from now on set `["now"]` instead of interrupting."""
+    stop = {"now": False}
+
+    def handler(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def wait_for_signal(processes: dict[str, subprocess.Popen[bytes]], stop: dict[str, bool]) -> None:
+    while not stop["now"]:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                say(f"{name} exited with {process.returncode}; stopping")
+                return
+        time.sleep(0.5)
+
+
+def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
+    for process in processes.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 40
+    for process in processes.values():
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def say(message: str) -> None:
+    print(f"hookbus: {message}", flush=True)

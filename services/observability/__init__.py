@@ -1,0 +1,1 @@
+"""Logs (structlog) and traces (OpenTelemetry) for every hookbus process."""
