@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint clean check-real-model deploy-check
+.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check
 
 venv: $(STAMP)
 
@@ -43,6 +43,10 @@ check-real-model: venv $(LLAMA_VENV)/.installed
 lint: venv
 	$(BIN)/ruff check hookbus/__init__.py bus skills services tests
 	$(BIN)/mypy
+
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or a missing page fails.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV)
