@@ -7,7 +7,7 @@ shielded task of its own (a task and three more event-loop turns). The hop path'
 writers (hookbus.bus.connection.batched_appends on the orchestrator, the worker's ReplyBatcher) flush once
 a hop each at low load, so that was paid on both sides of every hop: an XADD + XACK
 flush takes 72-92 us of CPU through redis-py's pipeline and 60-68 us here (the hop
-bench's "one flush" row; tests/bench/RESULTS.md, "Issue 14, session 7").
+bench's "one flush" row; tests/bench/RESULTS.md, "Why the hop path is built as it is").
 
 No retries here: a connection failure raises to the writer, which already handles it
 (the appender's callers hear of it, the worker replies alone with backoff). The

@@ -6,7 +6,7 @@ stage's other fields, a chunk's unset `null`s): the worker's validation puts the
 equal, and the worker dumps what it checks the same way, so an unchanged chunk is still
 recognised by its bytes. That is a third of the bytes of a full dump, and the orchestrator
 writes the batch from the model's chunks in one call instead of building a HookData per
-chunk (tests/bench/RESULTS.md, issue 14 session 6).
+chunk (tests/bench/RESULTS.md, "Why the hop path is built as it is").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
 
 The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
 of httpx per streamed call, and 0.83x the orchestrator's CPU per request of the cost bench
-(tests/bench/RESULTS.md, "Issue 14", sessions 8 and 9), but an
+(tests/bench/RESULTS.md, "Why the hop path is built as it is"), but an
 aiohttp session must be closed on its own loop, so it is for an owner that calls
 `aclose()` before its loop ends: the orchestrator service picks it when nothing was
 chosen; an Agent run in-process keeps httpx, which needs no closing.

@@ -6,8 +6,7 @@
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
 Benches: hop, cost, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster.
-The experiments (copies of production code with one change each) were removed once their
-fixes were in production; RESULTS.md keeps their figures.
+RESULTS.md holds the current figures and what each bench measures; the git log, their history.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
 embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
 """

@@ -9,7 +9,7 @@ for each side, the share of samples under each part of the hop path (inclusive),
 time by library and the top functions; writes the raw collapsed stacks to --out
 (default /tmp/hookbus-profile). `--cprofile` adds a cProfile of this process (it slows
 the orchestrator side down, so rates drop). Not part of `python -m tests.bench` (py-spy
-needs ptrace); RESULTS.md quotes its output.
+needs ptrace).
 """
 
 from __future__ import annotations
