@@ -1,61 +1,21 @@
 """The code in the README and the docs pages (docs/*.md) is real code.
 
 Every ```python block of README.md and docs/*.md compiles (top-level `await` allowed, as
-in an async REPL); a block marked with an HTML comment right above it
-(`<!-- readme-skills -->`) is run by a test here, wherever it lives, and must exist once.
+in an async REPL); the blocks marked for it (tests.doc_blocks) run here through an agent,
+and the gateway's in tests/gateway/test_docs_examples.py against a running gateway.
 """
 
 from __future__ import annotations
 
-import ast
-import re
-from dataclasses import dataclass
-from pathlib import Path
-from types import CodeType
-
 import pytest
 
 from hookbus import Agent, HookError
-
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_BLOCK = re.compile(r"(?:<!-- ([\w-]+) -->\n)?```python\n(.*?)```", re.S)
-
-
-@dataclass(frozen=True)
-class Block:
-    page: Path
-    line: int
-    marker: str | None
-    code: str
-
-    def __str__(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
-
-
-def python_blocks() -> list[Block]:
-    blocks = []
-    for page in PAGES:
-        text = page.read_text()
-        for match in _BLOCK.finditer(text):
-            line = text.count("\n", 0, match.start(2)) + 1
-            blocks.append(Block(page, line, match.group(1), match.group(2)))
-    return blocks
-
-
-def marked_block(marker: str) -> Block:
-    found = [b for b in python_blocks() if b.marker == marker]
-    assert len(found) == 1, f"expected one python block after <!-- {marker} --> in README.md or docs/, found {len(found)}"
-    return found[0]
-
-
-def compiled(block: Block) -> CodeType:
-    return compile(block.code, str(block), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+from tests.doc_blocks import Block, marked_block, python_blocks
 
 
 @pytest.mark.parametrize("block", python_blocks(), ids=str)
 def test_every_python_block_of_the_readme_and_the_docs_compiles(block: Block) -> None:
-    compiled(block)
+    block.compiled()
 
 
 def test_the_pages_have_python_blocks_to_check() -> None:
@@ -65,7 +25,7 @@ def test_the_pages_have_python_blocks_to_check() -> None:
 
 async def test_the_lifecycle_skills_run_in_an_agent() -> None:
     namespace: dict[str, object] = {}
-    exec(compiled(marked_block("readme-skills")), namespace)
+    exec(marked_block("readme-skills").compiled(), namespace)
     skills = [namespace[name]() for name in (  # type: ignore[operator]
         "RequestLogger", "SecuritySkill", "ContentFilter", "PerformanceMonitor", "AnalyticsSkill",
     )]
@@ -81,8 +41,8 @@ async def test_the_lifecycle_skills_run_in_an_agent() -> None:
 
 async def test_the_first_skill_refuses_a_caller_without_credit_and_settles_every_path(capsys) -> None:
     namespace: dict[str, object] = {}
-    exec(compiled(marked_block("first-skill")), namespace)
-    run = eval(compiled(marked_block("first-skill-run")), namespace)  # noqa: S307 - the README's own code
+    exec(marked_block("first-skill").compiled(), namespace)
+    run = eval(marked_block("first-skill-run").compiled(), namespace)  # noqa: S307 - the README's own code
     await run  # top-level await: the block is a coroutine
     printed = capsys.readouterr().out.splitlines()  # the block's prints, among log lines
     answer = printed.index("402 payment_required")
