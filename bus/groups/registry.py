@@ -87,8 +87,10 @@ async def announce(client: aredis.Redis, keys: Keys, announcement: GroupAnnounce
 
 
 class ReplicaHeartbeat(Envelope):
-    """A replica's heartbeat record (`Keys.replica_heartbeat`), written with every beat
-    beside its score in the group's sorted set and expiring REPLICA_TTL seconds after it."""
+    """A replica's heartbeat record: the string key `{prefix}replica:{group}:{replica}`
+    (`Keys.replica_heartbeat`), written with every beat beside the replica's score (the
+    beat's unix time) in the sorted set `{prefix}replicas:{group}`, and expiring 10 seconds
+    (REPLICA_TTL) later."""
 
     kind: Literal["heartbeat"] = "heartbeat"
     group: str
