@@ -29,17 +29,23 @@ from hookbus.bus.wire.protocol_version import refusal
 from hookbus.services.cli.monitor import format_status, read_status
 from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.skills import Context, HookData, HookError, Skill, hook
-from hookbus.skills.descriptors import HookDescriptor
+from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 from tests.faults.test_timeouts import stage_events
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
 
 
 class FinalizeLedger(Skill):
-    """In-process: what `finalize_connection` saw, per completion id."""
+    """In-process: the tools the LLM was offered and what `finalize_connection` saw, per
+    completion id."""
 
     name = "ledger"
     errors: dict[str, str | None] = {}
+    offered: dict[str, list[str]] = {}
+
+    @hook("before_llm_call", 90)
+    def tools(self, data: HookData, ctx: Context) -> None:
+        self.offered[ctx.completion_id] = [t["function"]["name"] for t in data.tools or []]
 
     @hook("finalize_connection", 90)
     def record(self, data: HookData, ctx: Context) -> None:
@@ -57,6 +63,9 @@ class Shout(Skill):
         return data
 
 
+FUTURE_TOOL = {"type": "function", "function": {"name": "future_tool", "parameters": {"type": "object", "properties": {}}}}
+
+
 async def announce_future_group(client, critical: bool) -> None:
     redis, keys = client.redis, client.keys
     group = "future"
@@ -64,6 +73,7 @@ async def announce_future_group(client, critical: bool) -> None:
     await announce(redis, keys, GroupAnnouncement(
         group=group, protocol="2.0",
         hooks=[HookDescriptor(skill="future", method="meddle", lifecycle="on_connection", priority=5, critical=critical)],
+        tools=[ToolDescriptor(skill="future", name="future_tool", parameters_schema=FUTURE_TOOL)],
     ))
     beat = ReplicaHeartbeat(group=group, replica="future-1", protocol="2.0")
     await redis.zadd(keys.replicas(group), {beat.replica: beat.ts})
@@ -112,6 +122,7 @@ async def test_a_group_speaking_2_0_is_refused_its_hooks_never_sent_and_status_m
         [stage] = [s for s in stages if s.group == "future"]
         assert stage.outcome == "skipped"
         assert "refused: speaks protocol 2.0" in (stage.error or "")
+        assert "future_tool" not in FinalizeLedger.offered[cid]  # its tools are not offered
 
         status = await read_status(client.redis, client.keys)
         future = next(g for g in status.groups if g.name == "future")
