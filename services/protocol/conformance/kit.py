@@ -31,6 +31,9 @@ from hookbus.services.testing.offline_server import shared_offline_base_url
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 
+CHECK_TIMEOUT = 90.0
+"""Seconds one check may take: a worker that never answers fails it instead of stalling the kit."""
+
 
 def run_kit(command: Sequence[str], *, include_kill: bool = True, only: Sequence[str] = ()) -> int:
     """Run the checks (those named in `only`, else all; the kill one unless `include_kill` is
@@ -58,9 +61,12 @@ async def _run(command: Sequence[str], checks: Sequence[tuple[str, Check]]) -> i
     failures = 0
     try:
         await reference.start()
-        worker.start()
         await orchestrator.start()
         try:
+            try:
+                worker.start()
+            except OSError as exc:
+                raise CheckFailed(f"cannot start {' '.join(command)}: {exc}") from exc
             await harness.wait_for_worker()
             await until_served(orchestrator)
         except CheckFailed as exc:
@@ -68,7 +74,10 @@ async def _run(command: Sequence[str], checks: Sequence[tuple[str, Check]]) -> i
             return 1
         for name, check in checks:
             try:
-                await check(harness)
+                await asyncio.wait_for(check(harness), CHECK_TIMEOUT)
+            except TimeoutError:
+                failures += 1
+                print(f"FAIL {name}: no verdict in {CHECK_TIMEOUT:g} s (a hop never answered?)", flush=True)
             except CheckFailed as exc:
                 failures += 1
                 print(f"FAIL {name}: {exc}", flush=True)
