@@ -2,13 +2,15 @@
 own Python group, `Recorder` in the kit's orchestrator.
 
 docs/conformance.md specifies them hook by hook, so that a worker in another language can
-host a twin of `Probe` (the TypeScript one is in skills/typescript/). What a hook does
-depends on the request's `ctx.metadata["conformance"]`, the mode the kit's check sets:
+host a twin of `Probe` (the TypeScript one: skills/typescript/conformance/probe.ts). What a
+hook does depends on the request's `ctx.metadata["conformance"]`, the mode the kit's check
+sets:
 
 - every hook of `Probe` and `Reference` that records appends its name to `ctx.state.order`
   (not on_chunk) and a copy of its lifecycle's fields (`FIELDS`) to
-  `ctx.state.seen[<name>][<lifecycle>]`, then returns None: data unchanged;
-- the mode then makes `Probe` change data, raise, stall or sleep (see each hook).
+  `ctx.state.seen[<name>][<lifecycle>]`;
+- unless its mode says otherwise, a hook returns None (data unchanged); the modes make
+  `Probe` change data, raise, stall or sleep (see each hook).
 """
 
 from __future__ import annotations
