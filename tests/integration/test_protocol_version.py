@@ -129,7 +129,8 @@ async def test_a_group_speaking_2_0_is_refused_its_hooks_never_sent_and_status_m
         shout = next(g for g in status.groups if g.name == "shout")
         assert future.protocol == "2.0" and future.refused and future.replica_protocols == {"future-1": "2.0"}
         assert shout.protocol == "1.0" and shout.refused is None and shout.replica_protocols == {"shout-0": "1.0"}
-        assert "REFUSED: speaks protocol 2.0" in format_status(status)
+        shown_text = format_status(status)
+        assert "REFUSED: speaks protocol 2.0" in shown_text and "- future-1 (protocol 2.0)" in shown_text
         shown = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "hookbus.services.cli.main", "status", "--json", stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "REDIS_URL": redis_url, "HOOKBUS_PREFIX": prefix},
