@@ -41,6 +41,7 @@ conformance: venv
 		echo "conformance: $(TS_PROBE) is missing: the TypeScript twin of the kit's skills (docs/conformance.md)" >&2; exit 1; \
 	else \
 		test -d $(TS_DIR)/node_modules || npm ci --prefix $(TS_DIR); \
+		test -f $(TS_DIR)/dist/worker/cli.js || npm run build --prefix $(TS_DIR); \
 		echo "$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE)"; \
 		$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE); \
 	fi
