@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check
+.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check conformance
 
 venv: $(STAMP)
 
@@ -26,6 +26,25 @@ test-fast: venv
 
 bench: venv
 	$(BIN)/python -m tests.bench
+
+# The conformance kit (docs/conformance.md) against the Python worker, then against the
+# TypeScript worker hosting the kit's TypeScript skills when skills/typescript/ is there.
+TS_DIR := skills/typescript
+TS_PROBE := $(TS_DIR)/conformance/probe.ts
+KIT := $(BIN)/hookbus conformance --
+
+conformance: venv
+	$(KIT) $(BIN)/hookbus worker --group conformance --claim-idle 2 hookbus.services.protocol.conformance.skills:Probe
+	@if [ ! -d $(TS_DIR) ]; then \
+		echo "conformance: no $(TS_DIR)/, so no TypeScript worker to check: that half is skipped"; \
+	elif [ ! -f $(TS_PROBE) ]; then \
+		echo "conformance: $(TS_PROBE) is missing: the TypeScript twin of the kit's skills (docs/conformance.md)" >&2; exit 1; \
+	else \
+		test -d $(TS_DIR)/node_modules || npm ci --prefix $(TS_DIR); \
+		test -f $(TS_DIR)/dist/worker/cli.js || npm run build --prefix $(TS_DIR); \
+		echo "$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE)"; \
+		$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE); \
+	fi
 
 # hookbus against a real local model (llama-cpp-python's server, Gemma 3 270M GGUF from PyPI,
 # 2048-token context, loopback): streaming, compaction past the window, a tool call with

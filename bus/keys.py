@@ -181,6 +181,10 @@ class Keys:
         """Sorted set: replica name -> last heartbeat (unix seconds)."""
         return self._control(f"replicas:{group}")
 
+    def replica_heartbeat(self, group: str, replica: str) -> str:
+        """String: one replica's latest heartbeat record (ReplicaHeartbeat JSON), expiring on its own."""
+        return self._control(f"replica:{group}:{replica}")
+
     @property
     def orchestrators(self) -> str:
         """Sorted set: orchestrator instance -> last heartbeat (unix seconds)."""

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
 
 from hookbus.skills.errors import HookError
 from hookbus.skills.lifecycle import WRITABLE
@@ -31,8 +31,30 @@ def _dump_error(value: HookError | None) -> dict[str, Any] | None:
     return None if value is None else value.to_dict()
 
 
+ERROR_JSON_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "A HookError as it travels: `HookError.to_dict()`.",
+            "properties": {
+                "type": {"type": "string", "description": "hookbus's error class, e.g. HookError, PaymentRequired."},
+                "status_code": {"type": "integer"},
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "details": {"description": "Anything JSON, or null."},
+            },
+            "required": ["status_code"],
+        },
+        {"type": "null"},
+    ],
+    "default": None,
+}
+
 ErrorField = Annotated[
-    HookError | None, BeforeValidator(_load_error), PlainSerializer(_dump_error)
+    HookError | None,
+    BeforeValidator(_load_error),
+    PlainSerializer(_dump_error),
+    WithJsonSchema(ERROR_JSON_SCHEMA),
 ]
 
 

@@ -1,9 +1,13 @@
 """Which worker groups exist, what hooks and tools they serve, and which replicas are alive.
 
 Workers announce their group's descriptors (a hash field per group) and heartbeat per
-replica (a sorted set per group). Orchestrators keep a cached view and refresh it from
-one small pipeline every half second, rebuilding the hook order only when the registry
-version moved, so no request pays a Redis round trip for it.
+replica (a sorted set per group: the liveness everybody judges by; beside it, a record of
+the replica that expires on its own, saying which protocol it speaks). Orchestrators keep
+a cached view and refresh it from one small pipeline every half second, rebuilding the
+hook order only when the registry version moved, so no request pays a Redis round trip
+for it. A group that speaks a protocol major this build does not serve is refused: listed
+in `refused` with the reason, kept out of `groups` (hookbus.bus.wire.protocol_version);
+no hop goes to it (`unavailable`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from typing import Any, Literal
 
 import redis.asyncio as aredis
 import structlog
@@ -22,6 +27,7 @@ from hookbus.bus.connection.values import text
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.keys import Keys
 from hookbus.bus.wire.envelopes import Envelope
+from hookbus.bus.wire.protocol_version import PROTOCOL, VERSION_PATTERN, refusal
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 
 log = structlog.get_logger("hookbus.registry")
@@ -31,8 +37,21 @@ REPLICA_TTL = 10.0
 REFRESH_EVERY = 0.5
 
 
+def _protocol_field() -> Any:
+    return Field(
+        default=PROTOCOL,
+        description='The worker protocol version ("MAJOR.MINOR") the worker speaks; missing means "1.0".',
+        json_schema_extra={"pattern": VERSION_PATTERN},
+    )
+
+
 class GroupAnnouncement(Envelope):
+    """A worker group's hash field in the registry: what it serves and which protocol it speaks.
+    Every replica writes it at start; it changes (and the registry version moves) only when
+    the descriptors or the protocol changed."""
+
     group: str
+    protocol: str = _protocol_field()
     hooks: list[HookDescriptor] = Field(default_factory=list)
     tools: list[ToolDescriptor] = Field(default_factory=list)
     compaction: list[str] = Field(
@@ -42,7 +61,7 @@ class GroupAnnouncement(Envelope):
     first_seen: float = Field(default_factory=time.time)
 
     def fingerprint(self) -> str:
-        body = self.model_dump_json(include={"group", "hooks", "tools", "compaction"})
+        body = self.model_dump_json(include={"group", "protocol", "hooks", "tools", "compaction"})
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -67,12 +86,48 @@ async def announce(client: aredis.Redis, keys: Keys, announcement: GroupAnnounce
     log.info("group_announced", group=announcement.group, hooks=len(announcement.hooks), tools=len(announcement.tools))
 
 
+class ReplicaHeartbeat(Envelope):
+    """A replica's heartbeat record: the string key `{prefix}replica:{group}:{replica}`
+    (`Keys.replica_heartbeat`), written with every beat beside the replica's score (the
+    beat's unix time) in the sorted set `{prefix}replicas:{group}`, and expiring 10 seconds
+    (REPLICA_TTL) later."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    group: str
+    replica: str
+    protocol: str = _protocol_field()
+    ts: float = Field(default_factory=time.time, description="Unix time of the beat (the sorted set's score).")
+
+
 async def heartbeat(client: aredis.Redis, keys: Keys, group: str, replica: str) -> None:
-    await client.zadd(keys.replicas(group), {replica: time.time()})
+    """One beat, in one round trip: the score that says the replica lives, and its record."""
+    beat = ReplicaHeartbeat(group=group, replica=replica)
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.zadd(keys.replicas(group), {replica: beat.ts})
+        pipe.set(keys.replica_heartbeat(group, replica), beat.model_dump_json(), ex=int(REPLICA_TTL))
+        await pipe.execute()
 
 
 async def leave(client: aredis.Redis, keys: Keys, group: str, replica: str) -> None:
-    await client.zrem(keys.replicas(group), replica)
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.replicas(group), replica)
+        pipe.delete(keys.replica_heartbeat(group, replica))
+        await pipe.execute()
+
+
+async def replica_protocols(client: aredis.Redis, keys: Keys, group: str, replicas: list[str]) -> dict[str, str]:
+    """The protocol each replica's latest heartbeat record names; "1.0" when it has none
+    (a worker from before the record existed)."""
+    if not replicas:
+        return {}
+    bodies = await client.mget([keys.replica_heartbeat(group, r) for r in replicas])
+    protocols = {}
+    for replica, body in zip(replicas, bodies, strict=True):
+        try:
+            protocols[replica] = ReplicaHeartbeat.model_validate_json(body).protocol if body else PROTOCOL
+        except ValueError:
+            protocols[replica] = "unreadable"
+    return protocols
 
 
 async def live_replicas(client: aredis.Redis, keys: Keys, group: str) -> list[str]:
@@ -88,7 +143,12 @@ class RegistryView:
         self._keys = keys
         self._registry_version: int | None = None
         self.version = 0
+        self.announced: dict[str, GroupAnnouncement] = {}
+        """Every group with a readable announcement, in registry order (first seen first)."""
         self.groups: dict[str, GroupAnnouncement] = {}
+        """The announced groups this orchestrator serves, in registry order."""
+        self.refused: dict[str, str] = {}
+        """Announced groups it cannot serve (their protocol), and why."""
         self.live: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -101,6 +161,14 @@ class RegistryView:
 
     def is_live(self, group: str) -> bool:
         return self.live.get(group, 0) > 0
+
+    def unavailable(self, group: str) -> str | None:
+        """Why no hop can go to `group` now (refused, or no live replica), or None."""
+        if group in self.refused:
+            return f"worker group {group!r} is refused: {self.refused[group]}"
+        if not self.is_live(group):
+            return f"no live replica in worker group {group!r}"
+        return None
 
     async def refresh(self) -> None:
         groups = list(self.groups)
@@ -117,12 +185,26 @@ class RegistryView:
     async def _reload(self, registry_version: int) -> None:
         raw = await self._client.hgetall(self._keys.registry)
         groups: dict[str, GroupAnnouncement] = {}
+        refused: dict[str, str] = {}
         for name, body in raw.items():
             try:
-                groups[text(name)] = GroupAnnouncement.model_validate_json(body)
+                announcement = GroupAnnouncement.model_validate_json(body)
             except ValueError as exc:
                 log.warning("bad_announcement_ignored", group=name, error=str(exc))
-        self.groups = dict(sorted(groups.items(), key=lambda item: (item[1].first_seen, item[0])))
+                continue
+            groups[text(name)] = announcement
+            reason = refusal(announcement.protocol)
+            if reason is None:
+                continue
+            refused[text(name)] = reason
+            if text(name) not in self.refused:  # one line when a group starts being refused
+                log.error(
+                    "group_refused", group=text(name), protocol=announcement.protocol, reason=reason,
+                    effect="its hooks are not called (a critical one fails its requests: 503 no_worker); its tools are unavailable",
+                )
+        self.refused = refused
+        self.announced = dict(sorted(groups.items(), key=lambda item: (item[1].first_seen, item[0])))
+        self.groups = {name: a for name, a in self.announced.items() if name not in refused}
         self._registry_version = registry_version
         self.version += 1
         async with self._client.pipeline(transaction=False) as pipe:

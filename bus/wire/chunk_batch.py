@@ -49,9 +49,11 @@ class _ChunkWire(TypedDict):
     full_content: NotRequired[str]
 
 
-_WIRE: TypeAdapter[list[_ChunkWire]] = TypeAdapter(list[_ChunkWire])
+CHUNK_BATCH: TypeAdapter[list[_ChunkWire]] = TypeAdapter(list[_ChunkWire])
+"""The `d` field of a batched on_chunk hop (its JSON Schema is the protocol's ChunkBatch)."""
 _CHUNKS: TypeAdapter[list[HookData]] = TypeAdapter(list[HookData])
-_RESULTS: TypeAdapter[list[HookData | None]] = TypeAdapter(list[HookData | None])
+CHUNK_RESULTS: TypeAdapter[list[HookData | None]] = TypeAdapter(list[HookData | None])
+"""The `d` field of the reply to a batched on_chunk hop (the protocol's ChunkResults)."""
 _SKIP_FULL = {"full_content"}
 
 
@@ -61,7 +63,7 @@ def dump_chunks(chunks: Sequence[ChunkIn]) -> bytes:
         {"lifecycle": "on_chunk", "chunk": c.chunk, "content": c.content, "chunk_index": c.index} for c in chunks
     ]
     items[0]["full_content"] = chunks[0].full
-    return _WIRE.dump_json(items, exclude_defaults=True)
+    return CHUNK_BATCH.dump_json(items, exclude_defaults=True)
 
 
 def _dump(data: HookData, *, first: bool = True) -> bytes:
@@ -130,4 +132,4 @@ def dump_results(results: Sequence[bytes | None]) -> bytes:
 
 
 def load_results(raw: bytes) -> list[HookData | None]:
-    return _RESULTS.validate_json(raw)
+    return CHUNK_RESULTS.validate_json(raw)

@@ -235,6 +235,23 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_protocol(args: argparse.Namespace) -> int:
+    from hookbus.services.protocol.spec import write_spec
+
+    for path in write_spec(Path(args.out)):
+        print(path)
+    return 0
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from hookbus.services.protocol.conformance.kit import run_kit
+
+    command = args.worker_command[1:] if args.worker_command[:1] == ["--"] else args.worker_command
+    if not command:
+        sys.exit("hookbus conformance: give the command that starts a worker after `--`")
+    return run_kit(command, include_kill=not args.no_kill, only=args.check or ())
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     from hookbus.bus.settings import Settings
 
@@ -354,6 +371,23 @@ def build_parser() -> argparse.ArgumentParser:
     docs = commands.add_parser("docs", help="print the AsyncAPI (bus) or OpenAPI (gateway) document")
     docs.add_argument("kind", choices=["asyncapi", "openapi"])
     docs.set_defaults(func=cmd_docs)
+
+    protocol = commands.add_parser("protocol", help="write the worker protocol's spec (AsyncAPI, JSON Schemas)")
+    protocol.add_argument("--out", default="services/protocol/spec", metavar="DIR", help="folder to write it to")
+    protocol.set_defaults(func=cmd_protocol)
+
+    conformance = commands.add_parser(
+        "conformance", help="check a worker against the protocol: hookbus conformance -- COMMAND...",
+        description=(
+            "Starts an embedded Redis and an orchestrator, then COMMAND with REDIS_URL, HOOKBUS_PREFIX "
+            "and HOOKBUS_GROUP in its environment (it must start a worker of that group hosting the "
+            "kit's skills, docs/conformance.md), and checks it. One line per check; exit 1 on any failure."
+        ),
+    )
+    conformance.add_argument("--no-kill", action="store_true", help="skip the check that kills and restarts the worker")
+    conformance.add_argument("--check", action="append", metavar="NAME", help="run only this check (repeatable)")
+    conformance.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    conformance.set_defaults(func=cmd_conformance)
 
     settings = commands.add_parser("settings", help="print the settings and their environment variables")
     settings.set_defaults(func=cmd_settings)

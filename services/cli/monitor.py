@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from hookbus.bus.connection.cluster import latest_ids, xread_streams
 from hookbus.bus.connection.values import text
-from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement
+from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, replica_protocols
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
+from hookbus.bus.wire.protocol_version import refusal
 
 LAG_SCAN_LIMIT = 10_000
 RECENT_PAGE = 500
@@ -116,7 +117,14 @@ def format_event(record: MonitorRecord) -> str:
 
 class GroupStatus(BaseModel):
     name: str
+    protocol: str = Field(description="The worker protocol version the group announced.")
+    refused: str | None = Field(
+        default=None, description="Why orchestrators of this build refuse the group (its protocol), or null."
+    )
     replicas: list[str]
+    replica_protocols: dict[str, str] = Field(
+        default_factory=dict, description="The protocol each live replica's heartbeat names."
+    )
     hooks: list[str]
     tools: list[str]
     lag: int
@@ -143,12 +151,15 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
             announcement = GroupAnnouncement.model_validate_json(body)
         except ValueError:
             continue
-        replicas = await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf")
+        replicas = sorted(text(r) for r in await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf"))
         lag, pending = await group_backlog(client, keys.hook_streams(name), name)
         groups.append(
             GroupStatus(
                 name=name,
-                replicas=sorted(text(r) for r in replicas),
+                protocol=announcement.protocol,
+                refused=refusal(announcement.protocol),
+                replicas=replicas,
+                replica_protocols=await replica_protocols(client, keys, name, replicas),
                 hooks=[f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}" for h in announcement.hooks],
                 tools=[t.name for t in announcement.tools],
                 lag=lag,
@@ -210,8 +221,10 @@ def format_status(status: Status) -> str:
             f"{group.name:<16} {len(group.replicas):>8} {group.lag:>6} {group.pending:>8}  "
             f"{', '.join(group.hooks + [f'tool:{t}' for t in group.tools])}"
         )
+        if group.refused:
+            lines.append(f"{'':<16}   REFUSED: {group.refused} (its hooks are not called)")
         for replica in group.replicas:
-            lines.append(f"{'':<16}   - {replica}")
+            lines.append(f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})")
     if not status.groups:
         lines.append("(no worker groups registered)")
     return "\n".join(lines)

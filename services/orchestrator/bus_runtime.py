@@ -93,9 +93,12 @@ class BusRuntime:
         if self._remote_cache is None or self._remote_cache[0] != version:
             hooks: list[PlannedHook] = []
             tools: list[PlannedTool] = []
-            for group, announcement in self.registry.groups.items():  # registry order = tie-break
+            # registry order = tie-break; a refused group's hooks stay in the order and fail
+            # unanswered (a critical one fails the request) rather than vanish; its tools go
+            for group, announcement in self.registry.announced.items():
                 hooks.extend(PlannedHook(h, group) for h in announcement.hooks)
-                tools.extend(PlannedTool(t, group) for t in announcement.tools)
+                if group not in self.registry.refused:
+                    tools.extend(PlannedTool(t, group) for t in announcement.tools)
             self._remote_cache = (version, tuple(hooks), tuple(tools))
         return self._remote_cache
 
@@ -142,7 +145,7 @@ class BusRuntime:
             return []
         route = []
         for segment in onward:
-            if segment.group is None or not self.registry.is_live(segment.group):
+            if segment.group is None or self.registry.unavailable(segment.group) is not None:
                 break
             route.append(RouteStep(
                 group=segment.group, stream=self.keys.hooks_for(segment.group, completion_id),
@@ -195,8 +198,8 @@ class BusRuntime:
                 self.hops += 1
                 self.forwarded += 1
                 reply = await self.router.wait(sent, timeout + HOP_GRACE)
-            elif not self.registry.is_live(group):
-                return fail(f"no live replica in worker group {group!r}", Outcome.SKIPPED), False
+            elif (unavailable := self.registry.unavailable(group)) is not None:
+                return fail(unavailable, Outcome.SKIPPED), False
             else:
                 event = HopEvent(
                     hop_id=self.router.new_hop_id(),
@@ -276,8 +279,8 @@ class BusRuntime:
 
     async def call_tool(self, tool: PlannedTool, arguments: dict[str, Any], ctx: Context) -> str:
         assert tool.group is not None
-        if not self.registry.is_live(tool.group):
-            return f"Error: tool {tool.name!r} is unavailable: no live replica in worker group {tool.group!r}"
+        if (unavailable := self.registry.unavailable(tool.group)) is not None:
+            return f"Error: tool {tool.name!r} is unavailable: {unavailable}"
         timeout = tool.timeout or self.default_timeout
         event = HopEvent(
             hop_id=self.router.new_hop_id(),

@@ -31,6 +31,7 @@ from hookbus.bus.wire.envelopes import (
     RequestEnvelope,
     ResponseBatch,
 )
+from hookbus.bus.wire.protocol_version import PROTOCOL
 from hookbus.services.gateway.openapi import openapi_document as _gateway_openapi
 from hookbus.skills import Context, HookData, Skill, hook
 
@@ -39,16 +40,20 @@ DOC_REDIS_URL = "redis://localhost:6379"
 
 
 class DeadLetter(BaseModel):
-    """A dead letter's stream fields (flat fields, not an `e` envelope): where it came from and
-    why, plus the original entry's fields under `orig:<field>` (so `orig:e` is the envelope)."""
+    """A dead letter's stream fields (flat fields, not an `e` envelope): where it came from,
+    why, and a description of the original entry (never its content)."""
 
-    model_config = ConfigDict(extra="allow", title="DeadLetter")
+    model_config = ConfigDict(title="DeadLetter")
 
     source: str = Field(description="The stream the entry was read from.")
     entry_id: str = Field(description="Its id there.")
     reason: str = Field(description="Why it could not be processed (at most 2000 characters).")
     consumer: str = Field(description="The consumer that moved it here.")
     ts: str = Field(description="Unix time it was moved, as text.")
+    original: str = Field(
+        description='JSON: per original field its size and digest, `{"fields": {name: {"bytes", "sha256"}}, '
+        '"routing": {...}}` (routing: the envelope\'s routing fields when `e` was readable JSON).'
+    )
 
 
 class _ExampleSkill(Skill):
@@ -111,7 +116,7 @@ def asyncapi_document(
         orchestrator.broker,
         worker.broker,
         title="hookbus bus",
-        version=VERSION,
+        version=PROTOCOL,
         description=(
             "An AI agent's request lifecycle as events on Redis Streams. Every entry holds "
             "a field `e`: a versioned JSON envelope (the payloads below). Hook hops "

@@ -26,6 +26,7 @@ def test_a_single_redis_keeps_the_plain_names() -> None:
     assert keys.events == "hookbus:events" == keys.events_for("orch-1")
     assert keys.registry == "hookbus:registry"
     assert keys.replicas("guard") == "hookbus:replicas:guard"
+    assert keys.replica_heartbeat("guard", "w-1") == "hookbus:replica:guard:w-1"
 
 
 @pytest.mark.parametrize("completion_id", ["chatcmpl-" + uuid.uuid4().hex for _ in range(50)] + ["odd{id}x", "{}"])
@@ -45,7 +46,8 @@ def test_every_key_of_one_request_is_in_one_slot(completion_id: str) -> None:
 
 def test_the_registry_is_in_one_slot() -> None:
     keys = [CLUSTER.registry, CLUSTER.registry_version, CLUSTER.orchestrators, CLUSTER.stats,
-            CLUSTER.replicas("guard"), CLUSTER.replicas("telemetry")]
+            CLUSTER.replicas("guard"), CLUSTER.replicas("telemetry"),
+            CLUSTER.replica_heartbeat("guard", "w-1"), CLUSTER.replica_heartbeat("telemetry", "w-2")]
     assert len({slot_of(k) for k in keys}) == 1
 
 

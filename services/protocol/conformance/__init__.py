@@ -1,0 +1,1 @@
+"""The conformance kit: `hookbus conformance -- COMMAND` checks a worker against the protocol."""
