@@ -1,0 +1,171 @@
+// The worker on a real Redis, fed entries exactly as the Python orchestrator writes them
+// (hookbus.bus.envelopes.encode_hop): the reply, the ack, the announcement with its
+// protocol version, the heartbeat, a stage sent on, dead letters, claims of a dead
+// sibling's entries, and the command's drain on SIGTERM.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { Skill, hook, type HookData, type Context } from '../src/index.ts';
+import { GroupHost } from '../src/worker/host.ts';
+import { WorkerReplica } from '../src/worker/replica.ts';
+import { pairs } from '../src/bus/claims.ts';
+import { startRedis, waitFor, type TestRedis } from './redis.ts';
+
+class Stamp extends Skill {
+  readonly name = 'stamp';
+
+  @hook({ lifecycle: 'on_message', priority: 10 })
+  async stamp(data: HookData, ctx: Context) {
+    data.messages!.push({ role: 'assistant', content: `stamped on attempt ${ctx.call.attempt}` });
+    ctx.state.stamped = (ctx.state.stamped as number | undefined ?? 0) + 1;
+    return data;
+  }
+}
+
+let redis: TestRedis;
+let client: Redis;
+before(async () => {
+  redis = await startRedis();
+  client = new Redis(redis.url);
+});
+after(async () => {
+  client.disconnect();
+  await redis.stop();
+});
+
+const ctx = { auth: { peer_user_id: null, scopes: [] }, metadata: { completion_id: 'cmpl-w', model: 'm', agent_name: 'a' }, session: { id: null, data: {} }, state: {} };
+const data = { lifecycle: 'on_message', messages: [{ role: 'user', content: 'hi' }] };
+
+function hopFields(prefix: string, hopId: string, extra: Record<string, unknown> = {}): string[] {
+  const envelope = {
+    v: 2, kind: 'hop', hop_id: hopId, completion_id: 'cmpl-w', lifecycle: 'on_message', stage_key: 'on_message',
+    hooks: [{ skill: 'stamp', method: 'stamp' }], ctx: {}, reply_to: `${prefix}replies:orch`, deadline: Date.now() / 1000 + 30,
+    epoch: 0, chunks: 0, ...extra,
+  };
+  return ['e', JSON.stringify(envelope), 'c', JSON.stringify(ctx), 'd', JSON.stringify(data)];
+}
+
+async function replies(prefix: string, count: number): Promise<Array<Record<string, string>>> {
+  const entries = await waitFor(async () => {
+    const got = await client.xrange(`${prefix}replies:orch`, '-', '+');
+    return got.length >= count ? got : null;
+  });
+  assert.ok(entries, `fewer than ${count} replies`);
+  return entries.map(([, flat]) => pairs(flat));
+}
+
+function replica(prefix: string, options: { claimIdle?: number; maxDeliveries?: number } = {}): WorkerReplica {
+  return new WorkerReplica(new GroupHost('tsw', [new Stamp()]), { redisUrl: redis.url, prefix, replica: 'tsw-1', concurrency: 4, ...options });
+}
+
+test('a hop is answered, acked, announced with the protocol version, heartbeats, and sent on', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const worker = replica(prefix);
+  await worker.start();
+  try {
+    const announcement = JSON.parse((await client.hget(`${prefix}registry`, 'tsw'))!);
+    assert.equal(announcement.protocol, '1.0');
+    assert.equal(announcement.hooks[0].method, 'stamp');
+    assert.equal(await client.get(`${prefix}registry:version`), '1');
+    assert.ok(Number(await client.zscore(`${prefix}replicas:tsw`, 'tsw-1')) > Date.now() / 1000 - 5);
+
+    const route = [{ group: 'next', stream: `${prefix}hooks:next`, hop_id: 'h-next', hooks: [{ skill: 'py', method: 'after' }], timeout: 5 }];
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-1', { route }));
+    const [reply] = await replies(prefix, 1);
+    const e = JSON.parse(reply!.e!);
+    assert.equal(e.kind, 'reply');
+    assert.equal(e.v, 2);
+    assert.equal(e.hop_id, 'h-1');
+    assert.equal(e.replica, 'tsw-1');
+    assert.equal(e.forwarded, 'h-next');
+    assert.deepEqual(e.state, { stamped: 1 });
+    assert.equal(JSON.parse(reply!.d!).messages.at(-1).content, 'stamped on attempt 1');
+    // the next group's hop: the changed data, the context with the hooks' state
+    const [[, onwardFlat]] = (await client.xrange(`${prefix}hooks:next`, '-', '+')) as Array<[string, string[]]>;
+    const onward = pairs(onwardFlat!);
+    assert.equal(JSON.parse(onward.e!).hop_id, 'h-next');
+    assert.deepEqual(JSON.parse(onward.c!).state, { stamped: 1 });
+    assert.equal(onward.d, reply!.d);
+    const pending = await waitFor(async () => ((await client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0] === 0);
+    assert.ok(pending, 'the entry was not acked');
+  } finally {
+    await worker.stop();
+  }
+  assert.equal(await client.zscore(`${prefix}replicas:tsw`, 'tsw-1'), null); // left the registry
+});
+
+test('an unreadable entry is dead-lettered without its content; a known caller hears of it', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const worker = replica(prefix);
+  await worker.start();
+  try {
+    await client.xadd(`${prefix}hooks:tsw`, '*', 'e', '{not json', 'secret', 'prompt text');
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-v9', { v: 9 }));
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-no-ctx').slice(0, 2)); // v2 without `c`
+    const letters = await waitFor(async () => {
+      const got = await client.xrange(`${prefix}dead-letter`, '-', '+');
+      return got.length >= 3 ? got.map(([, flat]) => pairs(flat)) : null;
+    });
+    assert.ok(letters);
+    assert.match(letters[0]!.reason!, /not a valid HopEvent/);
+    assert.ok(!JSON.stringify(letters).includes('prompt text'));
+    assert.equal(JSON.parse(letters[0]!.original!).fields.secret.bytes, 'prompt text'.length);
+    assert.match(letters[1]!.reason!, /unknown envelope version 9/);
+    assert.equal(letters[2]!.reason, "version 2 hop without a 'c' field");
+    // as the Python worker: only a readable hop names a caller to tell
+    const [reply] = await replies(prefix, 1);
+    assert.equal(JSON.parse(reply!.e!).hop_id, 'h-no-ctx');
+    assert.equal(JSON.parse(reply!.e!).failure, "dead-lettered: version 2 hop without a 'c' field");
+    assert.equal(((await client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0], 0);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("a dead sibling's entry is claimed and run again; past max deliveries it is dead-lettered", async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const stream = `${prefix}hooks:tsw`;
+  await client.xgroup('CREATE', stream, 'tsw', '0', 'MKSTREAM');
+  await client.xadd(stream, '*', ...hopFields(prefix, 'h-orphan'));
+  const worn = (await client.xadd(stream, '*', ...hopFields(prefix, 'h-worn')))!;
+  await client.xreadgroup('GROUP', 'tsw', 'dead-sibling', 'COUNT', 2, 'STREAMS', stream, '>');
+  await client.xclaim(stream, 'tsw', 'dead-sibling', 0, worn, 'RETRYCOUNT', 3); // delivered 3 times already
+  const worker = replica(prefix, { claimIdle: 0.2, maxDeliveries: 3 });
+  await worker.start();
+  try {
+    const got = await replies(prefix, 2);
+    const byHop = Object.fromEntries(got.map((r) => [JSON.parse(r.e!).hop_id, r]));
+    assert.equal(JSON.parse(byHop['h-orphan']!.d!).messages.at(-1).content, 'stamped on attempt 2');
+    assert.equal(JSON.parse(byHop['h-worn']!.e!).failure, 'dead-lettered: delivered 4 times without an answer');
+    assert.equal(worker.claimed, 2);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test('hookbus-worker hosts a page-style .ts file and drains on SIGTERM', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const bin = fileURLToPath(new URL('../bin/hookbus-worker.js', import.meta.url));
+  const file = fileURLToPath(new URL('./fixtures/page_style.ts', import.meta.url));
+  const child = spawn(process.execPath, [bin, '--group', 'cli', file, '--replica', 'cli-1'], {
+    env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  let stderr = '';
+  child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  try {
+    const announced = await waitFor(async () => (await client.zscore(`${prefix}replicas:cli`, 'cli-1')) !== null, 20_000);
+    assert.ok(announced, `the worker never heartbeat:\n${stderr}`);
+    const announcement = JSON.parse((await client.hget(`${prefix}registry`, 'cli'))!);
+    assert.deepEqual(announcement.hooks.map((h: { skill: string; method: string; priority: number }) => [h.skill, h.method, h.priority]), [['shouter', 'shout', 30]]);
+  } finally {
+    child.kill('SIGTERM');
+  }
+  assert.equal(await exited, 0, stderr);
+  assert.match(stderr, /"event":"worker_stopped"/);
+  assert.equal(await client.zscore(`${prefix}replicas:cli`, 'cli-1'), null);
+});
