@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check
+.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check ts-deps
 
 venv: $(STAMP)
 
@@ -17,14 +17,14 @@ $(STAMP): pyproject.toml
 run: venv
 	$(BIN)/hookbus run
 
-test: venv
+test: venv ts-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The inner loop: everything but the slow fault and chaos tests.
-test-fast: venv
+test-fast: venv ts-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
-bench: venv
+bench: venv ts-deps
 	$(BIN)/python -m tests.bench
 
 # hookbus against a real local model (llama-cpp-python's server, Gemma 3 270M GGUF from PyPI,
@@ -55,3 +55,19 @@ clean:
 deploy-check: venv
 	$(BIN)/python -m tests.deploy.check
 
+
+# The TypeScript SDK and worker (skills/typescript, npm package `hookbus`): its locked npm
+# dependencies and its build (`prepare`: tsc), again only when the lock or a source changed.
+# Without node the tests of tests/typescript skip, saying so.
+NPM ?= npm
+TS_DIR := skills/typescript
+TS_STAMP := $(TS_DIR)/node_modules/.hookbus-built
+
+ts-deps: $(TS_STAMP)
+
+$(TS_STAMP): $(TS_DIR)/package-lock.json $(TS_DIR)/package.json $(TS_DIR)/tsconfig.json $(wildcard $(TS_DIR)/src/*.ts $(TS_DIR)/src/*/*.ts)
+	@if command -v node >/dev/null 2>&1; then \
+		$(NPM) ci --prefix $(TS_DIR) --no-audit --no-fund && $(NPM) run --prefix $(TS_DIR) build && touch $@; \
+	else \
+		echo "ts-deps: node not found; the TypeScript worker's tests will skip"; \
+	fi

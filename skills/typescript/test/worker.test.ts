@@ -151,7 +151,7 @@ test('hookbus-worker hosts a page-style .ts file and drains on SIGTERM', async (
   const bin = fileURLToPath(new URL('../bin/hookbus-worker.js', import.meta.url));
   const file = fileURLToPath(new URL('./fixtures/page_style.ts', import.meta.url));
   const child = spawn(process.execPath, [bin, '--group', 'cli', file, '--replica', 'cli-1'], {
-    env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix },
+    env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix, HOOKBUS_LOG_LEVEL: 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';
