@@ -71,6 +71,7 @@ class Stack:
     procs: Processes
     base_url: str
     journal: Path
+    env: dict[str, str]
 
     def entries(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
@@ -116,6 +117,6 @@ async def stack(redis_url: str, offline_llm_url: str, tmp_path_factory: pytest.T
         base_url = f"http://127.0.0.1:{port}"
         await procs.wait_http(gateway, f"{base_url}/healthz")
         print(f"\nTypeScript e2e stack ready in {time.monotonic() - began:.1f}s")
-        yield Stack(procs, base_url, journal)
+        yield Stack(procs, base_url, journal, env)
     finally:
         procs.close()

@@ -8,16 +8,25 @@ through the gateway with the real `openai` client (issue 32):
   model is told, after_toolcall still runs), while another TypeScript tool runs;
 - a TypeScript `PaymentRequired` is a 402 at the client;
 - `finalize_connection` runs in TypeScript on every path (success, tool blocked, 402,
-  upstream failure), with `data.error` set when the run failed.
+  upstream failure), with `data.error` set when the run failed;
+- the group's announcement is what the Python model reads, plus `protocol: "1.0"`, and
+  `hookbus status` lists the TypeScript replica like any other.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import openai
 import pytest
+import redis.asyncio as aredis
 
+from hookbus.bus.groups.registry import GroupAnnouncement
+from hookbus.bus.keys import Keys
+from tests.integration.processes import REPO
 from tests.typescript.conftest import KEY, METERED_KEY, Stack
 
 
@@ -142,3 +151,27 @@ async def test_typescript_finalize_runs_when_the_model_fails(stack: Stack) -> No
     entries = await stack.wait_journal(failed_run_finalized)
     end = next(e for e in entries if e["cid"] not in seen and e["hook"] == "request-logger.endLogging")
     assert end["error"]["status_code"] == status
+
+
+async def test_the_announcement_is_what_python_reads_and_status_lists_the_replica(stack: Stack) -> None:
+    client = aredis.Redis.from_url(stack.env["REDIS_URL"])
+    try:
+        raw = await client.hget(Keys(stack.env["HOOKBUS_PREFIX"]).registry, "ts")
+    finally:
+        await client.aclose()
+    assert raw is not None
+    announcement = GroupAnnouncement.model_validate_json(raw)
+    assert json.loads(raw)["protocol"] == "1.0"
+    assert [h.key for h in announcement.hooks if h.lifecycle == "before_toolcall"] == [
+        "security.validateSecurity", "logging.logToolUsage", "performance-monitor.startTimer",
+    ]
+    assert sorted(t.name for t in announcement.tools) == ["rm_rf_root", "word_count"]
+
+    status = subprocess.run(
+        [str(Path(sys.executable).with_name("hookbus")), "status", "--json"],  # the console script
+        env=stack.env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    groups = {g["name"]: g for g in json.loads(status.stdout)["groups"]}
+    assert groups["ts"]["replicas"] == ["ts-1"] and groups["py"]["replicas"] == ["py-1"]
+    assert "content-filter.filterOutput@on_chunk:5" in groups["ts"]["hooks"]
