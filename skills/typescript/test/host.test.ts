@@ -40,6 +40,11 @@ class Chain extends Skill {
     if (data.messages!.length > 1) throw new Error('critical oops');
   }
 
+  @hook({ lifecycle: 'on_connection', guard: true })
+  async guardRequest() {
+    throw new Error('verdict service down');
+  }
+
   @hook({ lifecycle: 'before_toolcall' })
   async guardTools(data: HookData) {
     if (data.tool_call!.function.name === 'rm_rf_root') throw new Error('Tool blocked: rm_rf_root');
@@ -132,6 +137,15 @@ test('critical: a plain exception aborts the run as a 500', async () => {
   const d = JSON.stringify({ lifecycle: 'on_connection', messages: [{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }] });
   const { reply } = await host.answer(hop('on_connection', ['brokenCritical']), 1, 'rep', [ctxJson(), d]);
   assert.deepEqual(reply.abort, { type: 'HookError', status_code: 500, code: 'hook_failed', message: 'critical hook chain.brokenCritical failed: Error: critical oops', details: null });
+});
+
+test('guard: a failure refuses the request with 503 guard_unavailable', async () => {
+  const d = JSON.stringify({ lifecycle: 'on_connection', messages: [] });
+  const { reply } = await host.answer(hop('on_connection', ['guardRequest']), 1, 'rep', [ctxJson(), d]);
+  assert.deepEqual(reply.abort, {
+    type: 'GuardUnavailable', status_code: 503, code: 'guard_unavailable', details: null,
+    message: 'the guard chain.guardRequest could not check this request: Error: verdict service down',
+  });
 });
 
 test('before_toolcall: a plain exception blocks the tool call', async () => {

@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { Skill, hook, tool, HookError, PaymentRequired, LIFECYCLES } from '../src/index.ts';
 import { guarded } from '../src/data.ts';
 import { classesIn, exportLine, parseSpec } from '../src/worker/loadSkills.ts';
+import { Keys } from '../src/bus/keys.ts';
 
 test('an unknown lifecycle fails when the class is defined', () => {
   assert.throws(() => {
@@ -104,4 +105,14 @@ test('the worker finds classes a file defines without exporting them, safely', (
   assert.match(exportLine(['A', 'C']), /typeof C === 'undefined' \? undefined : C/);
   assert.deepEqual(parseSpec('./skills.ts:Billing'), { path: './skills.ts', className: 'Billing' });
   assert.deepEqual(parseSpec('./skills.ts'), { path: './skills.ts' });
+});
+
+test("sharded key names are the Python Keys' (values printed by hookbus.bus.keys.Keys)", () => {
+  const keys = new Keys('hookbus:', 5);
+  assert.deepEqual(keys.hookStreams('g'), ['hookbus:hooks:{s0.10}:g', 'hookbus:hooks:{s1.2}:g', 'hookbus:hooks:{s2.0}:g', 'hookbus:hooks:{s3.3}:g', 'hookbus:hooks:{s4.2}:g']);
+  assert.equal(keys.replicas('g'), 'hookbus:{registry}:replicas:g');
+  assert.equal(keys.registry, 'hookbus:{registry}:registry');
+  assert.equal(keys.eventsFor('chatcmpl-abc'), 'hookbus:events:{s1.2}');
+  assert.deepEqual(new Keys('p:').hookStreams('g'), ['p:hooks:g']);
+  assert.equal(new Keys('p:').replicas('g'), 'p:replicas:g');
 });

@@ -25,6 +25,15 @@ class Stamp extends Skill {
   }
 }
 
+class Slow extends Skill {
+  readonly name = 'slow';
+
+  @hook({ lifecycle: 'after_llm_call' })
+  async linger() {
+    await new Promise((r) => setTimeout(r, 1500));
+  }
+}
+
 let redis: TestRedis;
 let client: Redis;
 before(async () => {
@@ -58,7 +67,7 @@ async function replies(prefix: string, count: number): Promise<Array<Record<stri
 }
 
 function replica(prefix: string, options: { claimIdle?: number; maxDeliveries?: number } = {}): WorkerReplica {
-  return new WorkerReplica(new GroupHost('tsw', [new Stamp()]), { redisUrl: redis.url, prefix, replica: 'tsw-1', concurrency: 4, ...options });
+  return new WorkerReplica(new GroupHost('tsw', [new Stamp(), new Slow()]), { redisUrl: redis.url, prefix, replica: 'tsw-1', concurrency: 4, ...options });
 }
 
 test('a hop is answered, acked, announced with the protocol version, heartbeats, and sent on', async () => {
@@ -146,11 +155,12 @@ test("a dead sibling's entry is claimed and run again; past max deliveries it is
   }
 });
 
-test('hookbus-worker hosts a page-style .ts file and drains on SIGTERM', async () => {
+test('hookbus-worker hosts a page-style .ts file and a .js file, and drains on SIGTERM', async () => {
   const prefix = `w${randomUUID().slice(0, 8)}:`;
   const bin = fileURLToPath(new URL('../bin/hookbus-worker.js', import.meta.url));
   const file = fileURLToPath(new URL('./fixtures/page_style.ts', import.meta.url));
-  const child = spawn(process.execPath, [bin, '--group', 'cli', file, '--replica', 'cli-1'], {
+  const js = fileURLToPath(new URL('./fixtures/plain_skills.js', import.meta.url));
+  const child = spawn(process.execPath, [bin, '--group', 'cli', file, js, '--replica', 'cli-1'], {
     env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix, HOOKBUS_LOG_LEVEL: 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
@@ -161,11 +171,54 @@ test('hookbus-worker hosts a page-style .ts file and drains on SIGTERM', async (
     const announced = await waitFor(async () => (await client.zscore(`${prefix}replicas:cli`, 'cli-1')) !== null, 20_000);
     assert.ok(announced, `the worker never heartbeat:\n${stderr}`);
     const announcement = JSON.parse((await client.hget(`${prefix}registry`, 'cli'))!);
-    assert.deepEqual(announcement.hooks.map((h: { skill: string; method: string; priority: number }) => [h.skill, h.method, h.priority]), [['shouter', 'shout', 30]]);
+    assert.deepEqual(announcement.hooks.map((h: { skill: string; method: string; priority: number }) => [h.skill, h.method, h.priority]), [['shouter', 'shout', 30], ['plain', 'note', 12]]);
   } finally {
     child.kill('SIGTERM');
   }
   assert.equal(await exited, 0, stderr);
   assert.match(stderr, /"event":"worker_stopped"/);
   assert.equal(await client.zscore(`${prefix}replicas:cli`, 'cli-1'), null);
+});
+
+test('an expired hop is acked unanswered; hops are recorded on events; the janitor trims what was acked', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const worker = replica(prefix);
+  await worker.start();
+  try {
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-late', { deadline: Date.now() / 1000 - 1 }));
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-ok'));
+    const [reply] = await replies(prefix, 1);
+    assert.equal(JSON.parse(reply!.e!).hop_id, 'h-ok');
+    const records = await waitFor(async () => {
+      const entries = await client.xrange(`${prefix}events`, '-', '+');
+      const all = entries.flatMap(([, flat]) => JSON.parse(pairs(flat).e!).records as Array<Record<string, unknown>>);
+      return all.length >= 2 ? all : null;
+    });
+    assert.ok(records);
+    assert.deepEqual(records.map((r) => [r.kind, r.outcome, r.group, r.replica]).sort(), [['hop', 'expired', 'tsw', 'tsw-1'], ['hop', 'ok', 'tsw', 'tsw-1']]);
+    assert.equal((await client.xrange(`${prefix}replies:orch`, '-', '+')).length, 1); // none for the late one
+    assert.ok(await waitFor(async () => ((await client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0] === 0));
+    assert.equal(await worker.janitorOnce(), 2);
+    assert.equal(await client.xlen(`${prefix}hooks:tsw`), 0);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test('a running hop keeps its claim fresh, so no sibling takes it', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const worker = replica(prefix, { claimIdle: 0.3 });
+  await worker.start();
+  try {
+    const fields = hopFields(prefix, 'h-slow', { lifecycle: 'after_llm_call', stage_key: 'after_llm_call', hooks: [{ skill: 'slow', method: 'linger' }] });
+    fields[5] = JSON.stringify({ lifecycle: 'after_llm_call' });
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...fields);
+    await new Promise((r) => setTimeout(r, 900)); // three claim-idles into the 1.5 s hook
+    const [[, , idle]] = (await client.xpending(`${prefix}hooks:tsw`, 'tsw', '-', '+', 10)) as Array<[string, string, number, number]>;
+    assert.ok(idle! < 300, `idle ${idle} ms: the lease was not renewed`);
+    const [reply] = await replies(prefix, 1);
+    assert.equal(JSON.parse(reply!.e!).outcomes[0].outcome, 'ok');
+  } finally {
+    await worker.stop();
+  }
 });

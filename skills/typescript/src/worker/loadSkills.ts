@@ -6,9 +6,8 @@
  * A class that is defined but not exported is unreachable from outside its module, so a
  * file with such classes is imported through a copy beside it (same directory, so its
  * relative imports resolve the same) with one line added that exports them; the copy is
- * an ES module (`.mts`/`.mjs`) and is deleted as soon as it is loaded. A `.ts` file is
- * always loaded through such a copy: outside a `"type": "module"` package it would be
- * compiled to CommonJS, which cannot load this ES module package on Node 20. TypeScript is
+ * a TypeScript ES module (`.mts`) and is deleted as soon as it is loaded; every file but an
+ * `.mts` without such classes is loaded through one (see `importModule`). TypeScript is
  * compiled by `tsx` (registered by the `hookbus-worker` command).
  */
 
@@ -59,11 +58,11 @@ async function importModule(path: string): Promise<Record<string, unknown>> {
     throw new SpecError(`cannot read ${path}: ${(exc as Error).message}`);
   }
   const { hidden } = classesIn(source);
-  const typescript = /\.tsx?$/.test(path);
-  // TypeScript outside an ES module package would be compiled as CommonJS, which cannot
-  // import this ES module package from Node 20: the copy is always an ES module
-  if (!hidden.length && !typescript) return (await import(pathToFileURL(path).href)) as Record<string, unknown>;
-  const copy = join(dirname(path), `.${basename(path, extname(path))}.hookbus-${process.pid}.${/\.[cm]?tsx?$/.test(path) ? 'mts' : 'mjs'}`);
+  // the copy is TypeScript and an ES module, whatever the file: a .ts or .js file outside
+  // a `"type": "module"` package would load as CommonJS, which cannot import this ES
+  // module package on Node 20, and only TypeScript gets its decorators compiled (tsx)
+  if (!hidden.length && path.endsWith('.mts')) return (await import(pathToFileURL(path).href)) as Record<string, unknown>;
+  const copy = join(dirname(path), `.${basename(path, extname(path))}.hookbus-${process.pid}.mts`);
   await writeFile(copy, source + (hidden.length ? exportLine(hidden) : '\n'));
   try {
     return (await import(pathToFileURL(copy).href)) as Record<string, unknown>;
