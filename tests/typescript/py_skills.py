@@ -34,7 +34,7 @@ class OrderProbe(Skill):
 
     @hook("on_connection", 60)
     async def last(self, data: HookData, ctx: Context) -> None:
-        note(ctx, "py-probe.last", ts_mark=ctx.state.get("ts_mark"))
+        note(ctx, "py-probe.last", ts_mark=ctx.state.get("ts_mark"), ts_visits=ctx.session.data.get("ts_visits"))
 
     @hook("before_toolcall", 5)
     async def check_tool(self, data: HookData, ctx: Context) -> None:

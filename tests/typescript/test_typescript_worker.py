@@ -2,7 +2,8 @@
 through the gateway with the real `openai` client (issue 32):
 
 - one priority order across the two languages, each hook seeing the previous one's
-  `ctx.state`, whichever language wrote it;
+  `ctx.state`, whichever language wrote it; `ctx.session` data written in TypeScript
+  persisted for the conversation's next request;
 - `[filtered]` from the TypeScript ContentFilter's on_chunk reaches the streaming client;
 - the TypeScript SecuritySkill blocks the `rm_rf_root` tool call (the tool never runs, the
   model is told, after_toolcall still runs), while another TypeScript tool runs;
@@ -79,6 +80,16 @@ async def test_one_order_across_languages_state_both_ways_and_filtered_chunks(st
     end = next(e for e in mine if e["hook"] == "request-logger.endLogging")
     assert end["error"] is None and end["usage"]["total_tokens"] > 0
     assert hooks(mine, "request-logger.endLogging", "py-probe.finalize") == ["request-logger.endLogging", "py-probe.finalize"]
+
+
+async def test_typescript_session_data_persists_across_a_conversations_requests(stack: Stack) -> None:
+    session = "ts-e2e-conversation"
+    async with client(stack) as api:
+        first = await api.chat.completions.create(model="offline", user=session, messages=[{"role": "user", "content": "one"}])
+        second = await api.chat.completions.create(model="offline", user=session, messages=[{"role": "user", "content": "two"}])
+    entries = await stack.wait_journal(lambda es: finalized(first.id)(es) and finalized(second.id)(es))
+    visits = [next(e["ts_visits"] for e in entries if e["cid"] == cid and e["hook"] == "py-probe.last") for cid in (first.id, second.id)]
+    assert visits == [1, 2]  # written by TypeScript, persisted in Redis, read by Python
 
 
 async def test_typescript_security_blocks_rm_rf_root_and_another_typescript_tool_runs(stack: Stack) -> None:

@@ -43,10 +43,12 @@ export class Toolbox extends Skill {
 export class StateProbe extends Skill {
   readonly name = 'state-probe';
 
-  /** Between the Python hooks at 30 and 60: sees what Python put in ctx.state, adds its own. */
+  /** Between the Python hooks at 30 and 60: sees what Python put in ctx.state, adds its
+   * own; counts the conversation's requests in ctx.session (persisted per session). */
   @hook({ lifecycle: 'on_connection', priority: 40 })
   async relay(data: HookData, ctx: Context): Promise<void> {
     note(ctx, 'state-probe.relay', { py_mark: ctx.state.py_mark ?? null });
     ctx.state.ts_mark = `ts saw ${String(ctx.state.py_mark)}`;
+    ctx.session.data.ts_visits = Number(ctx.session.data.ts_visits ?? 0) + 1;
   }
 }
