@@ -16,8 +16,8 @@ through the gateway with the real `openai` client (issue 32):
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -178,11 +178,12 @@ async def test_the_announcement_is_what_python_reads_and_status_lists_the_replic
     ]
     assert sorted(t.name for t in announcement.tools) == ["rm_rf_root", "word_count"]
 
-    status = subprocess.run(
-        [str(Path(sys.executable).with_name("hookbus")), "status", "--json"],  # the console script
-        env=stack.env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    status = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("hookbus")), "status", "--json",  # the console script
+        env=stack.env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
-    assert status.returncode == 0, status.stderr
-    groups = {g["name"]: g for g in json.loads(status.stdout)["groups"]}
+    out, err = await asyncio.wait_for(status.communicate(), 60)
+    assert status.returncode == 0, err.decode()
+    groups = {g["name"]: g for g in json.loads(out)["groups"]}
     assert groups["ts"]["replicas"] == ["ts-1"] and groups["py"]["replicas"] == ["py-1"]
     assert "content-filter.filterOutput@on_chunk:5" in groups["ts"]["hooks"]
