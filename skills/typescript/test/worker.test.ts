@@ -12,6 +12,7 @@ import { Skill, hook, type HookData, type Context } from '../src/index.ts';
 import { GroupHost } from '../src/worker/host.ts';
 import { WorkerReplica } from '../src/worker/replica.ts';
 import { pairs } from '../src/bus/claims.ts';
+import { Keys } from '../src/bus/keys.ts';
 import { startRedis, waitFor, type TestRedis } from './redis.ts';
 
 class Stamp extends Skill {
@@ -218,6 +219,23 @@ test('a running hop keeps its claim fresh, so no sibling takes it', async () => 
     assert.ok(idle! < 300, `idle ${idle} ms: the lease was not renewed`);
     const [reply] = await replies(prefix, 1);
     assert.equal(JSON.parse(reply!.e!).outcomes[0].outcome, 'ok');
+  } finally {
+    await worker.stop();
+  }
+});
+
+test('with HOOKBUS_SHARDS the worker reads every shard of its stream and heartbeats under the registry tag', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const keys = new Keys(prefix, 3);
+  const worker = new WorkerReplica(new GroupHost('tsw', [new Stamp()]), { redisUrl: redis.url, prefix, shards: 3, replica: 'tsw-s' });
+  await worker.start();
+  try {
+    assert.ok(await client.zscore(keys.replicas('tsw'), 'tsw-s'));
+    assert.ok(await client.hget(keys.registry, 'tsw'));
+    const [, , third] = keys.hookStreams('tsw');
+    await client.xadd(third!, '*', ...hopFields(prefix, 'h-shard'));
+    const [reply] = await replies(prefix, 1);
+    assert.equal(JSON.parse(reply!.e!).hop_id, 'h-shard');
   } finally {
     await worker.stop();
   }
