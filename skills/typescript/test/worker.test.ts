@@ -240,3 +240,36 @@ test('with HOOKBUS_SHARDS the worker reads every shard of its stream and heartbe
     await worker.stop();
   }
 });
+
+test('a replica killed in the middle of a hop: a sibling claims the hop and answers it', async () => {
+  const prefix = `w${randomUUID().slice(0, 8)}:`;
+  const bin = fileURLToPath(new URL('../bin/hookbus-worker.js', import.meta.url));
+  const file = fileURLToPath(new URL('./fixtures/slow_skills.ts', import.meta.url));
+  const doomed = spawn(process.execPath, [bin, '--group', 'tsw', file, '--replica', 'doomed', '--claim-idle', '0.5'], {
+    env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix },
+    stdio: 'ignore',
+  });
+  const gone = new Promise((resolve) => doomed.once('exit', resolve));
+  let sibling: WorkerReplica | undefined;
+  try {
+    assert.ok(await waitFor(async () => (await client.zscore(`${prefix}replicas:tsw`, 'doomed')) !== null, 20_000));
+    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-killed'));
+    const taken = await waitFor(async () => {
+      const pending = (await client.xpending(`${prefix}hooks:tsw`, 'tsw', '-', '+', 10)) as Array<[string, string]>;
+      return pending.some(([, consumer]) => consumer === 'doomed');
+    });
+    assert.ok(taken, 'the doomed replica never took the hop');
+  } finally {
+    doomed.kill('SIGKILL'); // a crash: nothing is cleaned up, the entry stays pending
+  }
+  await gone;
+  try {
+    sibling = replica(prefix, { claimIdle: 0.5 }); // hosts a quick `stamp.stamp`
+    await sibling.start();
+    const [reply] = await replies(prefix, 1);
+    assert.equal(JSON.parse(reply!.e!).hop_id, 'h-killed');
+    assert.equal(JSON.parse(reply!.d!).messages.at(-1).content, 'stamped on attempt 2');
+  } finally {
+    await sibling?.stop();
+  }
+});
