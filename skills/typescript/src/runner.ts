@@ -19,6 +19,7 @@ import { guarded, unguarded } from './data.js';
 import type { Context } from './context.js';
 import type { BoundHook } from './skill.js';
 import type { HookDescriptor } from './descriptors.js';
+import { log } from './log.js';
 
 export type Outcome = 'ok' | 'failed' | 'hop_failed' | 'timeout' | 'blocked' | 'aborted' | 'skipped' | 'expired' | 'dead_letter';
 
@@ -73,14 +74,14 @@ export async function runHooks(
       if (isHookError(exc)) {
         result.outcomes.push(outcome(bound.key, started, 'aborted', exc.message));
         if (lifecycle === 'finalize_connection') {
-          log('finalize_hook_error', { hook: bound.key, error: exc.message, completion_id: ctx.completion_id });
+          log('finalize_hook_error', { hook: bound.key, error: exc.message, completion_id: ctx.completion_id }, 'warning', 'hookbus.hooks');
           continue;
         }
         result.abort = exc.toDict();
         return result;
       }
       const message = describe(exc, bound.descriptor.timeout);
-      log('hook_failed', { hook: bound.key, lifecycle, error: message, completion_id: ctx.completion_id });
+      log('hook_failed', { hook: bound.key, lifecycle, error: message, completion_id: ctx.completion_id }, 'warning', 'hookbus.hooks');
       const effect = fail(result, bound.descriptor, bound.key, message);
       if (effect === 'unchanged') {
         result.outcomes.push(outcome(bound.key, started, exc instanceof TimeoutError ? 'timeout' : 'failed', message));
@@ -157,7 +158,7 @@ export async function runListeners(
       outcomes.push(outcome(key, started, 'ok'));
     } catch (exc) {
       const message = describe(exc, timeout);
-      log('listener_failed', { hook: key, error: message, completion_id: completionId });
+      log('listener_failed', { hook: key, error: message, completion_id: completionId }, 'warning', 'hookbus.hooks');
       outcomes.push(outcome(key, started, exc instanceof TimeoutError ? 'timeout' : 'failed', message));
     }
   }
@@ -208,8 +209,4 @@ function outcome(hook: string, started: number, kind: Outcome, error?: string): 
   const o: HookOutcome = { hook, duration_ms: performance.now() - started, outcome: kind };
   if (error !== undefined) o.error = error;
   return o;
-}
-
-function log(event: string, fields: Record<string, unknown>): void {
-  process.stderr.write(JSON.stringify({ event, level: 'warning', logger: 'hookbus.hooks', timestamp: new Date().toISOString(), ...fields }) + '\n');
 }

@@ -10,7 +10,7 @@ import { parseArgs } from 'node:util';
 import { GroupHost } from './host.js';
 import { loadSkills, SpecError } from './loadSkills.js';
 import { instanceName, WorkerReplica } from './replica.js';
-import { log } from './log.js';
+import { log } from '../log.js';
 
 const USAGE = `usage: hookbus-worker --group NAME FILE[:SkillClass] [FILE ...] [--concurrency N] [--replica NAME]
                       [--claim-idle SECONDS] [--max-deliveries N]

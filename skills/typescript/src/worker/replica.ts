@@ -28,7 +28,7 @@ import { pruneConsumers, trimAcked, TRIM_EVERY } from '../bus/trim.js';
 import { DecodeError, decodeHop, encodeReply, failureReply, hopParts, type Fields, type HopEvent, type HopReply } from '../wire/envelopes.js';
 import type { GroupHost } from './host.js';
 import { sendOn, type Onward } from './sendOn.js';
-import { log } from './log.js';
+import { log } from '../log.js';
 
 export const DRAIN_SECONDS = 30;
 const REPLY_RETRY_GRACE = 5;
