@@ -71,7 +71,7 @@ function replica(prefix: string, options: { claimIdle?: number; maxDeliveries?: 
   return new WorkerReplica(new GroupHost('tsw', [new Stamp(), new Slow()]), { redisUrl: redis.url, prefix, replica: 'tsw-1', concurrency: 4, ...options });
 }
 
-test('a hop is answered, acked, announced with the protocol version, heartbeats, and sent on', async () => {
+test('a hop is answered, acked, announced with the protocol version, heartbeats with a record, and sent on', async () => {
   const prefix = `w${randomUUID().slice(0, 8)}:`;
   const worker = replica(prefix);
   await worker.start();
@@ -81,6 +81,10 @@ test('a hop is answered, acked, announced with the protocol version, heartbeats,
     assert.equal(announcement.hooks[0].method, 'stamp');
     assert.equal(await client.get(`${prefix}registry:version`), '1');
     assert.ok(Number(await client.zscore(`${prefix}replicas:tsw`, 'tsw-1')) > Date.now() / 1000 - 5);
+    const beat = JSON.parse((await client.get(`${prefix}replica:tsw:tsw-1`))!);
+    assert.deepEqual({ ...beat, ts: undefined }, { v: 1, kind: 'heartbeat', group: 'tsw', replica: 'tsw-1', protocol: '1.0', ts: undefined });
+    const ttl = await client.ttl(`${prefix}replica:tsw:tsw-1`);
+    assert.ok(ttl > 0 && ttl <= 10, `ttl ${ttl}`);
 
     const route = [{ group: 'next', stream: `${prefix}hooks:next`, hop_id: 'h-next', hooks: [{ skill: 'py', method: 'after' }], timeout: 5 }];
     await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-1', { route }));
@@ -105,6 +109,7 @@ test('a hop is answered, acked, announced with the protocol version, heartbeats,
     await worker.stop();
   }
   assert.equal(await client.zscore(`${prefix}replicas:tsw`, 'tsw-1'), null); // left the registry
+  assert.equal(await client.exists(`${prefix}replica:tsw:tsw-1`), 0);
 });
 
 test('an unreadable entry is dead-lettered without its content; a known caller hears of it', async () => {

@@ -113,4 +113,9 @@ export class Keys {
   replicas(group: string): string {
     return this.control(`replicas:${group}`);
   }
+
+  /** String: one replica's latest heartbeat record (its protocol version), expiring on its own. */
+  replicaHeartbeat(group: string, replica: string): string {
+    return this.control(`replica:${group}:${replica}`);
+  }
 }
