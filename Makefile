@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check conformance
+.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check conformance ts-deps
 
 venv: $(STAMP)
 
@@ -17,14 +17,14 @@ $(STAMP): pyproject.toml
 run: venv
 	$(BIN)/hookbus run
 
-test: venv
+test: venv ts-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The inner loop: everything but the slow fault and chaos tests.
-test-fast: venv
+test-fast: venv ts-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
-bench: venv
+bench: venv ts-deps
 	$(BIN)/python -m tests.bench
 
 # The conformance kit (docs/conformance.md) against the Python worker, then against the
@@ -33,15 +33,13 @@ TS_DIR := skills/typescript
 TS_PROBE := $(TS_DIR)/conformance/probe.ts
 KIT := $(BIN)/hookbus conformance --
 
-conformance: venv
+conformance: venv ts-deps
 	$(KIT) $(BIN)/hookbus worker --group conformance --claim-idle 2 hookbus.services.protocol.conformance.skills:Probe
 	@if [ ! -d $(TS_DIR) ]; then \
 		echo "conformance: no $(TS_DIR)/, so no TypeScript worker to check: that half is skipped"; \
 	elif [ ! -f $(TS_PROBE) ]; then \
 		echo "conformance: $(TS_PROBE) is missing: the TypeScript twin of the kit's skills (docs/conformance.md)" >&2; exit 1; \
 	else \
-		test -d $(TS_DIR)/node_modules || npm ci --prefix $(TS_DIR); \
-		test -f $(TS_DIR)/dist/worker/cli.js || npm run build --prefix $(TS_DIR); \
 		echo "$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE)"; \
 		$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE); \
 	fi
@@ -74,3 +72,18 @@ clean:
 deploy-check: venv
 	$(BIN)/python -m tests.deploy.check
 
+
+# The TypeScript SDK and worker (skills/typescript, npm package `hookbus`): its locked npm
+# dependencies and its build (`prepare`: tsc), again only when the lock or a source changed.
+# Without node the tests of tests/typescript skip, saying so.
+NPM ?= npm
+TS_STAMP := $(TS_DIR)/node_modules/.hookbus-built
+
+ts-deps: $(TS_STAMP)
+
+$(TS_STAMP): $(TS_DIR)/package-lock.json $(TS_DIR)/package.json $(TS_DIR)/tsconfig.json $(wildcard $(TS_DIR)/src/*.ts $(TS_DIR)/src/*/*.ts)
+	@if command -v node >/dev/null 2>&1; then \
+		$(NPM) ci --prefix $(TS_DIR) --no-audit --no-fund && $(NPM) run --prefix $(TS_DIR) build && touch $@; \
+	else \
+		echo "ts-deps: node not found; the TypeScript worker's tests will skip"; \
+	fi

@@ -12,6 +12,11 @@ a second process in both cases.
   conversation and two tools, ~6.7 kB event);
 - hookbus router: the same hops through `ReplyRouter.call` with a prebuilt HopEvent
   (no HookData/Context dumps, no reply applied): the transport share of the cost;
+- hookbus TypeScript worker: the same hops (`BusRuntime.hop`) to a `hookbus-worker`
+  replica (skills/typescript, Node.js, --concurrency 32) hosting the same no-op hooks
+  (tests/typescript/skills/bench_noop.ts), beside the Python worker: the per-hop cost of
+  the TypeScript worker against the Python one; left out, saying why, without node or
+  the built package (`make ts-deps`);
 - one flush of the hop path's writers (a reply XADD and an XACK in one write, in this
   process, alternating): hookbus.bus.connection.pipeline against redis-py's own pipeline,
   CPU per flush.
@@ -22,6 +27,7 @@ Run alone: `python -m tests.bench.hop`.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 from tests.bench import payloads
 from tests.bench.common import (
     PYTHON,
+    REPO,
     BusSide,
     Processes,
     Row,
@@ -50,19 +57,36 @@ if TYPE_CHECKING:
     from hookbus.services.orchestrator.plan import HookPlan
 
 GROUP = "hop"
+TS_GROUP = "hop-ts"
 CONCURRENCIES = (1, 32)
 
 
-async def noop_group(procs: Processes, redis_url: str, prefix: str) -> tuple[BusSide, HookPlan, subprocess.Popen[bytes]]:
+def ts_worker(procs: Processes, redis_url: str, prefix: str) -> subprocess.Popen[bytes] | None:
+    """A TypeScript `hookbus-worker` replica of TS_GROUP hosting the same no-op hooks
+    (--concurrency 32), or None, saying why, without node or the built package."""
+    node, package = shutil.which("node"), REPO / "skills" / "typescript"
+    if node is None or not (package / "dist" / "worker" / "cli.js").exists():
+        print("\n[hop] no TypeScript worker variant: " + ("node is not installed" if node is None else "run `make ts-deps`"))
+        return None
+    args = [node, str(package / "bin" / "hookbus-worker.js"), "--group", TS_GROUP,
+            str(REPO / "tests" / "typescript" / "skills" / "bench_noop.ts"), "--concurrency", "32"]
+    return procs.spawn(args, bench_env(redis_url, prefix), f"worker-{TS_GROUP}")
+
+
+async def noop_group(
+    procs: Processes, redis_url: str, prefix: str
+) -> tuple[BusSide, HookPlan, subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
     """A `hookbus worker` replica hosting HopNoop (--concurrency 32), the orchestrator side
-    that calls it (registry read), the plan of its hooks, and the worker's process."""
+    that calls it (registry read), the plan of its hooks, the worker's process, and the
+    TypeScript worker's (None when it cannot run here)."""
     from hookbus.services.orchestrator.plan import HookPlan
 
     worker = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
+    ts = ts_worker(procs, redis_url, prefix)
     side = await bus_side(redis_url, prefix)
-    await wait_for_replicas(redis_url, prefix, {GROUP: 1}, procs)
+    await wait_for_replicas(redis_url, prefix, {GROUP: 1, **({TS_GROUP: 1} if ts else {})}, procs)
     await side.runtime.registry.refresh()
-    return side, HookPlan.build([], [], side.runtime.remote_hooks(), side.runtime.remote_tools()), worker
+    return side, HookPlan.build([], [], side.runtime.remote_hooks(), side.runtime.remote_tools()), worker, ts
 
 
 async def sizes(kind: str) -> tuple[int, int]:
@@ -95,19 +119,25 @@ def sample_event(kind: str, data, ctx, reply_to: str):  # type: ignore[no-untype
     )
 
 
-def _ops(runtime, segment, kind: str, concurrency: int, caller: FloorCaller, payload: bytes):  # type: ignore[no-untyped-def]
-    """floor / hop (BusRuntime.hop + record_stage) / router (ReplyRouter.call) operations."""
+def _ops(runtime, segment, kind: str, concurrency: int, caller: FloorCaller, payload: bytes, ts_segment=None):  # type: ignore[no-untyped-def]
+    """floor / hop (BusRuntime.hop + record_stage) / router (ReplyRouter.call) operations,
+    and hop-ts (the same hop to the TypeScript worker) given its segment."""
     contexts = [payloads.context() for _ in range(concurrency)]
     data = payloads.KINDS[kind]()
     turn = iter(range(1 << 62))
 
-    async def hop() -> None:
-        ctx = contexts[next(turn) % concurrency]
-        started = time.perf_counter()
-        result = await runtime.hop(segment, data, ctx, kind)
-        runtime.record_stage(ctx.completion_id, kind, GROUP, result.outcomes, (time.perf_counter() - started) * 1000)
-        if result.outcomes[0].outcome != "ok":
-            raise RuntimeError(result.outcomes[0].error)
+    def hop_to(seg, group: str):  # type: ignore[no-untyped-def]
+        async def hop() -> None:
+            ctx = contexts[next(turn) % concurrency]
+            started = time.perf_counter()
+            result = await runtime.hop(seg, data, ctx, kind)
+            runtime.record_stage(ctx.completion_id, kind, group, result.outcomes, (time.perf_counter() - started) * 1000)
+            if result.outcomes[0].outcome != "ok":
+                raise RuntimeError(result.outcomes[0].error)
+
+        return hop
+
+    hop = hop_to(segment, GROUP)
 
     event = sample_event(kind, data, contexts[0], runtime.router.reply_stream)
     stream = runtime.keys.hooks(GROUP)
@@ -118,7 +148,10 @@ def _ops(runtime, segment, kind: str, concurrency: int, caller: FloorCaller, pay
     async def floor() -> None:
         await caller.call(payload)
 
-    return {"floor": floor, "hop": hop, "router": routed}
+    ops = {"floor": floor, "hop": hop, "router": routed}
+    if ts_segment is not None:
+        ops["hop-ts"] = hop_to(ts_segment, TS_GROUP)
+    return ops
 
 
 async def flush_cpu(redis_url: str, prefix: str, reply_bytes: int) -> list[Row]:
@@ -176,7 +209,7 @@ async def measure(redis_url: str) -> list[Row]:
         floor_stream = f"{prefix}floor"
         floor_env = bench_env(redis_url, prefix)
         procs.spawn([PYTHON, "-m", "tests.bench.floor", redis_url, floor_stream, "floor", "32", "0"], floor_env, "floor")
-        side, plan, worker = await noop_group(procs, redis_url, prefix)
+        side, plan, worker, ts = await noop_group(procs, redis_url, prefix)
         runtime = side.runtime
         try:
             for kind in payloads.KINDS:
@@ -192,18 +225,23 @@ async def measure(redis_url: str) -> list[Row]:
                 await caller.start()
                 request_payload = b"x" * event_bytes
                 await caller.call(request_payload, timeout=30)  # the floor worker is up
-                segment = plan.segments(kind, ["chat"])[0]
+                segments = {s.group: s for s in plan.segments(kind, ["chat"])}
+                segment, ts_segment = segments[GROUP], segments.get(TS_GROUP)
                 print(f"\n[hop] {kind}: HopEvent {event_bytes} B, HopReply {reply_bytes} B")
                 for concurrency in CONCURRENCIES:
                     total = scaled(1500 if concurrency == 1 else 6000)
-                    ops = _ops(runtime, segment, kind, concurrency, caller, request_payload)
+                    ops = _ops(runtime, segment, kind, concurrency, caller, request_payload, ts_segment)
                     pids = {"floor": [procs.children[0].pid], "hop": [worker.pid], "router": [worker.pid]}
+                    if ts is not None:
+                        pids["hop-ts"] = [ts.pid]
                     pooled, cpu = await alternate(
                         ops, concurrency=concurrency, total=total, rounds=2, warmup=scaled(100), pids=pids
                     )
                     floor, bus, router = pooled["floor"], pooled["hop"], pooled["router"]
                     for name, label in (("floor", "floor raw redis-py"), ("hop", "hookbus BusRuntime.hop"),
-                                        ("router", "hookbus ReplyRouter.call")):
+                                        ("router", "hookbus ReplyRouter.call"), ("hop-ts", "hookbus TypeScript worker")):
+                        if name not in pooled:
+                            continue
                         print(pooled[name].line(f"{label} c={concurrency}", "hops/s")
                               + f"  cpu/hop: caller {cpu[name][0]:.0f} us, worker {cpu[name][1]:.0f} us")
                     case = f"{kind} c={concurrency}"
@@ -218,6 +256,13 @@ async def measure(redis_url: str) -> list[Row]:
                         rows.append(Row("hop", f"{case} router-only throughput", router.rate, "hops/s", floor.rate, "floor"))
                     rows.append(Row("hop", f"{case} worker CPU per hop", cpu["hop"][1], "us", cpu["floor"][1], "floor worker"))
                     rows.append(Row("hop", f"{case} caller CPU per hop", cpu["hop"][0], "us", cpu["floor"][0], "floor caller"))
+                    if "hop-ts" in pooled:
+                        ts_stats = pooled["hop-ts"]
+                        rows.append(Row("hop", f"{case} TS worker CPU per hop", cpu["hop-ts"][1], "us", cpu["hop"][1], "Python worker"))
+                        if concurrency == 1:
+                            rows.append(Row("hop", f"{case} TS worker p50", ts_stats.p50_ms, "ms", bus.p50_ms, "Python worker"))
+                        else:
+                            rows.append(Row("hop", f"{case} TS worker throughput", ts_stats.rate, "hops/s", bus.rate, "Python worker"))
                     for name, stats in pooled.items():
                         if stats.failures:
                             rows.append(Row("hop", f"{case} {name} failures", stats.failures, "count", note=str(stats.errors)))

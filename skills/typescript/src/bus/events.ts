@@ -1,0 +1,78 @@
+/**
+ * The monitor firehose (hookbus.bus.events): one record per hop, buffered and written every
+ * FLUSH_EVERY seconds as one MonitorBatch entry per events shard, so monitoring never adds
+ * a round trip to a hop. Best effort: a batch Redis refuses is dropped.
+ */
+
+import type { Redis } from 'ioredis';
+import type { Keys } from './keys.js';
+
+const EVENTS_MAXLEN = 100_000;
+const FLUSH_EVERY_MS = 100;
+const MAX_BUFFER = 50_000;
+const MAX_RECORDS_PER_ENTRY = 500;
+
+export interface MonitorRecord {
+  v: 1;
+  kind: 'hop';
+  ts: number;
+  completion_id: string;
+  lifecycle: string;
+  hooks: string[];
+  group: string;
+  replica: string;
+  duration_ms: number;
+  outcome: string;
+  error?: string;
+}
+
+export class EventWriter {
+  private buffer: MonitorRecord[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private recordsPerEntry = 1;
+  private readonly maxPerShard: number;
+
+  constructor(private readonly client: Redis, private readonly keys: Keys) {
+    this.maxPerShard = Math.max(1, Math.floor(EVENTS_MAXLEN / keys.shards));
+  }
+
+  emit(record: MonitorRecord): void {
+    if (this.buffer.length >= MAX_BUFFER) return; // Redis unreachable for long: monitoring gives way
+    this.buffer.push(record);
+    this.timer ??= setTimeout(() => {
+      this.timer = undefined;
+      this.flush().catch(() => undefined);
+    }, FLUSH_EVERY_MS);
+  }
+
+  async flush(): Promise<void> {
+    if (!this.buffer.length) return;
+    const batch = this.buffer;
+    this.buffer = [];
+    const byStream = new Map<string, MonitorRecord[]>();
+    for (const record of batch) {
+      const stream = this.keys.eventsFor(record.completion_id);
+      const list = byStream.get(stream) ?? [];
+      list.push(record);
+      byStream.set(stream, list);
+    }
+    const cap = Math.max(1, Math.floor(this.maxPerShard / this.recordsPerEntry));
+    const pipe = this.client.pipeline();
+    const sizes: number[] = [];
+    for (const [stream, records] of byStream) {
+      for (let start = 0; start < records.length; start += MAX_RECORDS_PER_ENTRY) {
+        const part = records.slice(start, start + MAX_RECORDS_PER_ENTRY);
+        pipe.xadd(stream, 'MAXLEN', '~', cap, '*', 'e', JSON.stringify({ v: 1, kind: 'batch', records: part }));
+        sizes.push(part.length);
+      }
+    }
+    await pipe.exec();
+    for (const size of sizes) this.recordsPerEntry += 0.05 * (size - this.recordsPerEntry);
+  }
+
+  async stop(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.flush().catch(() => undefined);
+  }
+}

@@ -1,0 +1,163 @@
+/**
+ * The wire format of hops and replies, as the Python models write and read it
+ * (hookbus.bus.envelopes): each stream entry has a field `e` with the envelope's JSON;
+ * a version 2 hook hop carries the Context JSON in `c` and the HookData JSON in `d`, and
+ * its reply carries `d` only when the hooks changed the data. Python dumps envelopes with
+ * `exclude_none`, so absent and null are the same to it; this module omits nulls too.
+ */
+
+export const VERSION = 1;
+export const SPLIT_VERSION = 2;
+export const PROTOCOL = '1.0';
+/** The protocol version this worker speaks, announced with its group (DESIGN.md section 8). */
+
+export interface HookRef {
+  skill: string;
+  method: string;
+}
+
+export interface RouteStep {
+  group: string;
+  stream: string;
+  hop_id: string;
+  hooks: HookRef[];
+  timeout: number;
+}
+
+export interface HopEvent {
+  v: number;
+  kind: 'hop';
+  hop_id: string;
+  completion_id: string;
+  lifecycle: string;
+  stage_key: string;
+  hooks: HookRef[];
+  data?: Record<string, unknown> | null;
+  tool?: { name: string; arguments: Record<string, unknown> } | null;
+  ctx: Record<string, unknown>;
+  reply_to: string;
+  deadline: number;
+  epoch: number;
+  trace?: Record<string, unknown> | null;
+  chunks: number;
+  route?: RouteStep[] | null;
+}
+
+export interface HookTiming {
+  hook: string;
+  duration_ms: number;
+  outcome: string;
+  error?: string;
+}
+
+export interface HopReply {
+  v: number;
+  kind: 'reply';
+  hop_id: string;
+  completion_id: string;
+  replica: string;
+  data?: Record<string, unknown>;
+  tool_result?: string;
+  state: Record<string, unknown>;
+  session: Record<string, unknown>;
+  abort?: Record<string, unknown>;
+  blocked: boolean;
+  outcomes: HookTiming[];
+  failure?: string;
+  duration_ms: number;
+  processed: number;
+  forwarded?: string;
+}
+
+/** An entry that is not a valid hop; `message` says why (it goes to the dead-letter stream). */
+export class DecodeError extends Error {}
+
+export type Fields = Record<string, string>;
+
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** The hop in an entry, checked as strictly as the Python model checks it. */
+export function decodeHop(fields: Fields): HopEvent {
+  const raw = fields.e;
+  if (raw === undefined) {
+    throw new DecodeError(`entry has no 'e' field (fields: ${Object.keys(fields).sort().join(', ')})`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch (exc) {
+    throw new DecodeError(`not a valid HopEvent: (root): Invalid JSON: ${(exc as Error).message}`);
+  }
+  if (!isObject(value)) throw new DecodeError('not a valid HopEvent: (root): Input should be an object');
+  const problems: string[] = [];
+  const need = (name: string, ok: (v: unknown) => boolean, what: string, optional = false): void => {
+    const v = value[name];
+    if (v === undefined || (optional && v === null)) {
+      if (!optional) problems.push(`${name}: Field required`);
+    } else if (!ok(v)) {
+      problems.push(`${name}: Input should be ${what}`);
+    }
+  };
+  const str = (v: unknown): boolean => typeof v === 'string';
+  const num = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v);
+  const int = (v: unknown): boolean => Number.isInteger(v);
+  need('kind', (v) => v === 'hop', "'hop'", true);
+  need('v', int, 'a valid integer', true);
+  for (const name of ['hop_id', 'completion_id', 'lifecycle', 'stage_key', 'reply_to']) need(name, str, 'a valid string');
+  need('ctx', isObject, 'a valid dictionary');
+  need('deadline', num, 'a valid number');
+  need('epoch', int, 'a valid integer', true);
+  need('chunks', (v) => int(v) && (v as number) >= 0, 'a non-negative integer', true);
+  need('hooks', (v) => Array.isArray(v) && v.every((h) => isObject(h) && str(h.skill) && str(h.method)), 'a list of {skill, method}', true);
+  need('data', isObject, 'a valid dictionary', true);
+  need('tool', (v) => isObject(v) && str(v.name) && isObject(v.arguments), 'a tool invocation {name, arguments}', true);
+  need('route', (v) => Array.isArray(v) && v.every(isObject), 'a list of route steps', true);
+  if (problems.length) throw new DecodeError(`not a valid HopEvent: ${problems.slice(0, 5).join('; ')}`);
+  const hop = value as unknown as HopEvent;
+  hop.v = hop.v ?? VERSION;
+  hop.kind = 'hop';
+  hop.hooks = hop.hooks ?? [];
+  hop.epoch = hop.epoch ?? 0;
+  hop.chunks = hop.chunks ?? 0;
+  if (hop.v !== VERSION && hop.v !== SPLIT_VERSION) {
+    throw new DecodeError(`unknown envelope version ${hop.v} (this build reads ${VERSION}, ${SPLIT_VERSION})`);
+  }
+  return hop;
+}
+
+/** (Context JSON, HookData JSON or undefined) of a version 2 hop; undefined for version 1. */
+export function hopParts(hop: HopEvent, fields: Fields): [string, string | undefined] | undefined {
+  if (hop.v !== SPLIT_VERSION) return undefined;
+  const ctx = fields.c;
+  if (ctx === undefined) throw new DecodeError(`version ${SPLIT_VERSION} hop without a 'c' field`);
+  return [ctx, fields.d];
+}
+
+/** JSON without the null and undefined fields (pydantic's `exclude_none`), top level only
+ * as far as the envelope's own optional fields go. */
+function withoutNone(value: object): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) if (v !== null && v !== undefined) out[k] = v;
+  return out;
+}
+
+/** A reply entry as flat [field, value, ...]: `e`, then `d` when it carries changed data. */
+export function encodeReply(reply: HopReply, dataJson?: string): string[] {
+  const fields = ['e', JSON.stringify(withoutNone(reply))];
+  if (dataJson !== undefined) fields.push('d', dataJson);
+  return fields;
+}
+
+/** A version 2 hop entry (a stage sent on to the next group): `e`, `c`, `d`. */
+export function encodeHop(hop: HopEvent, dataJson: string, ctxJson: string): string[] {
+  const envelope = withoutNone({ ...hop, v: SPLIT_VERSION, data: null, ctx: {} });
+  return ['e', JSON.stringify(envelope), 'c', ctxJson, 'd', dataJson];
+}
+
+/** A failure reply: the hop as a whole could not be run (dead-lettered, not encodable...). */
+export function failureReply(hop: Pick<HopEvent, 'hop_id' | 'completion_id'>, replica: string, failure: string, v = VERSION): HopReply {
+  return {
+    v, kind: 'reply', hop_id: hop.hop_id, completion_id: hop.completion_id, replica,
+    state: {}, session: {}, blocked: false, outcomes: [], failure, duration_ms: 0, processed: 0,
+  };
+}

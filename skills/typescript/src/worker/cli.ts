@@ -1,0 +1,96 @@
+/**
+ * `hookbus-worker --group NAME ./skills.ts [...] [--concurrency N]`: one replica of a
+ * hook-worker group, with the flags and environment of `hookbus worker` (REDIS_URL, else
+ * the Redis of a running `hookbus run` from `.hookbus/redis-url`; HOOKBUS_PREFIX;
+ * HOOKBUS_SHARDS; HOOKBUS_LOG_LEVEL).
+ */
+
+import { existsSync, readFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { GroupHost } from './host.js';
+import { loadSkills, SpecError } from './loadSkills.js';
+import { instanceName, WorkerReplica } from './replica.js';
+import { log } from '../log.js';
+
+const USAGE = `usage: hookbus-worker --group NAME FILE[:SkillClass] [FILE ...] [--concurrency N] [--replica NAME]
+                      [--claim-idle SECONDS] [--max-deliveries N]
+
+Runs one replica of a hookbus worker group hosting every Skill subclass the files export
+or define (TypeScript or JavaScript). Environment: REDIS_URL, HOOKBUS_PREFIX (default
+"hookbus:"), HOOKBUS_SHARDS (default 1), HOOKBUS_LOG_LEVEL.`;
+
+function number(name: string, raw: string | undefined, fallback: number, integer: boolean): number {
+  if (raw === undefined) return fallback;
+  const value = Number(raw);
+  if (!Number.isFinite(value) || value <= 0 || (integer && !Number.isInteger(value))) {
+    throw new SpecError(`--${name} needs a positive ${integer ? 'integer' : 'number'}, not ${JSON.stringify(raw)}`);
+  }
+  return value;
+}
+
+export function redisUrl(): string {
+  if (process.env.REDIS_URL) return process.env.REDIS_URL;
+  const state = '.hookbus/redis-url';
+  if (existsSync(state)) return readFileSync(state, 'utf8').trim();
+  throw new SpecError(
+    'no Redis to talk to. Set REDIS_URL=redis://host:port/0, or start the whole stack on an embedded Redis with `hookbus run`.',
+  );
+}
+
+export async function main(argv: string[]): Promise<number> {
+  let replica: WorkerReplica;
+  try {
+    const { values, positionals } = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        group: { type: 'string' },
+        concurrency: { type: 'string' },
+        replica: { type: 'string' },
+        'claim-idle': { type: 'string' },
+        'max-deliveries': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    });
+    if (values.help) {
+      process.stdout.write(`${USAGE}\n`);
+      return 0;
+    }
+    if (!values.group) throw new SpecError('--group is required');
+    if (!positionals.length) throw new SpecError('name at least one file of skills');
+    const skills = await loadSkills(positionals);
+    const group = values.group;
+    replica = new WorkerReplica(new GroupHost(group, skills), {
+      redisUrl: redisUrl(),
+      prefix: process.env.HOOKBUS_PREFIX ?? 'hookbus:',
+      shards: number('HOOKBUS_SHARDS', process.env.HOOKBUS_SHARDS, 1, true),
+      concurrency: number('concurrency', values.concurrency, 16, true),
+      replica: values.replica ?? instanceName(`worker-${group}`),
+      claimIdle: number('claim-idle', values['claim-idle'], 5.0, false),
+      maxDeliveries: number('max-deliveries', values['max-deliveries'], 3, true),
+    });
+  } catch (exc) {
+    if (exc instanceof SpecError || (exc as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+      process.stderr.write(`hookbus-worker: ${(exc as Error).message}\n${USAGE}\n`);
+      return 2;
+    }
+    throw exc;
+  }
+  const stopped = new Promise<void>((resolve) => {
+    const stop = (signal: string): void => {
+      log('worker_stopping', { signal, replica: replica.replica }, 'info');
+      void replica.stop().then(resolve);
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+  try {
+    await replica.start();
+  } catch (exc) {
+    process.stderr.write(`hookbus-worker: ${(exc as Error).message}\n`);
+    await replica.stop().catch(() => undefined);
+    return 1;
+  }
+  await stopped;
+  return 0;
+}

@@ -1,0 +1,236 @@
+/**
+ * The skills one worker group hosts, and how one hop is answered: a hop goes in, a reply
+ * comes out, no Redis here (hookbus.services.worker.host, in TypeScript). Hooks run
+ * through the same failure rules as Python hooks (../runner.ts).
+ */
+
+import { Context } from '../context.js';
+import { dumpData } from '../data.js';
+import { runHooks, runListeners, type HookOutcome } from '../runner.js';
+import type { BoundHook, BoundTool, Skill } from '../skill.js';
+import type { HookDescriptor, ToolDescriptor } from '../descriptors.js';
+import { dumpResults, loadChunks } from '../wire/chunkBatch.js';
+import { PROTOCOL, type HopEvent, type HopReply, type HookTiming } from '../wire/envelopes.js';
+
+export const COMPACTION_LIFECYCLE = 'on_compaction';
+
+/** What the registry holds for a group (hookbus.bus.registry.GroupAnnouncement) plus the
+ * protocol version this worker speaks. */
+export interface GroupAnnouncement {
+  v: number;
+  group: string;
+  hooks: HookDescriptor[];
+  tools: ToolDescriptor[];
+  compaction: string[];
+  first_seen: number;
+  protocol: string;
+}
+
+/** A reply and, for a version 2 hop whose data the hooks changed, that data's JSON. */
+export interface Answer {
+  reply: HopReply;
+  dataJson?: string;
+}
+
+class HopProblem extends Error {}
+
+export class GroupHost {
+  readonly hooks = new Map<string, BoundHook>();
+  readonly tools = new Map<string, BoundTool>();
+  readonly compaction = new Map<string, (...args: never[]) => unknown>();
+
+  constructor(readonly group: string, readonly skills: readonly Skill[]) {
+    if (skills.length === 0) throw new Error(`worker group ${JSON.stringify(group)} needs at least one skill`);
+    for (const skill of skills) {
+      for (const h of skill.boundHooks()) this.hooks.set(h.key, h);
+      for (const t of skill.boundTools()) this.tools.set(t.descriptor.name, t);
+      const listener = skill.compactionListener();
+      if (listener) this.compaction.set(skill.name, listener);
+    }
+  }
+
+  announcement(): GroupAnnouncement {
+    return {
+      v: 1,
+      group: this.group,
+      hooks: [...this.hooks.values()].map((h) => h.descriptor),
+      tools: [...this.tools.values()].map((t) => t.descriptor),
+      compaction: [...this.compaction.keys()],
+      first_seen: Date.now() / 1000,
+      protocol: PROTOCOL,
+    };
+  }
+
+  /** Run the hop's hooks (or tool, or on_compaction listeners) and build the reply;
+   * hop-level problems (an unknown hook, unreadable data) become its `failure`. */
+  async answer(hop: HopEvent, attempt: number, replica: string, split?: [string, string | undefined]): Promise<Answer> {
+    const started = performance.now();
+    const reply: HopReply = {
+      v: hop.v, kind: 'reply', hop_id: hop.hop_id, completion_id: hop.completion_id, replica,
+      state: {}, session: {}, blocked: false, outcomes: [], duration_ms: 0, processed: 0,
+    };
+    let dataJson: string | undefined;
+    try {
+      if (hop.lifecycle === COMPACTION_LIFECYCLE && !hop.tool) {
+        await this.onCompaction(hop, reply);
+      } else {
+        const ctx = new Context(split ? JSON.parse(split[0]) : hop.ctx);
+        if (hop.tool) {
+          reply.tool_result = await this.callTool(hop, ctx);
+        } else {
+          dataJson = await this.runHooks(hop, ctx, attempt, split, reply);
+        }
+        reply.state = ctx.state;
+        reply.session = ctx.session.data;
+      }
+    } catch (exc) {
+      // a hook's own failures never get here (the runner keeps them): this is the hop's
+      const failure = exc instanceof Error ? exc.message : String(exc);
+      Object.assign(reply, { failure, state: {}, session: {}, outcomes: [], blocked: false, processed: 0 });
+      delete reply.abort;
+      delete reply.data;
+      delete reply.tool_result;
+      dataJson = undefined;
+    }
+    reply.duration_ms = performance.now() - started;
+    return { reply, dataJson };
+  }
+
+  private bound(hop: HopEvent): BoundHook[] {
+    return hop.hooks.map((ref) => {
+      const key = `${ref.skill}.${ref.method}`;
+      const hook = this.hooks.get(key);
+      if (!hook) throw new HopProblem(`group '${this.group}' has no hook '${key}'`);
+      return hook;
+    });
+  }
+
+  /** Fills the reply of a hook hop; returns the changed data's JSON (version 2 only). */
+  private async runHooks(hop: HopEvent, ctx: Context, attempt: number, split: [string, string | undefined] | undefined, reply: HopReply): Promise<string | undefined> {
+    const bound = this.bound(hop);
+    const sent = split?.[1];
+    if (hop.chunks) {
+      if (!sent) throw new HopProblem("a batched on_chunk hop needs its chunks in the 'd' field");
+      return this.runChunks(bound, sent, ctx, attempt, reply);
+    }
+    const raw: Record<string, unknown> = split
+      ? (sent ? JSON.parse(sent) : { lifecycle: hop.lifecycle })
+      : (hop.data ?? { lifecycle: hop.lifecycle });
+    const before = split ? dumpData(raw) : '';
+    const result = await runHooks(bound, raw, ctx, hop.stage_key, attempt);
+    if (result.abort) reply.abort = result.abort as unknown as Record<string, unknown>;
+    reply.blocked = result.blocked;
+    reply.outcomes = timings(result.outcomes);
+    if (!split) {
+      reply.data = JSON.parse(dumpData(result.data));
+      return undefined;
+    }
+    const after = dumpData(result.data);
+    return after !== before ? after : undefined;
+  }
+
+  /** The chain over each chunk in turn (each sees the state the previous one left), up to
+   * a HookError; per hook, the reply's outcome sums its calls' time and keeps its first failure. */
+  private async runChunks(bound: BoundHook[], raw: string, ctx: Context, attempt: number, reply: HopReply): Promise<string | undefined> {
+    const results: Array<string | null> = [];
+    const perHook = new Map<string, HookOutcome>();
+    for (const chunk of loadChunks(raw)) {
+      const before = dumpData(chunk);
+      const result = await runHooks(bound, chunk, ctx, `on_chunk#${String(chunk.chunk_index)}`, attempt);
+      const after = dumpData(result.data);
+      results.push(after !== before ? after : null);
+      for (const o of result.outcomes) {
+        const seen = perHook.get(o.hook);
+        if (!seen) {
+          perHook.set(o.hook, { ...o });
+          continue;
+        }
+        seen.duration_ms += o.duration_ms;
+        if (seen.error === undefined && o.error !== undefined) {
+          seen.outcome = o.outcome;
+          seen.error = o.error;
+        }
+      }
+      if (result.abort) {
+        reply.abort = result.abort as unknown as Record<string, unknown>;
+        break;
+      }
+    }
+    reply.processed = results.length;
+    reply.outcomes = timings([...perHook.values()]);
+    return results.some((r) => r !== null) ? dumpResults(results) : undefined;
+  }
+
+  /** `on_compaction` of each named skill; one failing is recorded, never fails the hop. */
+  private async onCompaction(hop: HopEvent, reply: HopReply): Promise<void> {
+    const listeners: Array<[string, (...args: never[]) => unknown]> = hop.hooks.map((ref) => {
+      const fn = this.compaction.get(ref.skill);
+      if (!fn) throw new HopProblem(`group '${this.group}' has no on_compaction of skill '${ref.skill}'`);
+      return [`${ref.skill}.${ref.method}`, fn];
+    });
+    const hasCtx = Object.keys(hop.ctx).length > 0;
+    const ctx = hasCtx ? new Context(hop.ctx) : undefined;
+    const timeout = Math.max(0.1, hop.deadline - Date.now() / 1000);
+    reply.outcomes = timings(await runListeners(listeners, [hop.data ?? {}, ctx], timeout, hop.completion_id));
+    if (ctx) {
+      reply.state = ctx.state;
+      reply.session = ctx.session.data;
+    }
+  }
+
+  /** The tool's answer as the model sees it: every problem becomes text, never a crash. */
+  private async callTool(hop: HopEvent, ctx: Context): Promise<string> {
+    const invocation = hop.tool!;
+    const bound = this.tools.get(invocation.name);
+    if (!bound) throw new HopProblem(`group '${this.group}' has no tool '${invocation.name}'`);
+    const name = `'${invocation.name}'`;
+    const missing = requiredMissing(bound.descriptor, invocation.arguments);
+    if (missing.length) {
+      return `Error: invalid arguments for tool ${name}: ${missing.map((m) => `${m}: Field required`).join('; ')}`;
+    }
+    try {
+      const result = await runTool(bound, invocation.arguments, ctx);
+      return typeof result === 'string' ? result : JSON.stringify(result ?? null);
+    } catch (exc) {
+      if (exc instanceof ToolTimeout) return `Error: tool ${name} timed out after ${exc.message}s`;
+      const error = exc instanceof Error ? `${exc.name}: ${exc.message}` : `Error: ${String(exc)}`;
+      return `Error: tool ${name} failed: ${error}`;
+    }
+  }
+}
+
+class ToolTimeout extends Error {}
+
+async function runTool(bound: BoundTool, args: Record<string, unknown>, ctx: Context): Promise<unknown> {
+  const timeout = bound.descriptor.timeout;
+  const running = Promise.resolve().then(() => bound.fn(args, ctx));
+  if (timeout === null) return running;
+  let timer: NodeJS.Timeout | undefined;
+  running.catch(() => undefined);
+  try {
+    return await Promise.race([
+      running,
+      new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new ToolTimeout(Number.isInteger(timeout) ? timeout.toFixed(1) : String(timeout))), timeout * 1000);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The `required` arguments of the tool's schema that the call leaves out (the one check
+ * made here: TypeScript types do not exist at run time to validate against). */
+function requiredMissing(descriptor: ToolDescriptor, args: Record<string, unknown>): string[] {
+  const fn = (descriptor.parameters_schema as { function?: { parameters?: { required?: unknown } } }).function;
+  const required = fn?.parameters?.required;
+  return Array.isArray(required) ? required.filter((name) => typeof name === 'string' && !(name in args)) : [];
+}
+
+function timings(outcomes: readonly HookOutcome[]): HookTiming[] {
+  return outcomes.map((o) => {
+    const t: HookTiming = { hook: o.hook, duration_ms: o.duration_ms, outcome: o.outcome };
+    if (o.error !== undefined) t.error = o.error;
+    return t;
+  });
+}

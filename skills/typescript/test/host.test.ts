@@ -1,0 +1,217 @@
+// One hop in, one reply out (no Redis): the failure rules, the split format's "d only when
+// changed", batched on_chunk hops, tools, on_compaction, ctx.state and ctx.session.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Skill, hook, tool, HookError, PaymentRequired, type HookData, type Context } from '../src/index.ts';
+import { GroupHost } from '../src/worker/host.ts';
+import type { HopEvent } from '../src/wire/envelopes.ts';
+
+class Chain extends Skill {
+  readonly name = 'chain';
+
+  @hook({ lifecycle: 'on_message', priority: 1 })
+  async look(data: HookData, ctx: Context) {
+    ctx.state.looked = true;
+    return undefined; // unchanged
+  }
+
+  @hook({ lifecycle: 'on_message', priority: 2 })
+  async append(data: HookData, ctx: Context) {
+    data.messages!.push({ role: 'assistant', content: 'added' });
+    ctx.session.data.visits = Number(ctx.session.data.visits ?? 0) + 1;
+    return data;
+  }
+
+  @hook({ lifecycle: 'on_message', priority: 3 })
+  async sees(data: HookData, ctx: Context) {
+    ctx.state.saw = data.messages!.at(-1)!.content;
+    return data;
+  }
+
+  @hook({ lifecycle: 'on_connection' })
+  async broken(data: HookData, ctx: Context) {
+    ctx.state.half = 'done';
+    data.messages!.push({ role: 'user', content: 'half' });
+    throw new TypeError('oops');
+  }
+
+  @hook({ lifecycle: 'on_connection', critical: true })
+  async brokenCritical(data: HookData) {
+    if (data.messages!.length > 1) throw new Error('critical oops');
+  }
+
+  @hook({ lifecycle: 'on_connection', guard: true })
+  async guardRequest() {
+    throw new Error('verdict service down');
+  }
+
+  @hook({ lifecycle: 'before_toolcall' })
+  async guardTools(data: HookData) {
+    if (data.tool_call!.function.name === 'rm_rf_root') throw new Error('Tool blocked: rm_rf_root');
+  }
+
+  @hook({ lifecycle: 'after_llm_call', timeout: 0.05 })
+  async slow(data: HookData) {
+    await new Promise((r) => setTimeout(r, 500));
+    return data;
+  }
+
+  @hook({ lifecycle: 'after_llm_call' })
+  async wrongReturn() {
+    return 42 as unknown as HookData;
+  }
+
+  @hook({ lifecycle: 'after_toolcall' })
+  async bill() {
+    throw new PaymentRequired('no credit left', { balance: 0 });
+  }
+
+  @hook({ lifecycle: 'finalize_connection', priority: 1 })
+  async finalizeFails() {
+    throw new HookError(500, 'x', 'finalize failed');
+  }
+
+  @hook({ lifecycle: 'finalize_connection', priority: 2 })
+  async finalizeRuns(data: HookData, ctx: Context) {
+    ctx.state.error_status = data.error?.status_code;
+  }
+
+  @hook({ lifecycle: 'on_chunk', priority: 1 })
+  async upper(data: HookData, ctx: Context) {
+    ctx.state.fulls = [...((ctx.state.fulls as string[]) ?? []), data.full_content];
+    if (data.content === ' b') data.chunk.choices[0].delta.content = '[B]';
+    if (data.content === ' stop') throw new HookError(451, 'stopped', 'stop here', { at: data.chunk_index });
+  }
+
+  @tool({ parameters: { type: 'object', properties: { x: { type: 'number' } }, required: ['x'] } })
+  async double(args: { x: number }, ctx: Context) {
+    ctx.state.doubled = true;
+    return { result: args.x * 2 };
+  }
+
+  @tool()
+  async explode() {
+    throw new RangeError('kaboom');
+  }
+
+  async onCompaction(outcome: { stage: string }, ctx?: Context) {
+    if (ctx) ctx.state.compaction = outcome.stage;
+  }
+}
+
+const host = new GroupHost('g', [new Chain()]);
+const ctxJson = (extra: object = {}) =>
+  JSON.stringify({ auth: { peer_user_id: 'u', scopes: [] }, metadata: { completion_id: 'cmpl-1', model: 'm', agent_name: 'a' }, session: { id: 's', data: { visits: 1 } }, state: { from: 'python' }, ...extra });
+
+function hop(lifecycle: string, hooks: string[], extra: Partial<HopEvent> = {}): HopEvent {
+  return {
+    v: 2, kind: 'hop', hop_id: 'h1', completion_id: 'cmpl-1', lifecycle, stage_key: lifecycle,
+    hooks: hooks.map((m) => ({ skill: 'chain', method: m })), ctx: {}, reply_to: 'r', deadline: Date.now() / 1000 + 30,
+    epoch: 0, chunks: 0, ...extra,
+  };
+}
+
+test('each hook sees the previous one; undefined is unchanged; state and session go back', async () => {
+  const d = JSON.stringify({ lifecycle: 'on_message', messages: [{ role: 'user', content: 'hi' }] });
+  const { reply, dataJson } = await host.answer(hop('on_message', ['look', 'append', 'sees']), 1, 'rep', [ctxJson(), d]);
+  assert.equal(reply.failure, undefined);
+  assert.deepEqual(JSON.parse(dataJson!).messages.at(-1), { role: 'assistant', content: 'added' });
+  assert.deepEqual(reply.state, { from: 'python', looked: true, saw: 'added' });
+  assert.deepEqual(reply.session, { visits: 2 });
+  assert.deepEqual(reply.outcomes.map((o) => [o.hook, o.outcome]), [['chain.look', 'ok'], ['chain.append', 'ok'], ['chain.sees', 'ok']]);
+
+  const unchanged = await host.answer(hop('on_message', ['look']), 1, 'rep', [ctxJson(), d]);
+  assert.equal(unchanged.dataJson, undefined); // no `d` in the reply when nothing changed
+});
+
+test('a plain exception is logged, its changes to data and state undone, the chain goes on', async () => {
+  const d = JSON.stringify({ lifecycle: 'on_connection', messages: [{ role: 'user', content: 'hi' }], stream: true });
+  const { reply, dataJson } = await host.answer(hop('on_connection', ['broken', 'brokenCritical']), 1, 'rep', [ctxJson(), d]);
+  assert.equal(dataJson, undefined);
+  assert.deepEqual(reply.state, { from: 'python' });
+  assert.deepEqual(reply.outcomes.map((o) => [o.outcome, o.error]), [['failed', 'TypeError: oops'], ['ok', undefined]]);
+  assert.equal(reply.abort, undefined);
+});
+
+test('critical: a plain exception aborts the run as a 500', async () => {
+  const d = JSON.stringify({ lifecycle: 'on_connection', messages: [{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }] });
+  const { reply } = await host.answer(hop('on_connection', ['brokenCritical']), 1, 'rep', [ctxJson(), d]);
+  assert.deepEqual(reply.abort, { type: 'HookError', status_code: 500, code: 'hook_failed', message: 'critical hook chain.brokenCritical failed: Error: critical oops', details: null });
+});
+
+test('guard: a failure refuses the request with 503 guard_unavailable', async () => {
+  const d = JSON.stringify({ lifecycle: 'on_connection', messages: [] });
+  const { reply } = await host.answer(hop('on_connection', ['guardRequest']), 1, 'rep', [ctxJson(), d]);
+  assert.deepEqual(reply.abort, {
+    type: 'GuardUnavailable', status_code: 503, code: 'guard_unavailable', details: null,
+    message: 'the guard chain.guardRequest could not check this request: Error: verdict service down',
+  });
+});
+
+test('before_toolcall: a plain exception blocks the tool call', async () => {
+  const d = JSON.stringify({ lifecycle: 'before_toolcall', tool_call: { id: 'c1', function: { name: 'rm_rf_root', arguments: '{}' } }, tool_id: 'c1' });
+  const { reply, dataJson } = await host.answer(hop('before_toolcall', ['guardTools']), 1, 'rep', [ctxJson(), d]);
+  assert.equal(reply.blocked, true);
+  const data = JSON.parse(dataJson!);
+  assert.equal(data.tool_skipped, true);
+  assert.equal(data.tool_result, 'Tool call blocked by chain.guardTools: Error: Tool blocked: rm_rf_root');
+  assert.equal(reply.outcomes[0]!.outcome, 'blocked');
+});
+
+test('a timeout and a wrong return value count as failures', async () => {
+  const d = JSON.stringify({ lifecycle: 'after_llm_call', response: { id: 'x' } });
+  const { reply } = await host.answer(hop('after_llm_call', ['slow', 'wrongReturn']), 1, 'rep', [ctxJson(), d]);
+  assert.deepEqual(reply.outcomes.map((o) => [o.outcome, o.error]), [
+    ['timeout', 'timed out after 0.05s'],
+    ['failed', 'returned number, expected HookData or undefined'],
+  ]);
+});
+
+test('a HookError aborts with its status, code, message and details; in finalize every hook runs', async () => {
+  const d = JSON.stringify({ lifecycle: 'after_toolcall', tool_result: 'r' });
+  const { reply } = await host.answer(hop('after_toolcall', ['bill']), 1, 'rep', [ctxJson(), d]);
+  assert.deepEqual(reply.abort, { type: 'PaymentRequired', status_code: 402, code: 'payment_required', message: 'no credit left', details: { balance: 0 } });
+
+  const f = JSON.stringify({ lifecycle: 'finalize_connection', error: { type: 'PaymentRequired', status_code: 402, code: 'payment_required', message: 'm', details: null } });
+  const fin = await host.answer(hop('finalize_connection', ['finalizeFails', 'finalizeRuns']), 1, 'rep', [ctxJson(), f]);
+  assert.equal(fin.reply.abort, undefined);
+  assert.equal(fin.reply.state.error_status, 402);
+  assert.deepEqual(fin.reply.outcomes.map((o) => o.outcome), ['aborted', 'ok']);
+});
+
+test('a batched on_chunk hop: full_content rebuilt, null for unchanged chunks, stops at a HookError', async () => {
+  const chunk = (content: string, index: number) => ({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content } }] });
+  const items = [' a', ' b', ' c', ' stop', ' never'].map((content, i) => ({ lifecycle: 'on_chunk', chunk: chunk(content, i), content, chunk_index: i }));
+  (items[0] as Record<string, unknown>).full_content = ' a';
+  const { reply, dataJson } = await host.answer(hop('on_chunk', ['upper'], { chunks: 5 }), 1, 'rep', [ctxJson(), JSON.stringify(items)]);
+  assert.equal(reply.processed, 4);
+  assert.deepEqual(reply.abort, { type: 'HookError', status_code: 451, code: 'stopped', message: 'stop here', details: { at: 3 } });
+  const results = JSON.parse(dataJson!);
+  assert.equal(results.length, 4);
+  assert.equal(results[0], null);
+  assert.equal(results[1].chunk.choices[0].delta.content, '[B]');
+  assert.equal(results[2], null);
+  assert.deepEqual(reply.state.fulls, [' a', ' a b', ' a b c']); // the aborting call's state change is undone
+  assert.equal(reply.outcomes.length, 1); // one timing per hook for the whole batch
+});
+
+test('tools: arguments in, the result as text; a failure is text for the model', async () => {
+  const tool = (name: string, args: Record<string, unknown>) => hop('before_toolcall', [], { v: 1, tool: { name, arguments: args }, ctx: JSON.parse(ctxJson()) });
+  const ok = await host.answer(tool('double', { x: 21 }), 1, 'rep');
+  assert.equal(ok.reply.tool_result, '{"result":42}');
+  assert.equal(ok.reply.state.doubled, true);
+  assert.equal((await host.answer(tool('double', {}), 1, 'rep')).reply.tool_result, "Error: invalid arguments for tool 'double': x: Field required");
+  assert.equal((await host.answer(tool('explode', {}), 1, 'rep')).reply.tool_result, "Error: tool 'explode' failed: RangeError: kaboom");
+});
+
+test('on_compaction reaches onCompaction with the outcome and the context', async () => {
+  const event = hop('on_compaction', [], { v: 1, hooks: [{ skill: 'chain', method: 'on_compaction' }], data: { stage: 'summarized' }, ctx: JSON.parse(ctxJson()) });
+  const { reply } = await host.answer(event, 1, 'rep');
+  assert.equal(reply.state.compaction, 'summarized');
+  assert.deepEqual(reply.outcomes.map((o) => [o.hook, o.outcome]), [['chain.on_compaction', 'ok']]);
+});
+
+test('an unknown hook fails the hop as a whole', async () => {
+  const { reply } = await host.answer(hop('on_message', ['nope']), 1, 'rep', [ctxJson(), '{"lifecycle":"on_message"}']);
+  assert.equal(reply.failure, "group 'g' has no hook 'chain.nope'");
+});
