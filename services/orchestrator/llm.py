@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from hookbus.bus.settings import get_settings
 from hookbus.services.observability import tracing
+from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
@@ -88,6 +89,7 @@ class LLM:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
+        self.token_scale = TokenScale(exact=self.offline)
 
     @property
     def offline(self) -> bool:
@@ -163,6 +165,30 @@ class LLM:
                 return int(card["max_model_len"])
         return None
 
+    async def probe_token_scale(self, model: str) -> None:
+        """Ask the endpoint's tokenizer how it counts a sample text, where it can tell
+        (llama-cpp-python, llama.cpp, vLLM); nothing for the offline model and OpenAI."""
+        if self.offline:
+            return
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        attempts = (
+            (f"{root}/extras/tokenize", {"input": SAMPLE_TEXT, "model": model}),  # llama-cpp-python
+            (f"{root}/tokenize", {"content": SAMPLE_TEXT}),  # llama.cpp
+            (f"{root}/tokenize", {"model": model, "prompt": SAMPLE_TEXT}),  # vLLM
+        )
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
+            for url, body in attempts:
+                theirs = _token_count(await _post_json(http, url, body))
+                if theirs:
+                    self.token_scale.probed(model, theirs, count_text(SAMPLE_TEXT))
+                    log.info("token_scale_from_endpoint", model=model, scale=self.token_scale.of(model))
+                    return
+
+    def _report_usage(self, model: str, messages: list[dict[str, Any]], usage: CompletionUsage) -> None:
+        if not self.token_scale.exact:
+            self.token_scale.report(model, usage.prompt_tokens, count_messages(messages))
+
     async def complete(
         self,
         model: str,
@@ -180,6 +206,8 @@ class LLM:
                 raise llm_error(exc) from exc
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
+            else:
+                self._report_usage(model, messages, response.usage)
             span.response(response)
             return response
 
@@ -202,7 +230,9 @@ class LLM:
                 async with response:
                     async for chunk in response:
                         saw_choice = saw_choice or bool(chunk.choices)
-                        saw_usage = saw_usage or chunk.usage is not None
+                        if chunk.usage is not None:
+                            saw_usage = True
+                            self._report_usage(model, messages, chunk.usage)
                         produced.extend(_chunk_texts(chunk))
                         span.chunk(chunk)
                         yield chunk
@@ -272,6 +302,25 @@ async def _get_json(http: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
     except (httpx.HTTPError, ValueError):
         return None
     return body if isinstance(body, dict) else None
+
+
+async def _post_json(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        response = await http.post(url, json=body)
+        answer = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _token_count(answer: dict[str, Any] | None) -> int | None:
+    """A tokenize endpoint's count: `count` (vLLM, llama-cpp-python's /count) or its tokens."""
+    if not answer:
+        return None
+    if isinstance(answer.get("count"), int):
+        return int(answer["count"])
+    tokens = answer.get("tokens")
+    return len(tokens) if isinstance(tokens, list) and tokens else None
 
 
 def _n_ctx(props: dict[str, Any] | None) -> int | None:
