@@ -204,6 +204,8 @@ class LLM:
                 )
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
+            if not response.choices or _said_nothing(response.choices[0].message):
+                raise empty_answer(response.choices[0].finish_reason if response.choices else None)
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
             else:
@@ -220,7 +222,8 @@ class LLM:
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         arguments = request_arguments(model, messages, tools, settings)
         arguments.update(stream=True, stream_options={"include_usage": True})
-        saw_choice = saw_usage = False
+        saw_choice = saw_usage = saw_call = False
+        finish_reason: str | None = None
         produced: list[str] = []
         with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
@@ -230,6 +233,9 @@ class LLM:
                 async with response:
                     async for chunk in response:
                         saw_choice = saw_choice or bool(chunk.choices)
+                        for choice in chunk.choices:
+                            saw_call = saw_call or bool(choice.delta.tool_calls)
+                            finish_reason = choice.finish_reason or finish_reason
                         if chunk.usage is not None:
                             saw_usage = True
                             self._report_usage(model, messages, chunk.usage)
@@ -244,6 +250,8 @@ class LLM:
                     "the LLM endpoint ended its stream without a chunk or a finish_reason "
                     "(llama.cpp does this for a prompt longer than its context)",
                 )
+            if not produced and not saw_call:
+                raise empty_answer(finish_reason)
             if not saw_usage:
                 estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
@@ -376,6 +384,19 @@ def response_text(response: ChatCompletion) -> str:
     message = response.choices[0].message
     arguments = "".join(c.function.arguments for c in message.tool_calls or () if hasattr(c, "function"))
     return (message.content or "") + arguments
+
+
+def _said_nothing(message: Any) -> bool:
+    return not message.content and not message.tool_calls
+
+
+def empty_answer(finish_reason: str | None) -> UpstreamError:
+    """An answer with no text and no tool call: never passed on as an empty success, since a
+    client (or `hookbus send`) cannot tell it from a model that had nothing to say."""
+    return UpstreamError(
+        502, "empty_answer",
+        f"the model's answer was empty: no text and no tool call (finish_reason {finish_reason or 'none'})",
+    )
 
 
 def _chunk_texts(chunk: ChatCompletionChunk) -> list[str]:

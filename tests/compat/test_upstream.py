@@ -169,6 +169,20 @@ async def test_an_empty_stream_is_an_upstream_error_not_an_empty_answer(upstream
     assert caught.value.status_code == 502 and caught.value.code == "empty_response"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_with_no_text_and_no_tool_call_is_a_502_with_its_cause(upstream_gateway, recording, stream):
+    silent = up.Stream([up.chunk({"role": "assistant", "content": ""}), up.chunk({}, "stop")])
+    recording.answer(silent if stream else up.Reply(up.completion("")))
+    async with client_for(upstream_gateway) as client:
+        with pytest.raises(openai.APIError) as caught:
+            response = await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HI, stream=stream)
+            if stream:
+                [c async for c in response]  # the error arrives in the stream
+    error = caught.value
+    assert getattr(error, "code", None) == "empty_answer" or (error.body or {}).get("code") == "empty_answer", error
+    assert "no text and no tool call (finish_reason stop)" in str(error)
+
+
 async def test_a_function_name_repeated_in_every_delta_is_assembled_once(upstream_gateway, recording):
     repeated = [
         up.chunk({"role": "assistant", "content": None}),
