@@ -90,6 +90,9 @@ class LLM:
             weakref.WeakKeyDictionary()
         )
         self.token_scale = TokenScale(exact=self.offline)
+        self.unstreamed_tool_rounds = False
+        """Set once the endpoint ended a stream with `tool_choice: "auto"` at once and
+        answered the same call unstreamed (llama-cpp-python): such calls go unstreamed."""
 
     @property
     def offline(self) -> bool:
@@ -221,6 +224,10 @@ class LLM:
         settings: ModelSettings | None = None,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         arguments = request_arguments(model, messages, tools, settings)
+        if self.unstreamed_tool_rounds and arguments.get("tool_choice") == "auto":
+            async for chunk in self._unstreamed(model, messages, tools, settings):
+                yield chunk
+            return
         arguments.update(stream=True, stream_options={"include_usage": True})
         saw_choice = saw_usage = saw_call = False
         finish_reason: str | None = None
@@ -245,17 +252,35 @@ class LLM:
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
             if not saw_choice:
-                raise UpstreamError(
-                    502, "empty_response",
-                    "the LLM endpoint ended its stream without a chunk or a finish_reason "
-                    "(llama.cpp does this for a prompt longer than its context)",
-                )
+                # Nothing was generated, so asking again unstreamed sends no generation twice,
+                # and its answer says what the empty stream did not: the real error (a prompt
+                # past the window), or an answer (llama-cpp-python ends a stream that carries
+                # `tool_choice: "auto"` at once: its tool rounds go unstreamed from then on).
+                log.warning("llm_empty_stream_asking_unstreamed", model=model, tool_choice=arguments.get("tool_choice"))
+                async for chunk in self._unstreamed(model, messages, tools, settings):
+                    yield chunk
+                if arguments.get("tool_choice") == "auto" and not self.unstreamed_tool_rounds:
+                    self.unstreamed_tool_rounds = True
+                    log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
+                return
             if not produced and not saw_call:
                 raise empty_answer(finish_reason)
             if not saw_usage:
                 estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
                 yield estimate
+
+    async def _unstreamed(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        settings: ModelSettings | None,
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """One call, not streamed, handed on as the chunks a stream of it would have been."""
+        completion = await self.complete(model, messages, tools, settings)
+        for chunk in completion_chunks(completion):
+            yield chunk
 
 
 async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:
@@ -384,6 +409,26 @@ def response_text(response: ChatCompletion) -> str:
     message = response.choices[0].message
     arguments = "".join(c.function.arguments for c in message.tool_calls or () if hasattr(c, "function"))
     return (message.content or "") + arguments
+
+
+def completion_chunks(completion: ChatCompletion) -> list[ChatCompletionChunk]:
+    """A completion as the chunks of its stream: its text and tool calls, the finish chunk,
+    then the usage chunk."""
+    choice = completion.choices[0]
+    delta: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
+    if choice.message.tool_calls:
+        delta["tool_calls"] = [
+            {"index": i, **call.model_dump(exclude_none=True)} for i, call in enumerate(choice.message.tool_calls)
+        ]
+    head = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
+            "model": completion.model}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.finish_reason}]},
+    ]
+    if completion.usage is not None:
+        chunks.append({**head, "choices": [], "usage": completion.usage.model_dump()})
+    return [ChatCompletionChunk.model_validate(chunk) for chunk in chunks]
 
 
 def _said_nothing(message: Any) -> bool:
