@@ -43,6 +43,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
+from hookbus.bus import run_state
 from hookbus.bus.connection.cluster import keys_for, ready
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS, connect, out_of_memory
 from hookbus.bus.connection.values import text
@@ -90,9 +91,12 @@ class HookbusClient:
         limits: RequestLimits | None = None,
     ) -> None:
         settings = get_settings()
-        url = redis_url or settings.redis_url
+        url = redis_url or run_state.redis_url()
         if not url:
-            raise ValueError("no Redis to talk to: pass redis_url or set REDIS_URL")
+            raise ValueError(
+                "no Redis to talk to: pass redis_url, set REDIS_URL, or start `hookbus run` "
+                "in this folder"
+            )
         self.keys = keys_for(url, prefix or settings.prefix)
         self.timeout = timeout
         self.max_request_bytes = (limits or RequestLimits()).for_envelope().max_request_bytes

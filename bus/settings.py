@@ -85,6 +85,10 @@ class Settings(BaseSettings):
         description="Event loop of the orchestrator and the workers: uvloop (where installed) or asyncio.",
     )
 
+    @property
+    def served_model(self) -> str:
+        """The model name clients ask for: HOOKBUS_MODEL, else the offline stand-in's."""
+        return self.model or "offline"
 
     def shown(self, name: str) -> str:
         """A field's value for printing: passwords in URLs and API keys as `***`."""

@@ -11,9 +11,12 @@ port cannot enqueue requests as any principal, and its files (AOF, log) are 0600
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -23,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+
+PR_SET_PDEATHSIG = 1
 
 
 def redis_server_binary() -> str:
@@ -52,15 +57,18 @@ class EmbeddedRedis:
         appendonly: bool = True,
         extra_args: Sequence[str] = (),
         auth: bool = True,
+        detached: bool = False,
     ) -> None:
         """`extra_args`: more redis-server options (tests.embedded_cluster adds the
-        cluster ones); `auth=False` runs it without a password."""
+        cluster ones); `auth=False` runs it without a password; `detached=True` keeps it out
+        of the terminal's Ctrl-C (its owner stops it last) and ends it with its owner."""
         self.port = port or free_port()
         self.password = secrets.token_urlsafe(24) if auth else None
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-")).resolve()
         self.appendonly = appendonly
         self.extra_args = tuple(extra_args)
+        self.detached = detached
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -95,6 +103,7 @@ class EmbeddedRedis:
         self._process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             umask=0o077,  # the AOF and the log: 0600
+            preexec_fn=leave_with_parent if self.detached else None,
         )
         self._wait_ready(timeout)
         return self.url
@@ -156,6 +165,15 @@ class EmbeddedRedis:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
+
+
+def leave_with_parent() -> None:
+    """In a child before exec: a session of its own (a Ctrl-C in the terminal does not reach
+    it), and SIGTERM when the process that started it dies, so that nothing outlives a
+    `hookbus run` that was killed. Linux only; elsewhere the child only leaves the session."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def write_private(path: Path, text: str) -> None:

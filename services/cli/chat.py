@@ -31,11 +31,11 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncGenerator
-from pathlib import Path
 from typing import IO, Any, cast
 
 from openai.types.chat import ChatCompletionChunk
 
+from hookbus.bus import run_state
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.settings import get_settings
 from hookbus.services.orchestrator import Agent, Compaction
@@ -48,10 +48,6 @@ HELP = (
     "Commands: /compact [focus] (compact now), /context (how full the context is), "
     "/new (new conversation), /help, /quit"
 )
-RUN_STATE = Path(".hookbus") / "redis-url"
-"""Where `hookbus run` leaves its Redis URL (used when REDIS_URL is not set)."""
-
-
 async def chat(
     agent_or_client: Agent | HookbusClient,
     *,
@@ -287,15 +283,6 @@ def build_local_agent(redis_url: str | None = None) -> tuple[Agent, list[Any]]:
     return agent, memory
 
 
-def _queue_redis_url() -> str | None:
-    url = get_settings().redis_url
-    if url:
-        return url
-    if RUN_STATE.exists():
-        return RUN_STATE.read_text().strip() or None
-    return None
-
-
 async def _main(local: bool) -> int:
     settings = get_settings()
     if local:
@@ -305,7 +292,7 @@ async def _main(local: bool) -> int:
         finally:
             for skill in memory:
                 await skill.close()
-    url = _queue_redis_url()
+    url = run_state.redis_url()
     if not url:
         print(
             "hookbus chat: no Redis to talk to. Set REDIS_URL, start the stack with "

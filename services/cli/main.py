@@ -16,27 +16,23 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from pydantic import BaseModel
 
+from hookbus.bus import run_state
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.services.gateway.edge_options import EdgeOptions
 from hookbus.services.process import defaults, event_loop
 
-RUN_STATE = Path(".hookbus")
 CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not know (= HOOKBUS_CONTEXT_WINDOW)"
 
 
 def redis_url_or_exit() -> str:
     """REDIS_URL, else the URL a running `hookbus run` left behind, else a clear error."""
-    url = get_settings().redis_url
+    url = run_state.redis_url()
     if url:
         return url
-    state = RUN_STATE / "redis-url"
-    if state.exists():
-        return state.read_text().strip()
     sys.exit(
         "hookbus: no Redis to talk to. Set REDIS_URL=redis://host:port/0, "
         "or start the whole stack on an embedded Redis with `hookbus run` (`make run`)."
@@ -178,18 +174,24 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hookbus.bus.connection.cluster import keys_for
-    from hookbus.bus.connection.retrying import connect
+    from hookbus.bus.connection.retrying import RECONNECT_ERRORS, connect
+    from hookbus.bus.settings import redact_url
     from hookbus.services.cli.monitor import format_status, read_status
 
+    url = redis_url_or_exit()
+
     async def status() -> None:
-        client = connect(redis_url_or_exit())
+        client = connect(url, retries=2)
         try:
-            result = await read_status(client, keys_for(redis_url_or_exit(), get_settings().prefix))
+            result = await read_status(client, keys_for(url, get_settings().prefix))
         finally:
             await client.aclose()
         print(result.model_dump_json(indent=2) if args.json else format_status(result))
 
-    asyncio.run(status())
+    try:
+        asyncio.run(status())
+    except RECONNECT_ERRORS as exc:
+        sys.exit(f"hookbus status: cannot reach Redis at {redact_url(url)} ({exc})")
     return 0
 
 

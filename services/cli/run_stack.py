@@ -10,16 +10,17 @@ keeps running (interactive) or stops (`--once`, or when not on a terminal).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+from hookbus.bus import run_state
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.connection.cluster import keys_for
-from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, write_private
+from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with_parent
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.settings import get_settings
 from hookbus.services.cli.monitor import format_event, read_status, recent_events, wait_for
@@ -37,22 +38,26 @@ DEMO_AGENT = "hookbus.services.orchestrator.demo:agent"
 DEMO_FAILED = 2
 """`demo`'s answer when the services came up but the demo request failed."""
 DEMO_PROMPT = 'What is 2 + 3? [[tool:add {"a": 2, "b": 3}]]'
-STATE_DIR = Path(".hookbus")
+STATE_DIR = run_state.STATE_DIR
 
 
 def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
     settings = get_settings()
+    try:
+        run_state.claim(STATE_DIR)
+    except run_state.StackRunning as exc:
+        say(str(exc))
+        return 1
     embedded: EmbeddedRedis | None = None
     redis_url = settings.redis_url
     if not redis_url:
-        embedded = EmbeddedRedis(directory=STATE_DIR / "redis", port=free_port())
+        embedded = EmbeddedRedis(directory=STATE_DIR / "redis", port=free_port(), detached=True)
         redis_url = embedded.start()
         say(
             f"started an embedded Redis on 127.0.0.1:{embedded.port} with a random password "
             f"(its URL is in {STATE_DIR / 'redis-url'}, AOF in {embedded.directory})"
         )
-    STATE_DIR.mkdir(exist_ok=True)
-    write_private(STATE_DIR / "redis-url", redis_url)  # it holds the password
+    run_state.publish(redis_url, STATE_DIR)
     env = dict(os.environ, REDIS_URL=redis_url, HOOKBUS_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
     logs = STATE_DIR / "logs"
     logs.mkdir(exist_ok=True)
@@ -65,12 +70,16 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
         },
         "gateway": ["gateway", "--port", str(port)],
     }
+    # Each service in a session of its own: a Ctrl-C in the terminal reaches `hookbus run`
+    # only, which stops the services first and Redis last, instead of every process at once
+    # (the services then spent their shutdown retrying a Redis that had already exited).
     processes = {
         name: subprocess.Popen(
             [sys.executable, "-m", "hookbus.services.cli.main", *argv],
             env=env,
             stdout=(logs / f"{name}.log").open("ab"),
             stderr=subprocess.STDOUT,
+            preexec_fn=leave_with_parent,
         )
         for name, argv in commands.items()
     }
@@ -90,16 +99,16 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
                 f"    .venv/bin/hookbus status                  # groups, replicas, lag\n"
                 f"    .venv/bin/hookbus monitor                 # follow events live\n"
                 f"    .venv/bin/hookbus worker --group {BUILTIN_GROUP} {' '.join(BUILTIN_SKILLS)}   # one more replica\n"
-                f"    curl -s localhost:{port}/v1/chat/completions -d '{{\"model\":\"offline\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+                f"    {curl_line(port, settings.served_model)}"
             )
             wait_for_signal(processes, stop)
             return 0
         return 1 if code == DEMO_FAILED else code
     finally:
         stop_all(processes)
-        (STATE_DIR / "redis-url").unlink(missing_ok=True)
         if embedded is not None:
             embedded.stop()
+        run_state.release(STATE_DIR)
         say("stopped")
 
 
@@ -161,7 +170,7 @@ def wait_for_signal(processes: dict[str, subprocess.Popen[bytes]], stop: dict[st
             if process.poll() is not None:
                 say(f"{name} exited with {process.returncode}; stopping")
                 return
-        time.sleep(0.5)
+        time.sleep(0.1)  # a Ctrl-C is acted on within this
 
 
 def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -174,6 +183,15 @@ def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def curl_line(port: int, model: str) -> str:
+    """A request a user can paste: JSON with its Content-Type, for the model the gateway serves."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    return (
+        f"curl -s localhost:{port}/v1/chat/completions "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
 
 
 def port_is_free(port: int) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -69,7 +68,7 @@ LEASE_MARGIN = 60.0
 
 
 def default_models() -> list[str]:
-    return [os.environ.get("HOOKBUS_MODEL") or get_settings().model or "offline"]
+    return [get_settings().served_model]
 
 
 def create_app(

@@ -74,11 +74,18 @@ class Compactor:
 
     @property
     def window(self) -> int:
-        """Tokens compaction budgets against, the first that is known of: the policy's
-        `window`, `HOOKBUS_CONTEXT_WINDOW` (or the `--context-window` flag), what the
+        """The model's context window in its own tokens, the first that is known of: the
+        policy's `window`, `HOOKBUS_CONTEXT_WINDOW` (or the `--context-window` flag), what the
         endpoint says it serves (llama.cpp, vLLM; asked once, see `ask_endpoint`), the
         built-in table, and for an unknown model a cautious 8192."""
         return self._policy.window or self._model_window()
+
+    @property
+    def budget(self) -> int:
+        """The window as hookbus counts (tiktoken), what compaction works against: divided by
+        the model's token scale (hookbus.services.orchestrator.token_scale), so that what
+        fits by hookbus's count fits by the model's."""
+        return max(1, int(self.window / self._llm.token_scale.of(self._model)))
 
     def _model_window(self) -> int:
         return (
@@ -88,13 +95,15 @@ class Compactor:
         )
 
     async def ask_endpoint(self) -> None:
-        """Ask the endpoint for the model's context window, once per agent (a failure
-        counts as "it does not say")."""
-        if self._asked_endpoint or self.configured_window:
+        """Ask the endpoint for the model's context window and how its tokenizer counts,
+        once per agent (a failure counts as "it does not say")."""
+        if self._asked_endpoint:
             return
         self._asked_endpoint = True
         try:
-            self.endpoint_window = await self._llm.context_window(self._model)
+            if not self.configured_window:
+                self.endpoint_window = await self._llm.context_window(self._model)
+            await self._llm.probe_token_scale(self._model)
         except Exception:  # noqa: BLE001 - the table applies when the endpoint cannot tell
             log.warning("context_window_probe_failed", model=self._model, exc_info=True)
         if self.endpoint_window:
@@ -107,7 +116,7 @@ class Compactor:
         policy = self._policy
         with tracing.compaction_span("between_turns") as span:
             outcome = await compaction.compact_if_needed(
-                _plain(messages), tokens_of_next_message, policy, self.window, self._summarizer(policy)
+                _plain(messages), tokens_of_next_message, policy, self.budget, self._summarizer(policy)
             )
             span.outcome(outcome)
             await self._announce(outcome, None, runtime)
@@ -120,7 +129,7 @@ class Compactor:
         policy = self._policy
         with tracing.compaction_span("requested") as span:
             outcome = await compaction.compact(
-                _plain(messages), policy, self.window, self._summarizer(policy), focus=focus
+                _plain(messages), policy, self.budget, self._summarizer(policy), focus=focus
             )
             span.outcome(outcome)
             await self._announce(outcome, None, runtime)
@@ -128,7 +137,7 @@ class Compactor:
 
     def past_hard(self, messages: Sequence[Mapping[str, Any]]) -> bool:
         """Whether messages about to go to the LLM pass the in-run safety stop."""
-        return count_messages(messages) > self._policy.resolve(self.window).hard
+        return count_messages(messages) > self._policy.resolve(self.budget).hard
 
     async def in_run(
         self,
@@ -143,7 +152,7 @@ class Compactor:
         policy = policy or self._policy
         with tracing.compaction_span("in_run") as span:
             outcome = await compaction.compact_in_run(
-                messages, policy, window or self.window, self._summarizer(policy), _turn_start(messages)
+                messages, policy, window or self.budget, self._summarizer(policy), _turn_start(messages)
             )
             span.outcome(outcome)
             if outcome.stage == "none":
@@ -163,7 +172,7 @@ class Compactor:
         if numbers and int(numbers[2]) > int(numbers[1]) > 0:
             ratio = int(numbers[1]) / int(numbers[2])
         try:
-            resolved = policy.resolve(self.window)
+            resolved = policy.resolve(self.budget)
             window = max(1, min(resolved.window, int(ours * ratio)))
             tighter = CompactionPolicy(
                 auto=policy.auto,

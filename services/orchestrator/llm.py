@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from hookbus.bus.settings import get_settings
 from hookbus.services.observability import tracing
+from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
@@ -88,6 +89,10 @@ class LLM:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
+        self.token_scale = TokenScale(exact=self.offline)
+        self.unstreamed_tool_rounds = False
+        """Set once the endpoint ended a stream with `tool_choice: "auto"` at once and
+        answered the same call unstreamed (llama-cpp-python): such calls go unstreamed."""
 
     @property
     def offline(self) -> bool:
@@ -163,6 +168,30 @@ class LLM:
                 return int(card["max_model_len"])
         return None
 
+    async def probe_token_scale(self, model: str) -> None:
+        """Ask the endpoint's tokenizer how it counts a sample text, where it can tell
+        (llama-cpp-python, llama.cpp, vLLM); nothing for the offline model and OpenAI."""
+        if self.offline:
+            return
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        attempts = (
+            (f"{root}/extras/tokenize", {"input": SAMPLE_TEXT, "model": model}),  # llama-cpp-python
+            (f"{root}/tokenize", {"content": SAMPLE_TEXT}),  # llama.cpp
+            (f"{root}/tokenize", {"model": model, "prompt": SAMPLE_TEXT}),  # vLLM
+        )
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
+            for url, body in attempts:
+                theirs = _token_count(await _post_json(http, url, body))
+                if theirs:
+                    self.token_scale.probed(model, theirs, count_text(SAMPLE_TEXT))
+                    log.info("token_scale_from_endpoint", model=model, scale=self.token_scale.of(model))
+                    return
+
+    def _report_usage(self, model: str, messages: list[dict[str, Any]], usage: CompletionUsage) -> None:
+        if not self.token_scale.exact:
+            self.token_scale.report(model, usage.prompt_tokens, count_messages(messages))
+
     async def complete(
         self,
         model: str,
@@ -178,8 +207,12 @@ class LLM:
                 )
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
+            if not response.choices or _said_nothing(response.choices[0].message):
+                raise empty_answer(response.choices[0].finish_reason if response.choices else None)
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
+            else:
+                self._report_usage(model, messages, response.usage)
             span.response(response)
             return response
 
@@ -191,8 +224,13 @@ class LLM:
         settings: ModelSettings | None = None,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         arguments = request_arguments(model, messages, tools, settings)
+        if self.unstreamed_tool_rounds and arguments.get("tool_choice") == "auto":
+            async for chunk in self._unstreamed(model, messages, tools, settings):
+                yield chunk
+            return
         arguments.update(stream=True, stream_options={"include_usage": True})
-        saw_choice = saw_usage = False
+        saw_choice = saw_usage = saw_call = False
+        finish_reason: str | None = None
         produced: list[str] = []
         with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
@@ -202,22 +240,47 @@ class LLM:
                 async with response:
                     async for chunk in response:
                         saw_choice = saw_choice or bool(chunk.choices)
-                        saw_usage = saw_usage or chunk.usage is not None
+                        for choice in chunk.choices:
+                            saw_call = saw_call or bool(choice.delta.tool_calls)
+                            finish_reason = choice.finish_reason or finish_reason
+                        if chunk.usage is not None:
+                            saw_usage = True
+                            self._report_usage(model, messages, chunk.usage)
                         produced.extend(_chunk_texts(chunk))
                         span.chunk(chunk)
                         yield chunk
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
             if not saw_choice:
-                raise UpstreamError(
-                    502, "empty_response",
-                    "the LLM endpoint ended its stream without a chunk or a finish_reason "
-                    "(llama.cpp does this for a prompt longer than its context)",
-                )
+                # Nothing was generated, so asking again unstreamed sends no generation twice,
+                # and its answer says what the empty stream did not: the real error (a prompt
+                # past the window), or an answer (llama-cpp-python ends a stream that carries
+                # `tool_choice: "auto"` at once: its tool rounds go unstreamed from then on).
+                log.warning("llm_empty_stream_asking_unstreamed", model=model, tool_choice=arguments.get("tool_choice"))
+                async for chunk in self._unstreamed(model, messages, tools, settings):
+                    yield chunk
+                if arguments.get("tool_choice") == "auto" and not self.unstreamed_tool_rounds:
+                    self.unstreamed_tool_rounds = True
+                    log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
+                return
+            if not produced and not saw_call:
+                raise empty_answer(finish_reason)
             if not saw_usage:
                 estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
                 yield estimate
+
+    async def _unstreamed(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        settings: ModelSettings | None,
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """One call, not streamed, handed on as the chunks a stream of it would have been."""
+        completion = await self.complete(model, messages, tools, settings)
+        for chunk in completion_chunks(completion):
+            yield chunk
 
 
 async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:
@@ -274,6 +337,25 @@ async def _get_json(http: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
+async def _post_json(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        response = await http.post(url, json=body)
+        answer = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _token_count(answer: dict[str, Any] | None) -> int | None:
+    """A tokenize endpoint's count: `count` (vLLM, llama-cpp-python's /count) or its tokens."""
+    if not answer:
+        return None
+    if isinstance(answer.get("count"), int):
+        return int(answer["count"])
+    tokens = answer.get("tokens")
+    return len(tokens) if isinstance(tokens, list) and tokens else None
+
+
 def _n_ctx(props: dict[str, Any] | None) -> int | None:
     """llama.cpp's served context size from its /props (newer servers nest it)."""
     if not props:
@@ -327,6 +409,39 @@ def response_text(response: ChatCompletion) -> str:
     message = response.choices[0].message
     arguments = "".join(c.function.arguments for c in message.tool_calls or () if hasattr(c, "function"))
     return (message.content or "") + arguments
+
+
+def completion_chunks(completion: ChatCompletion) -> list[ChatCompletionChunk]:
+    """A completion as the chunks of its stream: its text and tool calls, the finish chunk,
+    then the usage chunk."""
+    choice = completion.choices[0]
+    delta: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
+    if choice.message.tool_calls:
+        delta["tool_calls"] = [
+            {"index": i, **call.model_dump(exclude_none=True)} for i, call in enumerate(choice.message.tool_calls)
+        ]
+    head = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
+            "model": completion.model}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.finish_reason}]},
+    ]
+    if completion.usage is not None:
+        chunks.append({**head, "choices": [], "usage": completion.usage.model_dump()})
+    return [ChatCompletionChunk.model_validate(chunk) for chunk in chunks]
+
+
+def _said_nothing(message: Any) -> bool:
+    return not message.content and not message.tool_calls
+
+
+def empty_answer(finish_reason: str | None) -> UpstreamError:
+    """An answer with no text and no tool call: never passed on as an empty success, since a
+    client (or `hookbus send`) cannot tell it from a model that had nothing to say."""
+    return UpstreamError(
+        502, "empty_answer",
+        f"the model's answer was empty: no text and no tool call (finish_reason {finish_reason or 'none'})",
+    )
 
 
 def _chunk_texts(chunk: ChatCompletionChunk) -> list[str]:

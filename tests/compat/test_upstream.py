@@ -8,8 +8,10 @@ import json
 import openai
 import pytest
 
+from hookbus import Agent
+from hookbus.services.orchestrator.llm import LLM
 from tests.compat import upstream as up
-from tests.compat.conftest import AGENT_RULES, UPSTREAM_MODEL, function_tool
+from tests.compat.conftest import AGENT_RULES, UPSTREAM_MODEL, Calc, function_tool
 
 HI = [{"role": "user", "content": "hi"}]
 EVERY_PARAMETER = {
@@ -161,12 +163,46 @@ async def test_a_slow_generation_times_out_once_and_is_not_sent_again(upstream_g
     assert len(recording.received) == 1
 
 
-async def test_an_empty_stream_is_an_upstream_error_not_an_empty_answer(upstream_gateway, recording):
+async def test_an_empty_stream_is_asked_again_unstreamed_and_its_real_error_reaches_the_client(upstream_gateway, recording):
     recording.answer(up.Stream([], done=False))
+    recording.answer(up.error(500, "the model ran out of memory", None))
     async with client_for(upstream_gateway) as client:
         with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HI, stream=True)
-    assert caught.value.status_code == 502 and caught.value.code == "empty_response"
+    assert caught.value.status_code == 502 and "the model ran out of memory" in str(caught.value)
+    assert [r.get("stream", False) for r in recording.received] == [True, False]
+
+
+async def test_tool_rounds_go_unstreamed_once_an_endpoint_ends_their_stream_at_once():
+    """llama-cpp-python ends a stream that carries tool_choice "auto" without a chunk and
+    answers the same call unstreamed: the answer streams on, the next tool rounds skip it."""
+    with up.RecordingUpstream() as server:
+        agent = Agent("tools", model=UPSTREAM_MODEL, skills=[Calc()], llm=LLM(base_url=server.url, api_key="k"))
+        server.answer(up.Stream([], done=False))
+        server.answer(up.Reply(up.completion("five")))
+        first = "".join([c.choices[0].delta.content or "" async for c in agent.run_stream("2+3?") if c.choices])
+        server.answer(up.Reply(up.completion("six")))
+        second = "".join([c.choices[0].delta.content or "" async for c in agent.run_stream("3+3?") if c.choices])
+        no_tools = [c async for c in agent.llm.stream(UPSTREAM_MODEL, HI, None)]
+    assert (first, second) == ("five", "six")
+    assert [(r.get("stream", False), r.get("tool_choice")) for r in server.received] == [
+        (True, "auto"), (False, "auto"), (False, "auto"), (True, None),
+    ]
+    assert no_tools[-1].usage is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_with_no_text_and_no_tool_call_is_a_502_with_its_cause(upstream_gateway, recording, stream):
+    silent = up.Stream([up.chunk({"role": "assistant", "content": ""}), up.chunk({}, "stop")])
+    recording.answer(silent if stream else up.Reply(up.completion("")))
+    async with client_for(upstream_gateway) as client:
+        with pytest.raises(openai.APIError) as caught:
+            response = await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HI, stream=stream)
+            if stream:
+                [c async for c in response]  # the error arrives in the stream
+    error = caught.value
+    assert getattr(error, "code", None) == "empty_answer" or (error.body or {}).get("code") == "empty_answer", error
+    assert "no text and no tool call (finish_reason stop)" in str(error)
 
 
 async def test_a_function_name_repeated_in_every_delta_is_assembled_once(upstream_gateway, recording):

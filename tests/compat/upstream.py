@@ -81,12 +81,20 @@ def _words(text: str) -> Iterator[str]:
 class RecordingUpstream:
     """The server; `received` holds each chat request body, in arrival order."""
 
-    def __init__(self, props: dict[str, Any] | None = None, models: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        props: dict[str, Any] | None = None,
+        models: list[dict[str, Any]] | None = None,
+        tokens_per_char: float | None = None,
+    ) -> None:
+        """`tokens_per_char`: serve llama-cpp-python's `POST /extras/tokenize`, counting
+        that many tokens per character; other paths than chat completions answer 404."""
         self.received: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.script: deque[Reply | Stream] = deque()
         self.props = props
         self.models = models
+        self.tokens_per_char = tokens_per_char
         self._lock = threading.Lock()
         upstream = self
 
@@ -108,6 +116,14 @@ class RecordingUpstream:
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if not self.path.endswith("/chat/completions"):
+                    upstream.paths.append(self.path)
+                    if self.path == "/extras/tokenize" and upstream.tokens_per_char:
+                        count = int(len(body["input"]) * upstream.tokens_per_char)
+                        self._json(200, {"tokens": list(range(count))})
+                    else:
+                        self._json(404, {"error": {"message": "no such path", "code": None}})
+                    return
                 with upstream._lock:
                     upstream.received.append(body)
                     answer = upstream.script.popleft() if upstream.script else None

