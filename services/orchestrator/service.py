@@ -271,6 +271,7 @@ class OrchestratorService(BusApp):
         await cancel_and_wait(*self._tasks)
         self._tasks = []
         if self.runtime is not None:
+            await self.runtime.observations_flushed(SHUTDOWN_WAIT)
             await self.runtime.router.stop()
             await self.runtime.registry.stop()
             await self.runtime.events.stop()
