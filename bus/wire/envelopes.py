@@ -202,9 +202,10 @@ class ResponseItem(Envelope):
 
 
 class MonitorRecord(Envelope):
-    """One line of the `events` firehose: a hop, a stage segment, or a request's start or end."""
+    """One line of the `events` firehose: a hop, a stage segment, a request's start or end,
+    or a worker group's observers of one lifecycle of a request (`observe`)."""
 
-    kind: Literal["hop", "stage", "request"] = "stage"
+    kind: Literal["hop", "stage", "request", "observe"] = "stage"
     ts: float = Field(default_factory=time.time)
     completion_id: str
     lifecycle: str

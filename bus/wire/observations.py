@@ -63,9 +63,9 @@ class ObservationBatch(Envelope):
     ctx: Context = Field(description="The request's context as it ended, without state (each stage has its own).")
     stages: list[ObservedStage]
 
-    def seen(self) -> list[StageSeen]:
-        """The stages with every state and full_content filled in."""
-        seen: list[StageSeen] = []
+    def seen(self) -> list[tuple[list[str], StageSeen]]:
+        """Each stage's observer keys and the stage, every state and full_content filled in."""
+        seen: list[tuple[list[str], StageSeen]] = []
         state: dict[str, Any] = {}
         full = ""
         for stage in self.stages:
@@ -78,7 +78,7 @@ class ObservationBatch(Envelope):
                     data.set_internal(full_content=full)
                 else:
                     full = data.full_content or ""
-            seen.append(StageSeen(data, state, stage.stage_key, stage.started, stage.ended))
+            seen.append((stage.hooks, StageSeen(data, state, stage.stage_key, stage.started, stage.ended)))
         return seen
 
 
