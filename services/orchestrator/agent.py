@@ -40,6 +40,7 @@ from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
+from hookbus.services.orchestrator.hold_back import held_back
 from hookbus.services.orchestrator.instructions import with_instructions
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.observations import LocalObservers, RequestObservations
@@ -455,11 +456,16 @@ class Agent:
         settings: ModelSettings,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One streamed LLM call; every chunk goes through on_chunk before the client sees it
-        (batched when the stage is one remote segment and `chunk_batch` > 1)."""
+        (batched when the stage is one remote segment and `chunk_batch` > 1), and through
+        the hold-back window when an on_chunk hook asked for one
+        (hookbus.services.orchestrator.hold_back)."""
         chunks = stream_chunks(
             state, self.llm.stream(self.model, messages, tools, settings), self.model,
             self._on_chunk, self._on_chunks, self._chunk_batch,
         )
+        window = state.plan.hold_back(state.ctx.auth.scopes)
+        if window:
+            chunks = held_back(chunks, window)
         async with contextlib.aclosing(chunks) as visible:
             async for chunk in visible:
                 yield chunk
