@@ -54,9 +54,11 @@ async def guarded_gateway(redis_url: str) -> AsyncIterator[RunningGateway]:
         HELD_KEY: {"peer_user_id": "held", "scopes": ["held"]},
         PLAIN_KEY: {"peer_user_id": "plain", "scopes": ["plain"]},
     }
-    async with running_stack(redis_url, prefix, Agent("guarded"), {"guards": [PhraseGuard()]}):
-        async with running_gateway(redis_url, prefix, api_keys=keys, models=["offline"]) as gateway:
-            yield gateway
+    async with (
+        running_stack(redis_url, prefix, Agent("guarded"), {"guards": [PhraseGuard()]}),
+        running_gateway(redis_url, prefix, api_keys=keys, models=["offline"]) as gateway,
+    ):
+        yield gateway
 
 
 async def _stream(gateway: RunningGateway, key: str, text: str) -> tuple[str, float, BaseException | None]:
