@@ -35,7 +35,7 @@ import structlog
 
 from hookbus.bus.connection.cluster import in_order
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS, ensure_group
-from hookbus.bus.groups.claims import Claimed, OrphanRules
+from hookbus.bus.groups.claims import Claimed, OrphanRules, Steadiness
 from hookbus.bus.groups.dead_letters import add_dead_letter
 from hookbus.bus.groups.member import GroupMember
 from hookbus.bus.groups.shard_reader import ShardedGroupReader
@@ -73,7 +73,10 @@ class ObserverConsumer:
         claim_idle: float,
         max_deliveries: int,
         trim_every: float,
+        steadiness: Steadiness,
     ) -> None:
+        """`steadiness`: the replica's own (its heartbeat says whether this process reaches
+        Redis steadily enough to claim; the observer half has no heartbeat of its own)."""
         self.host = host
         self.group = host.group
         self.keys = keys
@@ -97,6 +100,7 @@ class ObserverConsumer:
             busy=lambda: self._in_flight, renew=self._renew_leases, tidy=self.janitor_once,
             take_over=self._take_over, streams=self.streams,
         )
+        self.member.steadiness = steadiness
         self.observed = 0
         """Entries run to their end (each one request's stages)."""
         self.dead_lettered = 0

@@ -336,7 +336,7 @@ class WorkerReplica(BusApp):
             self.observer = ObserverConsumer(
                 self.host, self._redis_url, self.keys, self.replica, self._client, self._events,
                 concurrency=self.concurrency, claim_idle=self.claim_idle, max_deliveries=self.max_deliveries,
-                trim_every=self.trim_every,
+                trim_every=self.trim_every, steadiness=self.member.steadiness,
             )
             await self.observer.start()
         log.info(

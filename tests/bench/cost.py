@@ -22,6 +22,12 @@ and streamed requests/s at c=8. What the services do with no request (heartbeats
 registry, claims, janitor) is measured in an idle window of the same stack and subtracted
 at its rate, so the figures are the request's own; the idle rates are printed too.
 
+Observers (issue 30): the same mix is measured a second time in the same run with its
+watching hooks declared observers (tests.bench.skills.WATCHING: after_llm_call, on_chunk,
+after_toolcall, on_message, finalize_connection; the checks stay blocking), and the
+figures are given as ratios to the undeclared run; every observer is checked to have
+been called for every measured request (the workers' `observe` monitor records).
+
 Run alone: `python -m tests.bench.cost`.
 """
 
@@ -130,17 +136,28 @@ def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
     )
 
 
-async def start_stack(procs: Processes, redis_url: str, prefix: str, model_url: str) -> tuple[str, dict[str, int]]:
-    """The four service processes, the orchestrator's model at `model_url`; returns the
-    gateway's base URL and the pids by name."""
+UNDECLARED = {"policy": ["tests.bench.skills:CostPolicy"], "audit": ["tests.bench.skills:CostAudit"]}
+"""The cost mix's worker groups, every hook on the request's path."""
+DECLARED = {"policy": ["tests.bench.skills:CostPolicyObserved"], "audit": ["tests.bench.skills:CostAuditObserved"]}
+"""The same groups with their watching hooks declared observers."""
+
+
+async def start_stack(
+    procs: Processes, redis_url: str, prefix: str, model_url: str, groups: dict[str, list[str]] | None = None
+) -> tuple[str, dict[str, int]]:
+    """The service processes (one worker replica per group of `groups`, default the cost
+    mix's), the orchestrator's model at `model_url`; returns the gateway's base URL and
+    the pids by name."""
     from hookbus.bus.keys import Keys
     from tests.bench.full import wait_for_orchestrator
 
+    groups = UNDECLARED if groups is None else groups
     pids = {
-        "worker-policy": procs.worker(redis_url, prefix, "policy", ["tests.bench.skills:CostPolicy"], concurrency=32).pid,
-        "worker-audit": procs.worker(redis_url, prefix, "audit", ["tests.bench.skills:CostAudit"], concurrency=32).pid,
+        f"worker-{group}": procs.worker(redis_url, prefix, group, specs, concurrency=32).pid
+        for group, specs in groups.items()
     }
-    await wait_for_replicas(redis_url, prefix, {"policy": 1, "audit": 1}, procs)
+    if groups:
+        await wait_for_replicas(redis_url, prefix, dict.fromkeys(groups, 1), procs)
     orchestrator = procs.spawn(
         [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", "tests.bench.skills:cost_agent"],
         bench_env(redis_url, prefix, OPENAI_BASE_URL=model_url, OPENAI_API_KEY="bench"), "orchestrator",
@@ -194,6 +211,20 @@ async def hops_of(client, prefix: str, completion_ids: set[str]) -> Counter[str]
     return hops
 
 
+async def observed_by(client, prefix: str, completion_ids: set[str]) -> dict[str, set[str]]:  # type: ignore[no-untyped-def]
+    """The observer hooks each of these requests was observed by (the workers' `observe`
+    monitor records, written once the observers of a lifecycle ran)."""
+    from hookbus.bus.keys import Keys
+    from hookbus.bus.wire.envelopes import monitor_records
+
+    seen: dict[str, set[str]] = {cid: set() for cid in completion_ids}
+    for _, fields in await client.xrange(Keys(prefix).events):
+        for record in monitor_records(fields):
+            if record.kind == "observe" and record.completion_id in seen:
+                seen[record.completion_id].update(record.hooks)
+    return seen
+
+
 @dataclass
 class CostResult:
     cost: PerRequest
@@ -201,9 +232,11 @@ class CostResult:
     hops: Counter[str]
     requests: int
     rate: float
+    observers: set[str] = field(default_factory=set)
+    """Observer hooks every measured request was observed by (empty: none declared)."""
 
 
-async def run_cost(redis_url: str) -> CostResult:
+async def run_cost(redis_url: str, groups: dict[str, list[str]] | None = None) -> CostResult:
     from hookbus.services.testing.offline_server import OfflineModelServer
 
     # the model runs in this process (a thread), as an LLM provider would run elsewhere:
@@ -211,7 +244,7 @@ async def run_cost(redis_url: str) -> CostResult:
     with OfflineModelServer() as model:
         async with processes() as procs:
             prefix = new_prefix("cost")
-            base, pids = await start_stack(procs, redis_url, prefix, model.base_url)
+            base, pids = await start_stack(procs, redis_url, prefix, model.base_url, groups)
             return await _measure_stack(redis_url, prefix, base, pids)
 
 
@@ -237,6 +270,9 @@ async def _measure_stack(redis_url: str, prefix: str, base: str, pids: dict[str,
         window.at -= 0.3
         cost = per_request(window, idle, requests)
         hops = await hops_of(redis, prefix, ids)
+        await asyncio.sleep(0.5)  # the observers of the last requests, and their records
+        observed = await observed_by(redis, prefix, ids)
+        observers = set.intersection(*observed.values()) if observed else set()
         parallel = scaled(PARALLEL_REQUESTS)
         began = time.perf_counter()
         queue = iter(range(parallel))
@@ -250,7 +286,7 @@ async def _measure_stack(redis_url: str, prefix: str, base: str, pids: dict[str,
     finally:
         await client.close()
         await redis.aclose()
-    return CostResult(cost, idle, hops, requests, rate)
+    return CostResult(cost, idle, hops, requests, rate, observers)
 
 
 def report(result: CostResult) -> list[Row]:
@@ -281,9 +317,39 @@ def report(result: CostResult) -> list[Row]:
     ]
 
 
+def report_observers(undeclared: CostResult, declared: CostResult) -> list[Row]:
+    """The mix with its watching hooks declared observers, against the same mix undeclared."""
+    from tests.bench.skills import WATCHING
+
+    expected = {f"cost-policy.p_{lc}" for lc in WATCHING} | {"cost-audit.a_finalize_connection"}
+    missing = expected - declared.observers
+    if missing:
+        raise RuntimeError(f"observers not called for every request: {sorted(missing)}")
+    before, after = undeclared.cost, declared.cost
+    print(f"\n[cost] watching hooks declared observers ({len(expected)} observers, each called for every "
+          f"one of {declared.requests} requests): Redis commands {after.total_commands:.1f} vs "
+          f"{before.total_commands:.1f}, Python CPU {after.python_cpu_ms:.1f} vs {before.python_cpu_ms:.1f} ms, "
+          f"c={PARALLEL} {declared.rate:.1f} vs {undeclared.rate:.1f} requests/s")
+    name = "watching hooks undeclared"
+    return [
+        Row("cost", "observers: Redis commands per streamed request", after.total_commands, "",
+            before.total_commands, name, target="<=0.6x"),
+        Row("cost", "observers: Python CPU per streamed request", after.python_cpu_ms, "ms",
+            before.python_cpu_ms, name, target="<=0.75x"),
+        Row("cost", "observers: Redis CPU per streamed request", after.redis_cpu_ms, "ms", before.redis_cpu_ms, name),
+        Row("cost", "observers: hops per streamed request", sum(declared.hops.values()) / declared.requests, "",
+            sum(undeclared.hops.values()) / undeclared.requests, name),
+        Row("cost", f"observers: streamed requests/s at c={PARALLEL}", declared.rate, "req/s", undeclared.rate, name),
+    ]
+
+
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
-    return report(await run_cost(redis_url))
+    undeclared = await run_cost(redis_url)
+    rows = report(undeclared)
+    declared = await run_cost(redis_url, DECLARED)
+    report(declared)
+    return rows + report_observers(undeclared, declared)
 
 
 if __name__ == "__main__":
