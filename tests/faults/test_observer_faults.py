@@ -4,7 +4,6 @@ backlog drains when a replica returns. ("Stopped for a minute" is a few seconds 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
