@@ -10,7 +10,16 @@ from typing import Any
 import pytest
 
 from hookbus import Agent
-from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from hookbus.skills import (
+    Context,
+    HookData,
+    HookError,
+    OrchestratorLost,
+    PaymentRequired,
+    Skill,
+    hook,
+    tool,
+)
 
 
 class Watcher(Skill):
@@ -164,6 +173,25 @@ async def test_a_finalize_observer_sees_the_error_of_a_failed_run() -> None:
         await agent.run("hello")
     assert await agent.observers_idle(5)
     assert raiser.finalized == ["payment_required"]
+
+
+class Recovered(Skill):
+    name = "recovered"
+
+    def __init__(self) -> None:
+        self.finalized: list[tuple[str | None, bool]] = []
+
+    @hook("finalize_connection", observe=True)
+    def finalize(self, data: HookData, ctx: Context) -> None:
+        self.finalized.append((data.error.code if data.error else None, ctx.recovery))
+
+
+async def test_a_finalize_observer_sees_a_request_finalized_for_a_lost_orchestrator() -> None:
+    recovered = Recovered()
+    agent = Agent("t", skills=[recovered])
+    await agent.finalize_only("hello", completion_id="chatcmpl-lost", error=OrchestratorLost())
+    assert await agent.observers_idle(5)
+    assert recovered.finalized == [(OrchestratorLost().code, True)]
 
 
 async def test_streamed_chunks_are_observed_in_order_with_the_text_so_far() -> None:
