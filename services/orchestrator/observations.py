@@ -122,9 +122,17 @@ class RequestObservations:
         self._closed = False
 
     def record(self, observers: Sequence[PlannedHook], data: HookData, stage_key: str, started: float) -> None:
-        """A stage ended with `data`, which `observers` (the stage's, non-empty) watch."""
+        """A stage ended with `data`, which `observers` (the stage's, non-empty) watch.
+        Never raises: a stage that cannot be copied or dumped (a value that is not JSON in
+        `ctx.state`) is logged and left unobserved, the request goes on."""
         if self._closed:
             return
+        try:
+            self._record(observers, data, stage_key, started)
+        except Exception:  # noqa: BLE001 - an observer never fails a request
+            log.exception("observation_not_recorded", completion_id=self._ctx.completion_id, stage=stage_key)
+
+    def _record(self, observers: Sequence[PlannedHook], data: HookData, stage_key: str, started: float) -> None:
         ended = time.time()
         ctx = self._ctx
         local = [h.local for h in observers if h.local is not None]

@@ -144,6 +144,26 @@ async def test_status_shows_the_observer_backlog(redis_url, prefix):
     assert any("(observer)" in h for h in group.hooks)
 
 
+class Opaque(Skill):
+    """A blocking in-process hook that leaves a value in ctx.state that is not JSON."""
+
+    name = "opaque"
+
+    @hook("on_connection", 10)
+    async def keep(self, data: HookData, ctx: Context) -> None:
+        ctx.state["handle"] = object()
+
+
+async def test_a_stage_its_group_observers_cannot_be_sent_fails_no_request(redis_url, prefix):
+    audit = Audit()
+    agent = Agent("obs", skills=[Opaque()])
+    async with running_stack(redis_url, prefix, agent, {"audit": [audit]}) as (client, _, workers):
+        completion = await client.complete("[[echo]] still answered")
+        assert completion.choices[0].message.content == "still answered"
+        assert workers[0].observer is not None and workers[0].observer.observed == 0
+    assert audit.seen == []
+
+
 async def _finalized(audit: Audit, cid: str) -> bool:
     return any(s["lifecycle"] == "finalize_connection" for s in of(audit, cid))
 

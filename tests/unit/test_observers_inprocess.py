@@ -212,3 +212,4 @@ def test_an_observer_cannot_be_a_guard_or_hold_text_back() -> None:
         hook("before_llm_call", hold_back=10)
     with pytest.raises(ValueError, match="hold_back"):
         hook("on_chunk", hold_back=10, observe=True)
+
