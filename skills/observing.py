@@ -27,7 +27,6 @@ import structlog
 
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
-from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import HookOutcome, copy_state, run_hooks
 from hookbus.skills.skill import BoundHook
 
@@ -91,7 +90,3 @@ async def observe_stage(
     memory.keep(stage.state, ctx.state)
     return outcomes
 
-
-def worst(outcomes: Sequence[HookOutcome]) -> HookOutcome | None:
-    """The first outcome that is not OK (what a monitor record reports), or None."""
-    return next((o for o in outcomes if o.outcome != Outcome.OK), None)

@@ -382,6 +382,16 @@ class BusRuntime:
         except Exception as exc:  # noqa: BLE001 - an observer never fails a request
             log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
 
+    def record_observed(
+        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+    ) -> None:
+        """An `observe` record, as a worker replica writes for its group's observers
+        (group None: this process)."""
+        self.events.emit(
+            MonitorRecord.of_outcomes("observe", completion_id, lifecycle, outcomes, duration_ms,
+                                      group=None, replica=self.instance)
+        )
+
     async def observations_flushed(self, timeout: float) -> None:
         """Wait (up to `timeout` s) for the observation entries still being appended: a
         stopping orchestrator sends them before it closes its connection."""
@@ -410,19 +420,9 @@ class BusRuntime:
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
-        bad = next((o for o in outcomes if o.outcome != Outcome.OK), None)
         self.events.emit(
-            MonitorRecord(
-                kind="stage",
-                completion_id=completion_id,
-                lifecycle=lifecycle,
-                hooks=[o.hook for o in outcomes],
-                group=group,
-                replica=self.instance,
-                duration_ms=duration_ms,
-                outcome=bad.outcome if bad else Outcome.OK,
-                error=bad.error if bad else None,
-            )
+            MonitorRecord.of_outcomes("stage", completion_id, lifecycle, outcomes, duration_ms,
+                                      group=group, replica=self.instance)
         )
 
 

@@ -34,7 +34,7 @@ from hookbus.services.orchestrator.plan import PlannedHook
 from hookbus.skills import Context, HookData
 from hookbus.skills.context import HookCall, Session
 from hookbus.skills.observing import ObserverMemory, StageSeen, observe_stage
-from hookbus.skills.runner import copy_state
+from hookbus.skills.runner import HookOutcome, copy_state
 from hookbus.skills.skill import BoundHook
 
 log = structlog.get_logger("hookbus.observations")
@@ -46,10 +46,16 @@ MAX_WAITING = 10_000
 
 
 class ObservationSink(Protocol):
-    """Where a request's observations for worker groups go (the agent's runtime)."""
+    """Where a request's observations go (the agent's runtime): the groups' entries, and
+    the outcomes of its in-process observers."""
 
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
         """Append each (group, entry) to that group's observer stream, without waiting."""
+
+    def record_observed(
+        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+    ) -> None:
+        """Record what the in-process observers of one stage did."""
 
 
 @dataclass(slots=True)
@@ -57,6 +63,7 @@ class _Queued:
     """A request's stages waiting for its in-process observers, and the task running them."""
 
     ctx: Context
+    sink: ObservationSink
     memory: ObserverMemory = field(default_factory=ObserverMemory)
     waiting: collections.deque[tuple[list[BoundHook], StageSeen]] = field(default_factory=collections.deque)
     task: asyncio.Task[None] | None = None
@@ -91,8 +98,12 @@ class LocalObservers:
         while queued.waiting:
             hooks, stage = queued.waiting.popleft()
             try:
-                await observe_stage(hooks, stage, queued.ctx, queued.memory)
+                began = time.perf_counter()
+                outcomes = await observe_stage(hooks, stage, queued.ctx, queued.memory)
                 self.called += len(hooks)
+                queued.sink.record_observed(
+                    queued.ctx.completion_id, stage.data.lifecycle, outcomes, (time.perf_counter() - began) * 1000
+                )
             except Exception:  # noqa: BLE001 - observe_stage never raises for a hook; this is a bug
                 log.exception("observers_failed", completion_id=queued.ctx.completion_id)
             finally:
@@ -173,7 +184,7 @@ class RequestObservations:
                 auth=ctx.auth, metadata=ctx.metadata, session=session, state={}, recovery=ctx.recovery,
                 call=HookCall(),
             )
-            self._queued = _Queued(observer_ctx)
+            self._queued = _Queued(observer_ctx, self._sink)
         self._queued.ctx.recovery = self._ctx.recovery
         return self._queued
 

@@ -45,7 +45,7 @@ from hookbus.bus.store.events import EventWriter
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, decode
 from hookbus.bus.wire.observations import ObservationBatch
 from hookbus.services.worker.host import GroupHost
-from hookbus.skills.observing import ObserverMemory, observe_stage, worst
+from hookbus.skills.observing import ObserverMemory, observe_stage
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import HookOutcome
 
@@ -195,14 +195,10 @@ class ObserverConsumer:
         return by_lifecycle
 
     def _record(self, completion_id: str, lifecycle: str, outcomes: list[HookOutcome], duration_ms: float) -> None:
-        if self._events is None:
-            return
-        bad = worst(outcomes)
-        self._events.emit(MonitorRecord(
-            kind="observe", completion_id=completion_id, lifecycle=lifecycle,
-            hooks=sorted({o.hook for o in outcomes}), group=self.group, replica=self.replica,
-            duration_ms=duration_ms, outcome=bad.outcome if bad else Outcome.OK, error=bad.error if bad else None,
-        ))
+        if self._events is not None:
+            self._events.emit(MonitorRecord.of_outcomes(
+                "observe", completion_id, lifecycle, outcomes, duration_ms, group=self.group, replica=self.replica
+            ))
 
     async def _dead_letter(self, entry: EntryRef, fields: dict[bytes, bytes], reason: str) -> None:
         stream, entry_id = entry

@@ -164,6 +164,19 @@ async def test_a_stage_its_group_observers_cannot_be_sent_fails_no_request(redis
     assert audit.seen == []
 
 
+async def test_in_process_observers_of_a_bus_orchestrator_are_recorded_as_events(redis_url, prefix):
+    audit = Audit()
+    agent = Agent("obs", skills=[audit])
+    async with running_stack(redis_url, prefix, agent) as (client, _, _):
+        completion = await client.complete("[[echo]] hi")
+        assert await agent.observers_idle(5)
+        records = await _records(redis_url, prefix, completion.id)
+    observed = {r.lifecycle: r for r in records if r.kind == "observe"}
+    assert set(observed) == {"on_connection", "finalize_connection"}
+    assert all(r.group is None for r in observed.values())
+    assert observed["finalize_connection"].outcome == "failed"  # Audit's finalize raises on purpose
+
+
 async def _finalized(audit: Audit, cid: str) -> bool:
     return any(s["lifecycle"] == "finalize_connection" for s in of(audit, cid))
 
