@@ -10,6 +10,7 @@ load spreads over the nodes:
 |---|---|
 | requests shard, journal, responses, cancel marker of one request | its completion id's shard |
 | hook-stream shard of a group a request's hops go to | the same shard |
+| observer-stream shard of a group a request's observations go to | the same shard |
 | events of one request | its completion id's shard |
 | reply stream of one process | its instance name's shard |
 | registry, its version, replica and orchestrator heartbeats, stats | one slot, `{registry}` |
@@ -136,6 +137,22 @@ class Keys:
         """The hook stream of `group` in an unsharded layout."""
         self._only(f"hooks:{group}")
         return self.hooks_shard(group, 0)
+
+    # -------------------------------------------------------- observer streams
+
+    def observe_shard(self, group: str, shard: int) -> str:
+        """`group`'s observer stream (hookbus.bus.wire.observations), apart from its hook
+        stream so that a backlog of observations never waits ahead of a hop."""
+        if not self.tagged:
+            return f"{self.prefix}observe:{group}"
+        return self._sharded("observe", shard, group)
+
+    def observe_for(self, group: str, completion_id: str) -> str:
+        """The shard of `group`'s observer stream a request's observations go to: its own."""
+        return self.observe_shard(group, self.shard_of(completion_id))
+
+    def observe_streams(self, group: str) -> list[str]:
+        return [self.observe_shard(group, s) for s in range(self.shards)]
 
     # ------------------------------------------------------ per-process streams
 

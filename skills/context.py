@@ -46,11 +46,16 @@ class HookCall(BaseModel):
     """Which hook is running now: lets a hook make its side effects idempotent.
 
     `idempotency_key` is stable across redeliveries (completion id, stage, hook);
-    `attempt` counts deliveries from 1.
+    `attempt` counts deliveries from 1. An observer also learns when its stage ran.
     """
 
     idempotency_key: str = ""
     attempt: int = 1
+    stage_started: float | None = None
+    """For an observer (`observe=True`), which runs after the stage: the unix time the
+    stage began; None for a hook on the request's path (the time is now)."""
+    stage_ended: float | None = None
+    """For an observer: the unix time the stage ended (what the next step started from)."""
 
 
 class Context(BaseModel):

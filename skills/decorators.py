@@ -41,6 +41,8 @@ def hook(
     timeout: float | None = None,
     critical: bool = False,
     guard: bool = False,
+    observe: bool = False,
+    hold_back: int = 0,
 ) -> Callable[[F], F]:
     """Register a method as a hook on `lifecycle`; lower `priority` runs first.
 
@@ -52,15 +54,23 @@ def hook(
     raises a plain exception) the request is refused with 503 `guard_unavailable`
     (finalize_connection still runs). A `before_toolcall` hook needs no flag: one that
     cannot run always blocks its tool call.
+
+    `observe=True` makes the hook an observer: it gets the stage's data as the stage ended
+    and the request's context, after the stage and off the request's path (no request
+    waits for it); what it returns is ignored, what it raises is logged and recorded
+    (hookbus.skills.observing). `hold_back=N` (on_chunk only) holds up to N characters of
+    the model's text back from the client until this hook judged the text after them,
+    so a HookError it raises stops text the client never received.
     """
     check_lifecycle(lifecycle)
+    _check_kind(lifecycle, observe=observe, guard=guard, critical=critical, hold_back=hold_back)
     if timeout is not None and timeout <= 0:
         raise ValueError(f"hook timeout must be positive, got {timeout}")
     if guard and lifecycle == "finalize_connection":
         raise ValueError("a finalize_connection hook cannot be a guard: the request is over by then")
     descriptor = HookDescriptor(
         lifecycle=lifecycle, priority=int(priority), scope=scope, timeout=timeout,
-        critical=critical, guard=guard,
+        critical=critical, guard=guard, observe=observe, hold_back=int(hold_back),
     )
 
     def decorate(method: F) -> F:
@@ -68,6 +78,19 @@ def hook(
         return method
 
     return decorate
+
+
+def _check_kind(lifecycle: str, *, observe: bool, guard: bool, critical: bool, hold_back: int) -> None:
+    """An observer cannot stop anything, so it cannot be a guard or critical; a window
+    only holds streamed text back, for a hook that judges it."""
+    if observe and (guard or critical):
+        raise ValueError("an observer (observe=True) cannot be a guard or critical: it never stops the request")
+    if hold_back < 0:
+        raise ValueError(f"hold_back must be >= 0 characters, got {hold_back}")
+    if hold_back and lifecycle != "on_chunk":
+        raise ValueError(f"hold_back holds streamed text back: only on_chunk hooks take it, not {lifecycle}")
+    if hold_back and observe:
+        raise ValueError("hold_back is for a hook that judges the text before the client sees it, not an observer")
 
 
 def tool(

@@ -28,6 +28,12 @@ class HookDescriptor(BaseModel):
     timeout: float | None = None
     critical: bool = False
     guard: bool = False
+    observe: bool = False
+    """An observer: gets the stage's data as the stage ended, off the request's path
+    (hookbus.skills.observing); never changes data, never aborts."""
+    hold_back: int = 0
+    """on_chunk only: characters of the model's text held back from the client until this
+    hook judged the text that follows them (hookbus.services.orchestrator.hold_back)."""
 
     @property
     def key(self) -> str:

@@ -195,6 +195,11 @@ class ReplyRouter:
             if future.done() and not future.cancelled():
                 future.exception()  # a deadline that passed while the send failed: heard of
 
+    async def append(self, stream: str, fields: dict[bytes, bytes]) -> None:
+        """XADD an entry that expects no reply (a request's observations), in the same
+        per-turn pipeline as the hops (hookbus.bus.connection.batched_appends)."""
+        await self._appender.add(stream, fields)
+
     def expect(self, hop_ids: Sequence[str]) -> None:
         """Keep the replies of these hops, which workers send on a route
         (hookbus.bus.hops.send_on), for `wait`; register them before sending the hop whose

@@ -28,7 +28,8 @@ upgrade workers before orchestrators.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
@@ -37,6 +38,9 @@ from hookbus.bus.wire.tracecontext import TraceCarrier
 from hookbus.skills.context import AuthInfo
 from hookbus.skills.model_settings import ModelSettings
 from hookbus.skills.outcome import Outcome
+
+if TYPE_CHECKING:
+    from hookbus.skills.runner import HookOutcome
 
 VERSION = 1
 SPLIT_VERSION = 2
@@ -202,9 +206,10 @@ class ResponseItem(Envelope):
 
 
 class MonitorRecord(Envelope):
-    """One line of the `events` firehose: a hop, a stage segment, or a request's start or end."""
+    """One line of the `events` firehose: a hop, a stage segment, a request's start or end,
+    or a worker group's observers of one lifecycle of a request (`observe`)."""
 
-    kind: Literal["hop", "stage", "request"] = "stage"
+    kind: Literal["hop", "stage", "request", "observe"] = "stage"
     ts: float = Field(default_factory=time.time)
     completion_id: str
     lifecycle: str
@@ -214,6 +219,21 @@ class MonitorRecord(Envelope):
     duration_ms: float = 0.0
     outcome: Outcome = Outcome.OK
     error: str | None = None
+
+    @classmethod
+    def of_outcomes(
+        cls, kind: Literal["stage", "observe"], completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome],
+        duration_ms: float, *, group: str | None, replica: str,
+    ) -> MonitorRecord:
+        """The record of some hooks' calls (a hook named once, however many calls it had):
+        their first failure, if any, is its outcome."""
+        bad = next((o for o in outcomes if o.outcome != Outcome.OK), None)
+        return cls(
+            kind=kind, completion_id=completion_id, lifecycle=lifecycle,
+            hooks=list(dict.fromkeys(o.hook for o in outcomes)),  # a hook once, however many calls
+            group=group, replica=replica, duration_ms=duration_ms,
+            outcome=bad.outcome if bad else Outcome.OK, error=bad.error if bad else None,
+        )
 
 
 class DecodeError(ValueError):

@@ -129,6 +129,10 @@ class GroupStatus(BaseModel):
     tools: list[str]
     lag: int
     pending: int
+    observe_lag: int = 0
+    """Observation entries (one per request) not yet delivered to the group's observers."""
+    observe_pending: int = 0
+    """Observation entries delivered to a replica and not yet acked."""
 
 
 class Status(BaseModel):
@@ -153,6 +157,9 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
             continue
         replicas = sorted(text(r) for r in await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf"))
         lag, pending = await group_backlog(client, keys.hook_streams(name), name)
+        observe_lag, observe_pending = (0, 0)
+        if any(h.observe for h in announcement.hooks):
+            observe_lag, observe_pending = await group_backlog(client, keys.observe_streams(name), name)
         groups.append(
             GroupStatus(
                 name=name,
@@ -160,10 +167,15 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
                 refused=refusal(announcement.protocol),
                 replicas=replicas,
                 replica_protocols=await replica_protocols(client, keys, name, replicas),
-                hooks=[f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}" for h in announcement.hooks],
+                hooks=[
+                    f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}{' (observer)' if h.observe else ''}"
+                    for h in announcement.hooks
+                ],
                 tools=[t.name for t in announcement.tools],
                 lag=lag,
                 pending=pending,
+                observe_lag=observe_lag,
+                observe_pending=observe_pending,
             )
         )
     orchestrators = await client.zrangebyscore(keys.orchestrators, now - REPLICA_TTL, "+inf")
@@ -223,6 +235,8 @@ def format_status(status: Status) -> str:
         )
         if group.refused:
             lines.append(f"{'':<16}   REFUSED: {group.refused} (its hooks are not called)")
+        if group.observe_lag or group.observe_pending:
+            lines.append(f"{'':<16}   observer backlog: lag {group.observe_lag}, pending {group.observe_pending}")
         for replica in group.replicas:
             lines.append(f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})")
     if not status.groups:

@@ -40,8 +40,10 @@ from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
+from hookbus.services.orchestrator.hold_back import held_back
 from hookbus.services.orchestrator.instructions import with_instructions
 from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.observations import LocalObservers, RequestObservations
 from hookbus.services.orchestrator.plan import HookPlan, Segment
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
@@ -118,6 +120,8 @@ class Agent:
         self._local_tools = [t for skill in self.skills for t in skill.bound_tools()]
         self._plan: HookPlan | None = None
         self._plan_version = -1
+        self.local_observers = LocalObservers()
+        """Runs this agent's in-process observers (hookbus.services.orchestrator.observations)."""
 
     # ----------------------------------------------------------------- public API
 
@@ -216,6 +220,11 @@ class Agent:
                 log.exception("session_load_failed", completion_id=state.completion_id)
         await self._finalize_shielded(state)
 
+    async def observers_idle(self, timeout: float | None = None) -> bool:
+        """Wait until this agent's in-process observers have seen every stage handed to
+        them (they run off the requests' path); False if `timeout` seconds passed first."""
+        return await self.local_observers.wait(timeout)
+
     # ---------------------------------------------------------------- compaction
 
     @property
@@ -301,7 +310,10 @@ class Agent:
             session=Session(id=session_id),
         )
         conversation = await off_loop(is_large(messages), self._conversation, messages)  # a deep copy
-        return RunState(ctx, self.plan(), conversation, stream)
+        state = RunState(ctx, self.plan(), conversation, stream)
+        if state.plan.observes(ctx.auth.scopes):
+            state.observations = RequestObservations(ctx, self.local_observers, self.runtime)
+        return state
 
     def _request_options(
         self,
@@ -444,11 +456,16 @@ class Agent:
         settings: ModelSettings,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One streamed LLM call; every chunk goes through on_chunk before the client sees it
-        (batched when the stage is one remote segment and `chunk_batch` > 1)."""
+        (batched when the stage is one remote segment and `chunk_batch` > 1), and through
+        the hold-back window when an on_chunk hook asked for one
+        (hookbus.services.orchestrator.hold_back)."""
         chunks = stream_chunks(
             state, self.llm.stream(self.model, messages, tools, settings), self.model,
             self._on_chunk, self._on_chunks, self._chunk_batch,
         )
+        window = state.plan.hold_back(state.ctx.auth.scopes)
+        if window:
+            chunks = held_back(chunks, window)
         async with contextlib.aclosing(chunks) as visible:
             async for chunk in visible:
                 yield chunk
@@ -467,6 +484,7 @@ class Agent:
     ) -> tuple[list[ChatCompletionChunk | None], HookError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
         (segment,) = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+        began = time.time()
         with tracing.stage_span("on_chunk", f"on_chunk#{chunks[0].index}"):
             started = time.perf_counter()
             result = await self.runtime.hop_chunks(segment, chunks, state.ctx)
@@ -475,6 +493,10 @@ class Agent:
                 (time.perf_counter() - started) * 1000,
             )
         shown = result.data[:-1] if result.abort is not None else result.data
+        observers = state.plan.observers("on_chunk", state.ctx.auth.scopes)
+        if observers and state.observations is not None:
+            for d, c in zip(shown, chunks, strict=False):
+                state.observations.record(observers, c.data() if d is None else d, f"on_chunk#{c.index}", began)
         return [
             c.chunk if d is None else _visible_chunk(d, c.content) for d, c in zip(shown, chunks, strict=False)
         ], result.abort
@@ -617,6 +639,8 @@ class Agent:
             await self._stage(state, data)
         except Exception:  # noqa: BLE001 - never replaces the original error
             log.exception("finalize_failed", completion_id=state.completion_id)
+        if state.observations is not None:
+            state.observations.close()
         if state.ctx.session.id:
             try:
                 await self.runtime.save_session(
@@ -649,6 +673,17 @@ class Agent:
     # ---------------------------------------------------------------- machinery
 
     async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
+        """Run the stage's hooks (`_hooks`), then hand its end to its observers, if it has
+        any (hookbus.services.orchestrator.observations: they run off the request's path)."""
+        observers = state.plan.observers(data.lifecycle, state.ctx.auth.scopes)
+        if not observers or state.observations is None:
+            return await self._hooks(state, data, stage_key)
+        started = time.time()
+        data = await self._hooks(state, data, stage_key)
+        state.observations.record(observers, data, stage_key or data.lifecycle, started)
+        return data
+
+    async def _hooks(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
         """Run every hook of data.lifecycle in order, segment by segment; consecutive
         remote segments through the runtime's `hop_segments`, so that a worker can send the
         stage on to the next group itself (hookbus.bus.hops.send_on)."""

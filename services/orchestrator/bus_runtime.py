@@ -7,6 +7,7 @@ failure rules in hookbus.skills.runner (`fail_unanswered`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, TypeVar
@@ -76,6 +77,9 @@ class BusRuntime:
         self.forwarded = 0
         """Hops a worker sent on along a route (hookbus.bus.hops.send_on) instead of this runtime."""
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
+        self._observing: set[asyncio.Task[None]] = set()
+        """Observation entries being appended (nobody waits for them but shutdown)."""
+        self.observations_sent = 0
 
     # ------------------------------------------------------------- registry view
 
@@ -359,6 +363,41 @@ class BusRuntime:
             ctx.session.data = reply.session
         return [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes]
 
+    # -------------------------------------------------------------- observations
+
+    def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+        """Each group's entry goes out with the next pipeline of hops (ReplyRouter.append);
+        the request does not wait. One that Redis did not take is logged: its observations
+        are lost (at least once holds from the entry on)."""
+        for group, fields in entries:
+            stream = self.keys.observe_for(group, completion_id)
+            task = asyncio.ensure_future(self._append_observations(stream, fields, completion_id))
+            self._observing.add(task)
+            task.add_done_callback(self._observing.discard)
+
+    async def _append_observations(self, stream: str, fields: dict[bytes, bytes], completion_id: str) -> None:
+        try:
+            await self.router.append(stream, fields)
+            self.observations_sent += 1
+        except Exception as exc:  # noqa: BLE001 - an observer never fails a request
+            log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
+
+    def record_observed(
+        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+    ) -> None:
+        """An `observe` record, as a worker replica writes for its group's observers
+        (group None: this process)."""
+        self.events.emit(
+            MonitorRecord.of_outcomes("observe", completion_id, lifecycle, outcomes, duration_ms,
+                                      group=None, replica=self.instance)
+        )
+
+    async def observations_flushed(self, timeout: float) -> None:
+        """Wait (up to `timeout` s) for the observation entries still being appended: a
+        stopping orchestrator sends them before it closes its connection."""
+        if self._observing:
+            await asyncio.wait(set(self._observing), timeout=timeout)
+
     # ------------------------------------------------------------ sessions, events
 
     async def load_session(self, owner: str | None, session_id: str) -> dict[str, Any]:
@@ -381,19 +420,9 @@ class BusRuntime:
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
-        bad = next((o for o in outcomes if o.outcome != Outcome.OK), None)
         self.events.emit(
-            MonitorRecord(
-                kind="stage",
-                completion_id=completion_id,
-                lifecycle=lifecycle,
-                hooks=[o.hook for o in outcomes],
-                group=group,
-                replica=self.instance,
-                duration_ms=duration_ms,
-                outcome=bad.outcome if bad else Outcome.OK,
-                error=bad.error if bad else None,
-            )
+            MonitorRecord.of_outcomes("stage", completion_id, lifecycle, outcomes, duration_ms,
+                                      group=group, replica=self.instance)
         )
 
 

@@ -51,7 +51,8 @@ async def stream_chunks(
     if batch > 1 and len(segments) == 1 and segments[0].group is not None:
         chunks = _batched(state, source, model, on_chunks, batch)
     else:
-        chunks = _sequential(state, source, model, on_chunk if segments else None)
+        observed = bool(state.plan.observers("on_chunk", state.ctx.auth.scopes))
+        chunks = _sequential(state, source, model, on_chunk if segments or observed else None)
     async with contextlib.aclosing(chunks) as visible_chunks:
         async for chunk in visible_chunks:
             yield chunk

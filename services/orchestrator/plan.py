@@ -5,6 +5,10 @@ per lifecycle: lowest priority first; ties go to in-process hooks (in skill and
 definition order), then to groups in the order they first registered, then to the
 order a group announced them. Consecutive hooks of one group form a segment, which
 travels as one hop.
+
+Observers (`observe=True`) are planned apart, in the same order: they are never in a
+segment (no hop, no wait); the agent hands each stage's end to them
+(hookbus.services.orchestrator.observations).
 """
 
 from __future__ import annotations
@@ -71,11 +75,14 @@ class PlannedTool:
 
 @dataclass
 class HookPlan:
-    """Ordered hooks per lifecycle and the tool catalogue; segment lists are cached per scope set."""
+    """Ordered hooks per lifecycle (observers apart) and the tool catalogue; segment and
+    observer lists are cached per scope set."""
 
     by_lifecycle: dict[str, tuple[PlannedHook, ...]]
     tools: dict[str, PlannedTool]
+    observers_by_lifecycle: dict[str, tuple[PlannedHook, ...]] = field(default_factory=dict)
     _segments: dict[tuple[str, tuple[str, ...]], tuple[Segment, ...]] = field(default_factory=dict)
+    _observers: dict[tuple[str, tuple[str, ...]], tuple[PlannedHook, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -93,23 +100,24 @@ class HookPlan:
         for index, remote in enumerate(remote_hooks):
             ranked.append(((remote.descriptor.priority, 1, index), remote))
         ranked.sort(key=lambda item: item[0])
-        by_lifecycle = {
-            name: tuple(p for _, p in ranked if p.descriptor.lifecycle == name) for name in LIFECYCLES
-        }
+
+        def of(name: str, observe: bool) -> tuple[PlannedHook, ...]:
+            return tuple(
+                p for _, p in ranked if p.descriptor.lifecycle == name and p.descriptor.observe is observe
+            )
+
         tools = {tool.name: tool for tool in remote_tools}
         for bound_tool in local_tools:  # in-process tools win a name clash
             tools[bound_tool.descriptor.name] = PlannedTool(bound_tool.descriptor, None, bound_tool)
-        return cls(by_lifecycle, tools)
+        return cls(
+            {name: of(name, False) for name in LIFECYCLES}, tools, {name: of(name, True) for name in LIFECYCLES}
+        )
 
     def segments(self, lifecycle: str, scopes: Sequence[str]) -> tuple[Segment, ...]:
         key = (lifecycle, tuple(scopes))
         cached = self._segments.get(key)
         if cached is None:
-            allowed = set(scopes)
-            hooks = [
-                h for h in self.by_lifecycle[lifecycle]
-                if h.descriptor.scope == "all" or h.descriptor.scope in allowed
-            ]
+            hooks = _allowed(self.by_lifecycle[lifecycle], scopes)
             cached = tuple(
                 Segment(group, tuple(members))
                 for group, members in groupby(hooks, key=lambda h: h.group)
@@ -117,9 +125,32 @@ class HookPlan:
             self._segments[key] = cached
         return cached
 
+    def observers(self, lifecycle: str, scopes: Sequence[str]) -> tuple[PlannedHook, ...]:
+        """The observers of `lifecycle` that apply to a caller with `scopes`, in order."""
+        key = (lifecycle, tuple(scopes))
+        cached = self._observers.get(key)
+        if cached is None:
+            cached = _allowed(self.observers_by_lifecycle.get(lifecycle, ()), scopes)
+            self._observers[key] = cached
+        return cached
+
+    def observes(self, scopes: Sequence[str]) -> bool:
+        """Whether any stage has an observer for a caller with `scopes`."""
+        return any(self.observers(name, scopes) for name in LIFECYCLES)
+
+    def hold_back(self, scopes: Sequence[str]) -> int:
+        """The widest on_chunk window (characters held back from the client) among the
+        on_chunk hooks that apply to a caller with `scopes`; 0: none."""
+        return max((h.descriptor.hold_back for h in _allowed(self.by_lifecycle["on_chunk"], scopes)), default=0)
+
     def tool_schemas(self, scopes: Sequence[str]) -> list[dict[str, Any]]:
         allowed = set(scopes)
         return [
             t.descriptor.parameters_schema for t in self.tools.values()
             if t.descriptor.scope == "all" or t.descriptor.scope in allowed
         ]
+
+
+def _allowed(hooks: Iterable[PlannedHook], scopes: Sequence[str]) -> tuple[PlannedHook, ...]:
+    allowed = set(scopes)
+    return tuple(h for h in hooks if h.descriptor.scope == "all" or h.descriptor.scope in allowed)

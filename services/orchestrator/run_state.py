@@ -10,6 +10,7 @@ from typing import Any
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion
 
+from hookbus.services.orchestrator.observations import RequestObservations
 from hookbus.services.orchestrator.plan import HookPlan
 from hookbus.skills import Context, HookError
 from hookbus.skills.model_settings import ModelSettings
@@ -34,6 +35,8 @@ class RunState:
     result: ChatCompletion | None = None
     error: HookError | None = None
     started: float = field(default_factory=time.perf_counter)
+    observations: RequestObservations | None = None
+    """Set when any stage has observers for this caller."""
 
     @property
     def completion_id(self) -> str:

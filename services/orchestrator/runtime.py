@@ -88,6 +88,16 @@ class Runtime(Protocol):
         """Call `on_compaction(outcome, ctx)` of the skills hosted remotely, recording each
         group's outcomes with `record_stage`. Failures are logged, never raised."""
 
+    def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+        """Append a request's observer entries, one per (group, entry), to the groups'
+        observer streams (hookbus.bus.wire.observations) without the request waiting."""
+
+    def record_observed(
+        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+    ) -> None:
+        """A record of what the in-process observers of one stage did (hookbus.services.
+        orchestrator.observations), like `record_stage`'s."""
+
 
 class LocalRuntime:
     """Everything in this process: no remote hooks, sessions in a dict."""
@@ -136,6 +146,14 @@ class LocalRuntime:
 
     async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         """No worker groups in-process: the agent calls its own skills directly."""
+
+    def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+        """No worker groups in-process: there are never entries to send."""
+
+    def record_observed(
+        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+    ) -> None:
+        self.record_stage(completion_id, lifecycle, None, outcomes, duration_ms)
 
     def record_stage(
         self,

@@ -270,7 +270,9 @@ class OrchestratorService(BusApp):
         await self.recovery.stop()
         await cancel_and_wait(*self._tasks)
         self._tasks = []
+        await self.agent.observers_idle(SHUTDOWN_WAIT)  # in-process observers see what they were handed
         if self.runtime is not None:
+            await self.runtime.observations_flushed(SHUTDOWN_WAIT)
             await self.runtime.router.stop()
             await self.runtime.registry.stop()
             await self.runtime.events.stop()

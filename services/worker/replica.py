@@ -83,6 +83,7 @@ from hookbus.services.process.defaults import (
     WORKER_MAX_DELIVERIES,
 )
 from hookbus.services.worker.host import GroupHost
+from hookbus.services.worker.observer import ObserverConsumer
 from hookbus.skills.outcome import Outcome
 
 log = structlog.get_logger("hookbus.worker")
@@ -279,6 +280,8 @@ class WorkerReplica(BusApp):
         self.processed = 0
         self.dead_lettered = 0
         self.trimmed = 0
+        self.observer: ObserverConsumer | None = None
+        """Runs the group's observers from its observer stream (services/worker/observer.py)."""
 
     def declare_subscriber(self) -> None:
         """Declare `hooks:{group}` as this app's subscriber for the AsyncAPI document
@@ -329,6 +332,13 @@ class WorkerReplica(BusApp):
             rider=self._batcher,
         )
         self._reader.start()
+        if ObserverConsumer.wanted(self.host):
+            self.observer = ObserverConsumer(
+                self.host, self._redis_url, self.keys, self.replica, self._client, self._events,
+                concurrency=self.concurrency, claim_idle=self.claim_idle, max_deliveries=self.max_deliveries,
+                trim_every=self.trim_every, steadiness=self.member.steadiness,
+            )
+            await self.observer.start()
         log.info(
             "worker_started", group=self.group, replica=self.replica, concurrency=self.concurrency,
             claim_idle=self.claim_idle,
@@ -338,6 +348,8 @@ class WorkerReplica(BusApp):
         """Read and claim nothing more, leave the registry, let in-flight hops finish
         (leases still renewed) for up to DRAIN_SECONDS."""
         await self._stop_reading()
+        if self.observer is not None:
+            await self.observer.stop_reading()
         await self.member.stop("heartbeat", "claim", "janitor")
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
@@ -355,6 +367,8 @@ class WorkerReplica(BusApp):
         """After in-flight hops finished: send the acks still owed, stop renewing leases
         and flush events."""
         await self.member.wait_taken(DRAIN_SECONDS)
+        if self.observer is not None:
+            await self.observer.stop(DRAIN_SECONDS)
         if self._batcher is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):  # unacked, they are run again by a sibling
                 await self._batcher.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -83,3 +84,14 @@ def usage_numbers(usage: Any) -> dict[str, int]:
     if isinstance(usage, Mapping):
         return {name: int(usage.get(name) or 0) for name in names}
     return {name: int(getattr(usage, name, 0) or 0) for name in names}
+
+
+def stage_began(ctx: Context) -> float:
+    """When the current stage began: an observer runs after it (`ctx.call.stage_started`);
+    a hook on the request's path runs in it (now)."""
+    return ctx.call.stage_started if ctx.call.stage_started is not None else time.time()
+
+
+def stage_ended(ctx: Context) -> float:
+    """When the current stage ended, for an observer; now, for a hook on the request's path."""
+    return ctx.call.stage_ended if ctx.call.stage_ended is not None else time.time()

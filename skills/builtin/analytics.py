@@ -19,6 +19,10 @@ LOGGER_NAME = "hookbus.skills.analytics"
 class AnalyticsSkill(Skill):
     """Counts what happens, per request and for the whole process.
 
+    Every hook is an observer (`observe=True`): no request waits for the counting; the
+    per-request counts are the observers' own state (blocking hooks of the request do
+    not see them; hookbus.skills.observing).
+
     Per request, in `ctx.state["analytics"]`: `lifecycles` (how many times each lifecycle
     point fired for this request; `on_chunk` counts chunks), `model` and `agent` (from
     `ctx.metadata`). Every hook runs at priority 0 except `finalize_connection` (100).
@@ -58,35 +62,35 @@ class AnalyticsSkill(Skill):
         lifecycles[data.lifecycle] = int(lifecycles.get(data.lifecycle, 0)) + 1
         return section
 
-    @hook("on_connection", 0)
+    @hook("on_connection", 0, observe=True)
     async def count_connection(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("before_llm_call", 0)
+    @hook("before_llm_call", 0, observe=True)
     async def count_before_llm(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("after_llm_call", 0)
+    @hook("after_llm_call", 0, observe=True)
     async def count_after_llm(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("on_chunk", 0)
+    @hook("on_chunk", 0, observe=True)
     async def count_chunk(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("before_toolcall", 0)
+    @hook("before_toolcall", 0, observe=True)
     async def count_before_tool(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("after_toolcall", 0)
+    @hook("after_toolcall", 0, observe=True)
     async def count_after_tool(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("on_message", 0)
+    @hook("on_message", 0, observe=True)
     async def count_message(self, data: HookData, ctx: Context) -> None:
         self.count(data, ctx)
 
-    @hook("finalize_connection", 100)
+    @hook("finalize_connection", 100, observe=True)
     async def record_request(self, data: HookData, ctx: Context) -> None:
         if read_section(ctx, STATE_KEY).get("finalized"):
             return  # this request state was finalized already

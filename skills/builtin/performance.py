@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from hookbus.skills.builtin._common import (
     env_float,
     logger,
     read_section,
+    stage_began,
+    stage_ended,
     state_section,
     sub_dict,
     usage_numbers,
@@ -25,13 +26,17 @@ LOGGER_NAME = "hookbus.skills.performance"
 class PerformanceMonitor(Skill):
     """Times every tool call (keyed by `tool_id`) and every LLM call of a request.
 
-    Everything lives in `ctx.state["perf"]` (plain JSON, wall-clock `time.time()`
-    stamps, so the start and the end of a call may be seen by different replicas):
+    Every hook is an observer (`observe=True`): no request waits for the timing. A call
+    starts when the stage before it ended (`before_toolcall`, `before_llm_call`) and ends
+    when the stage after it began (`after_toolcall`, `after_llm_call`): the stage times an
+    observer is given (hookbus.skills.observing), so `ms` is the call's own run time.
+    Everything lives in `ctx.state["perf"]`, the observers' own state (blocking hooks of
+    the request do not see it; plain JSON, wall-clock stamps, so the start and the end
+    of a call may be seen by different replicas):
 
-    - `tools[tool_id]`: `{"name", "started", "ms", "skipped"}`. `before_toolcall` runs
-      late (priority 1000) and `after_toolcall` early (priority 0), so `ms` is close to
-      the tool's own run time. A call blocked before this monitor's `before_toolcall`
-      ran (e.g. by SecuritySkill) gets `ms: None`.
+    - `tools[tool_id]`: `{"name", "started", "ms", "skipped"}`. A call that a blocking
+      hook skipped or blocked (before_toolcall ended with `tool_skipped`) gets
+      `ms: None`.
     - `stats[tool_name]`: `{"calls", "timed", "total_ms", "max_ms"}`, recomputed from
       `tools` after each call, so a repeated `after_toolcall` counts nothing twice.
     - `llm[iteration]`: `{"ms", "prompt_tokens", "completion_tokens", "total_tokens"}`
@@ -57,16 +62,19 @@ class PerformanceMonitor(Skill):
 
     # ------------------------------------------------------------------ tools
 
-    @hook("before_toolcall", 1000)
+    @hook("before_toolcall", 1000, observe=True)
     async def tool_started(self, data: HookData, ctx: Context) -> None:
         tools = sub_dict(state_section(ctx, STATE_KEY), "tools")
         tool_id = data.tool_id or ""
         entry = tools.get(tool_id)
         if isinstance(entry, dict) and "started" in entry:
             return  # seen already (a redelivered hop): keep the first start
-        tools[tool_id] = {"name": _tool_name(data), "started": time.time()}
+        if data.tool_skipped:
+            tools[tool_id] = {"name": _tool_name(data)}  # skipped or blocked: nothing ran to time
+            return
+        tools[tool_id] = {"name": _tool_name(data), "started": stage_ended(ctx)}
 
-    @hook("after_toolcall", 0)
+    @hook("after_toolcall", 0, observe=True)
     async def tool_finished(self, data: HookData, ctx: Context) -> None:
         perf = state_section(ctx, STATE_KEY)
         tools = sub_dict(perf, "tools")
@@ -79,7 +87,7 @@ class PerformanceMonitor(Skill):
         started = entry.get("started")
         ms = None
         if isinstance(started, int | float):
-            ms = round(max(0.0, time.time() - started) * 1000, 3)
+            ms = round(max(0.0, stage_began(ctx) - started) * 1000, 3)
         entry.update(ms=ms, skipped=bool(data.tool_skipped))
         tools[tool_id] = entry
         perf["stats"] = _tool_stats(tools)
@@ -90,12 +98,12 @@ class PerformanceMonitor(Skill):
 
     # -------------------------------------------------------------------- llm
 
-    @hook("before_llm_call", 1000)
+    @hook("before_llm_call", 1000, observe=True)
     async def llm_started(self, data: HookData, ctx: Context) -> None:
         llm = sub_dict(state_section(ctx, STATE_KEY), "llm")
-        llm.setdefault(str(data.iteration or 0), {"started": time.time()})
+        llm.setdefault(str(data.iteration or 0), {"started": stage_ended(ctx)})
 
-    @hook("after_llm_call", 0)
+    @hook("after_llm_call", 0, observe=True)
     async def llm_finished(self, data: HookData, ctx: Context) -> None:
         llm = sub_dict(state_section(ctx, STATE_KEY), "llm")
         key = str(data.iteration or 0)
@@ -105,7 +113,7 @@ class PerformanceMonitor(Skill):
         started = entry.get("started")
         ms = entry.get("ms")
         if ms is None and isinstance(started, int | float):
-            ms = round(max(0.0, time.time() - started) * 1000, 3)
+            ms = round(max(0.0, stage_began(ctx) - started) * 1000, 3)
         usage = data.usage if data.usage is not None else getattr(data.response, "usage", None)
         entry.update(ms=ms, **usage_numbers(usage))
         llm[key] = entry
@@ -139,7 +147,7 @@ class PerformanceMonitor(Skill):
             "total_tokens": sum(int(c.get("total_tokens") or 0) for c in calls),
         }
 
-    @hook("finalize_connection", 100)
+    @hook("finalize_connection", 100, observe=True)
     async def log_summary(self, data: HookData, ctx: Context) -> None:
         perf = read_section(ctx, STATE_KEY)
         if perf.get("logged"):

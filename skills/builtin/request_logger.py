@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
-import time
 
-from hookbus.skills.builtin._common import logger, read_section, state_section, usage_numbers
+from hookbus.skills.builtin._common import (
+    logger,
+    read_section,
+    stage_began,
+    stage_ended,
+    state_section,
+    usage_numbers,
+)
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
 from hookbus.skills.decorators import hook
@@ -19,13 +25,18 @@ LEVELS = ("debug", "info", "warning", "error")
 class RequestLogger(Skill):
     """Logs one `request_completed` line per request.
 
-    - `on_connection` (priority 0) stores the wall-clock start time (`time.time()`, so it
-      still means something when finalize runs on another replica) and the caller in
-      `ctx.state["request_logger"]`.
+    Both hooks are observers (`observe=True`): no request waits for the log line, and
+    what they keep in `ctx.state["request_logger"]` is the observers' own (blocking hooks
+    of the request do not see it; hookbus.skills.observing).
+
+    - `on_connection` (priority 0) stores the wall-clock time the request's first stage
+      began (so it still means something when finalize runs on another replica) and the
+      caller in `ctx.state["request_logger"]`.
     - `finalize_connection` (priority 100) logs: `completion_id`, `agent`, `model`,
       `caller`, `session_id`, `duration_ms`, `prompt_tokens`, `completion_tokens`,
       `total_tokens`, `outcome` (`"ok"` or e.g. `"402 payment_required"`), `status_code`,
-      `error_code`, `messages` (message count), plus `recovery=True` when another
+      `error_code`, `messages` (message count); `duration_ms` ends when the finalize
+      stage ended; plus `recovery=True` when another
       orchestrator finalized the request. When `on_connection` never ran (a
       higher-priority hook refused the request) `duration_ms` is None and the usage is 0.
       It logs at most once per request state (a second call with the same state is a
@@ -43,14 +54,14 @@ class RequestLogger(Skill):
         self.level = _level(level or os.environ.get("HOOKBUS_REQUEST_LOG_LEVEL") or "info")
         self.error_level = _level(error_level)
 
-    @hook("on_connection", 0)
+    @hook("on_connection", 0, observe=True)
     async def start(self, data: HookData, ctx: Context) -> None:
         state = state_section(ctx, STATE_KEY)
-        state.setdefault("started", time.time())
+        state.setdefault("started", stage_began(ctx))
         state.setdefault("caller", ctx.auth.peer_user_id)
         state.setdefault("stream", bool(data.stream))
 
-    @hook("finalize_connection", 100)
+    @hook("finalize_connection", 100, observe=True)
     async def log_request(self, data: HookData, ctx: Context) -> None:
         state = read_section(ctx, STATE_KEY)
         if state.get("logged"):
@@ -58,7 +69,7 @@ class RequestLogger(Skill):
         started = state.get("started")
         duration_ms = None
         if isinstance(started, int | float):
-            duration_ms = round(max(0.0, time.time() - started) * 1000, 2)
+            duration_ms = round(max(0.0, stage_ended(ctx) - started) * 1000, 2)
         error = data.error
         fields = {
             "agent": ctx.metadata.agent_name,

@@ -5,7 +5,7 @@
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
-Benches: hop, cost, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster.
+Benches: hop, cost, observers, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster.
 RESULTS.md holds the current figures and what each bench measures; the git log, their history.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
 embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
@@ -40,6 +40,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         full,
         hop,
         inprocess,
+        observers,
         peer,
         scaleout,
         streaming,
@@ -50,6 +51,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
     return {
         "hop": _with_redis(hop.measure),
         "cost": _with_redis(cost.measure),
+        "observers": _with_redis(observers.measure),
         "peer": _with_redis(peer.measure),
         "full": _with_redis(full.measure),
         "streaming": _with_redis(streaming.measure),

@@ -22,6 +22,13 @@ and streamed requests/s at c=8. What the services do with no request (heartbeats
 registry, claims, janitor) is measured in an idle window of the same stack and subtracted
 at its rate, so the figures are the request's own; the idle rates are printed too.
 
+Observers (issue 30): the same mix runs a second time in the same run, beside the first
+(its own Redis, requests alternating with the first's in the same windows), with its
+watching hooks declared observers (tests.bench.skills.WATCHING: after_llm_call, on_chunk,
+after_toolcall, on_message, finalize_connection; the checks stay blocking), and the
+figures are given as ratios to the undeclared run; every observer is checked to have
+been called for every measured request (the workers' `observe` monitor records).
+
 Run alone: `python -m tests.bench.cost`.
 """
 
@@ -130,17 +137,28 @@ def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
     )
 
 
-async def start_stack(procs: Processes, redis_url: str, prefix: str, model_url: str) -> tuple[str, dict[str, int]]:
-    """The four service processes, the orchestrator's model at `model_url`; returns the
-    gateway's base URL and the pids by name."""
+UNDECLARED = {"policy": ["tests.bench.skills:CostPolicy"], "audit": ["tests.bench.skills:CostAudit"]}
+"""The cost mix's worker groups, every hook on the request's path."""
+DECLARED = {"policy": ["tests.bench.skills:CostPolicyObserved"], "audit": ["tests.bench.skills:CostAuditObserved"]}
+"""The same groups with their watching hooks declared observers."""
+
+
+async def start_stack(
+    procs: Processes, redis_url: str, prefix: str, model_url: str, groups: dict[str, list[str]] | None = None
+) -> tuple[str, dict[str, int]]:
+    """The service processes (one worker replica per group of `groups`, default the cost
+    mix's), the orchestrator's model at `model_url`; returns the gateway's base URL and
+    the pids by name."""
     from hookbus.bus.keys import Keys
     from tests.bench.full import wait_for_orchestrator
 
+    groups = UNDECLARED if groups is None else groups
     pids = {
-        "worker-policy": procs.worker(redis_url, prefix, "policy", ["tests.bench.skills:CostPolicy"], concurrency=32).pid,
-        "worker-audit": procs.worker(redis_url, prefix, "audit", ["tests.bench.skills:CostAudit"], concurrency=32).pid,
+        f"worker-{group}": procs.worker(redis_url, prefix, group, specs, concurrency=32).pid
+        for group, specs in groups.items()
     }
-    await wait_for_replicas(redis_url, prefix, {"policy": 1, "audit": 1}, procs)
+    if groups:
+        await wait_for_replicas(redis_url, prefix, dict.fromkeys(groups, 1), procs)
     orchestrator = procs.spawn(
         [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", "tests.bench.skills:cost_agent"],
         bench_env(redis_url, prefix, OPENAI_BASE_URL=model_url, OPENAI_API_KEY="bench"), "orchestrator",
@@ -194,6 +212,20 @@ async def hops_of(client, prefix: str, completion_ids: set[str]) -> Counter[str]
     return hops
 
 
+async def observed_by(client, prefix: str, completion_ids: set[str]) -> dict[str, set[str]]:  # type: ignore[no-untyped-def]
+    """The observer hooks each of these requests was observed by (the workers' `observe`
+    monitor records, written once the observers of a lifecycle ran)."""
+    from hookbus.bus.keys import Keys
+    from hookbus.bus.wire.envelopes import monitor_records
+
+    seen: dict[str, set[str]] = {cid: set() for cid in completion_ids}
+    for _, fields in await client.xrange(Keys(prefix).events):
+        for record in monitor_records(fields):
+            if record.kind == "observe" and record.completion_id in seen:
+                seen[record.completion_id].update(record.hooks)
+    return seen
+
+
 @dataclass
 class CostResult:
     cost: PerRequest
@@ -201,56 +233,118 @@ class CostResult:
     hops: Counter[str]
     requests: int
     rate: float
+    observers: set[str] = field(default_factory=set)
+    """Observer hooks every measured request was observed by (empty: none declared)."""
 
 
-async def run_cost(redis_url: str) -> CostResult:
+@dataclass
+class Stack:
+    """One running stack: its Redis, key prefix, gateway and service pids."""
+
+    redis_url: str
+    prefix: str
+    base: str
+    pids: dict[str, int]
+
+
+async def run_costs(redis_url: str, mixes: list[dict[str, list[str]] | None]) -> list[CostResult]:
+    """One stack per mix (the first on `redis_url`, each other on a Redis of its own, so
+    every command counts for its stack), measured in the same windows with their
+    requests alternating, so a machine that other work slows down slows every mix alike."""
+    from hookbus.bus.connection.embedded import EmbeddedRedis
     from hookbus.services.testing.offline_server import OfflineModelServer
 
-    # the model runs in this process (a thread), as an LLM provider would run elsewhere:
-    # its CPU is not the services'
-    with OfflineModelServer() as model:
-        async with processes() as procs:
-            prefix = new_prefix("cost")
-            base, pids = await start_stack(procs, redis_url, prefix, model.base_url)
-            return await _measure_stack(redis_url, prefix, base, pids)
+    servers = [EmbeddedRedis(appendonly=False) for _ in mixes[1:]]
+    try:
+        urls = [redis_url]
+        for server in servers:
+            server.start()
+            urls.append(server.url)
+        # the model runs in this process (a thread), as an LLM provider would run elsewhere:
+        # its CPU is not the services'
+        with OfflineModelServer() as model:
+            async with processes() as procs:
+                stacks = []
+                for url, groups in zip(urls, mixes, strict=True):
+                    prefix = new_prefix("cost")
+                    base, pids = await start_stack(procs, url, prefix, model.base_url, groups)
+                    stacks.append(Stack(url, prefix, base, pids))
+                return await _measure_stacks(stacks)
+    finally:
+        for server in servers:
+            server.cleanup()
 
 
-async def _measure_stack(redis_url: str, prefix: str, base: str, pids: dict[str, int]) -> CostResult:
+async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
     import openai
 
     from hookbus.bus.connection.retrying import connect
 
-    redis = connect(redis_url)
-    client = openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0)
+    redis = [connect(stack.redis_url) for stack in stacks]
+    clients = [openai.AsyncOpenAI(base_url=stack.base, api_key="bench", max_retries=0) for stack in stacks]
+
+    async def snapshots() -> list[Snapshot]:
+        return [await snapshot(r, stack.pids) for r, stack in zip(redis, stacks, strict=True)]
+
     try:
         for _ in range(3):
-            await one_request(client)
-        await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
-        before = await snapshot(redis, pids)
-        await asyncio.sleep(IDLE_SECONDS)
-        idle = (await snapshot(redis, pids)).minus(before)
-        requests = scaled(SEQUENTIAL)
-        before = await snapshot(redis, pids)
-        ids = {await one_request(client) for _ in range(requests)}
-        await asyncio.sleep(0.3)  # the last request's records, acks and finalize writes
-        window = (await snapshot(redis, pids)).minus(before)
-        window.at -= 0.3
-        cost = per_request(window, idle, requests)
-        hops = await hops_of(redis, prefix, ids)
-        parallel = scaled(PARALLEL_REQUESTS)
-        began = time.perf_counter()
-        queue = iter(range(parallel))
-
-        async def drive() -> None:
-            for _ in queue:
+            for client in clients:
                 await one_request(client)
-
-        await asyncio.gather(*(drive() for _ in range(PARALLEL)))
-        rate = parallel / (time.perf_counter() - began)
+        await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
+        before = await snapshots()
+        await asyncio.sleep(IDLE_SECONDS)
+        idle = [after.minus(b) for after, b in zip(await snapshots(), before, strict=True)]
+        requests = scaled(SEQUENTIAL)
+        ids: list[set[str]] = [set() for _ in stacks]
+        walls = [0.0 for _ in stacks]
+        before = await snapshots()
+        for _ in range(requests):
+            for n, client in enumerate(clients):
+                began = time.perf_counter()
+                ids[n].add(await one_request(client))
+                walls[n] += time.perf_counter() - began
+        await asyncio.sleep(0.3)  # the last request's records, acks and finalize writes
+        windows = [after.minus(b) for after, b in zip(await snapshots(), before, strict=True)]
+        costs = []
+        for window, quiet, wall in zip(windows, idle, walls, strict=True):
+            window.at -= 0.3
+            cost = per_request(window, quiet, requests)
+            cost.wall_ms = wall / requests * 1000
+            costs.append(cost)
+        await asyncio.sleep(0.5)  # the observers of the last requests, and their records
+        hops = [await hops_of(r, stack.prefix, i) for r, stack, i in zip(redis, stacks, ids, strict=True)]
+        observers = []
+        for r, stack, i in zip(redis, stacks, ids, strict=True):
+            observed = await observed_by(r, stack.prefix, i)
+            observers.append(set.intersection(*observed.values()) if observed else set())
+        rates = await _rates(clients)
     finally:
-        await client.close()
-        await redis.aclose()
-    return CostResult(cost, idle, hops, requests, rate)
+        for client in clients:
+            await client.close()
+        for r in redis:
+            await r.aclose()
+    return [
+        CostResult(cost, quiet, hop, requests, rate, seen)
+        for cost, quiet, hop, rate, seen in zip(costs, idle, hops, rates, observers, strict=True)
+    ]
+
+
+async def _rates(clients: list[object], rounds: int = 3) -> list[float]:
+    """Streamed requests/s of each stack at c=PARALLEL, in alternating rounds."""
+    per_round = max(PARALLEL, scaled(PARALLEL_REQUESTS) // rounds)
+    spent = [0.0 for _ in clients]
+    for _ in range(rounds):
+        for n, client in enumerate(clients):
+            queue = iter(range(per_round))
+
+            async def drive(client: object = client, queue: object = queue) -> None:
+                for _ in queue:  # type: ignore[attr-defined]
+                    await one_request(client)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(drive() for _ in range(PARALLEL)))
+            spent[n] += time.perf_counter() - began
+    return [rounds * per_round / seconds for seconds in spent]
 
 
 def report(result: CostResult) -> list[Row]:
@@ -281,9 +375,38 @@ def report(result: CostResult) -> list[Row]:
     ]
 
 
+def report_observers(undeclared: CostResult, declared: CostResult) -> list[Row]:
+    """The mix with its watching hooks declared observers, against the same mix undeclared."""
+    from tests.bench.skills import WATCHING
+
+    expected = {f"cost-policy.p_{lc}" for lc in WATCHING} | {"cost-audit.a_finalize_connection"}
+    missing = expected - declared.observers
+    if missing:
+        raise RuntimeError(f"observers not called for every request: {sorted(missing)}")
+    before, after = undeclared.cost, declared.cost
+    print(f"\n[cost] watching hooks declared observers ({len(expected)} observers, each called for every "
+          f"one of {declared.requests} requests): Redis commands {after.total_commands:.1f} vs "
+          f"{before.total_commands:.1f}, Python CPU {after.python_cpu_ms:.1f} vs {before.python_cpu_ms:.1f} ms, "
+          f"c={PARALLEL} {declared.rate:.1f} vs {undeclared.rate:.1f} requests/s")
+    name = "watching hooks undeclared"
+    return [
+        Row("cost", "observers: Redis commands per streamed request", after.total_commands, "",
+            before.total_commands, name, target="<=0.6x"),
+        Row("cost", "observers: Python CPU per streamed request", after.python_cpu_ms, "ms",
+            before.python_cpu_ms, name, target="<=0.75x"),
+        Row("cost", "observers: Redis CPU per streamed request", after.redis_cpu_ms, "ms", before.redis_cpu_ms, name),
+        Row("cost", "observers: hops per streamed request", sum(declared.hops.values()) / declared.requests, "",
+            sum(undeclared.hops.values()) / undeclared.requests, name),
+        Row("cost", f"observers: streamed requests/s at c={PARALLEL}", declared.rate, "req/s", undeclared.rate, name),
+    ]
+
+
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
-    return report(await run_cost(redis_url))
+    undeclared, declared = await run_costs(redis_url, [UNDECLARED, DECLARED])
+    rows = report(undeclared)
+    report(declared)
+    return rows + report_observers(undeclared, declared)
 
 
 if __name__ == "__main__":

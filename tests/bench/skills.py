@@ -17,13 +17,16 @@ from hookbus.skills.lifecycle import LIFECYCLES
 NON_CHUNK = [lc for lc in LIFECYCLES if lc != "on_chunk"]
 
 
-def _noop_hooks(namespace: dict[str, Any], lifecycles: list[str], priority: int, tag: str) -> None:
+def _noop_hooks(
+    namespace: dict[str, Any], lifecycles: list[str], priority: int, tag: str, observe: frozenset[str] = frozenset()
+) -> None:
+    """A no-op hook per lifecycle; those in `observe` are declared observers."""
     for lifecycle in lifecycles:
         async def noop(self: Skill, data: HookData, ctx: Context) -> HookData | None:  # noqa: ARG001
             return None
 
         noop.__name__ = f"{tag}_{lifecycle}"
-        namespace[noop.__name__] = hook(lifecycle, priority)(noop)
+        namespace[noop.__name__] = hook(lifecycle, priority, observe=lifecycle in observe)(noop)
 
 
 # --------------------------------------------------------------- one hop (hop bench)
@@ -164,6 +167,26 @@ _audit: dict[str, Any] = {"name": "cost-audit"}
 _noop_hooks(_audit, ["on_connection", "before_toolcall", "finalize_connection"], 20, "a")
 CostAudit = type("CostAudit", (Skill,), _audit)
 """Group `audit`: a credit check, a tool guard and the charge at the end (after policy's)."""
+
+WATCHING = frozenset({"after_llm_call", "on_chunk", "after_toolcall", "on_message", "finalize_connection"})
+"""The cost mix's hooks that only watch (log, count, time, charge at the end): with
+observers, these are declared `observe=True`; the checks (on_connection, before_llm_call,
+before_toolcall) stay on the request's path."""
+
+_policy_observed: dict[str, Any] = {"name": "cost-policy"}
+_noop_hooks(_policy_observed, list(LIFECYCLES), 10, "p", WATCHING)
+CostPolicyObserved = type("CostPolicyObserved", (Skill,), _policy_observed)
+"""CostPolicy with its watching hooks declared observers."""
+
+_audit_observed: dict[str, Any] = {"name": "cost-audit"}
+_noop_hooks(_audit_observed, ["on_connection", "before_toolcall", "finalize_connection"], 20, "a", WATCHING)
+CostAuditObserved = type("CostAuditObserved", (Skill,), _audit_observed)
+"""CostAudit with its charge at the end (finalize_connection) declared an observer."""
+
+_watch_only: dict[str, Any] = {"name": "watch-only"}
+_noop_hooks(_watch_only, list(LIFECYCLES), 10, "w", frozenset(LIFECYCLES))
+WatchOnly = type("WatchOnly", (Skill,), _watch_only)
+"""An observer on every lifecycle, on_chunk included: a group that only watches."""
 
 COST_ANSWER_WORDS = 16
 

@@ -93,9 +93,10 @@ def test_every_worker_group_scales_on_its_own_lag(directory):
         argv = container_argv(container)
         if argv[0] == "worker":
             group = option_value(argv, "--group")
-            stream, consumer_group = f"{prefix}hooks:{group}", group
+            # a group of observers works off its observer stream (docs/observers.md)
+            streams, consumer_group = {f"{prefix}hooks:{group}", f"{prefix}observe:{group}"}, group
         elif argv[0] == "orchestrator":
-            group, stream, consumer_group = "orchestrators", f"{prefix}requests", "orchestrators"
+            group, streams, consumer_group = "orchestrators", {f"{prefix}requests"}, "orchestrators"
         else:
             continue
         groups_seen.add(group)
@@ -104,7 +105,7 @@ def test_every_worker_group_scales_on_its_own_lag(directory):
         triggers = redis_triggers(scaled)
         assert triggers, scaled["metadata"]["name"]
         for trigger in triggers:
-            assert trigger["metadata"]["stream"] == stream
+            assert trigger["metadata"]["stream"] in streams
             assert trigger["metadata"]["consumerGroup"] == consumer_group
         lag = [t for t in triggers if "lagCount" in t["metadata"]]
         assert lag, f"{scaled['metadata']['name']}: no lagCount trigger"

@@ -83,8 +83,10 @@ class StateProbe(Skill):
     def __init__(self) -> None:
         self.states: list[dict[str, Any]] = []
 
-    @hook("finalize_connection", 10_000)
+    @hook("finalize_connection", 10_000, observe=True)
     def keep(self, data, ctx):
+        """An observer: it sees the request's state and the observers' own (the built-in
+        watchers keep theirs there)."""
         self.states.append(json.loads(json.dumps(ctx.state)))  # also proves it is plain JSON
 
 
@@ -115,6 +117,7 @@ async def test_request_logger_logs_duration_usage_outcome_and_message_count():
     agent = Agent("t", skills=[RequestLogger()])
     with capture_logs() as logs:
         completion = await agent.run("hello", auth={"peer_user_id": "alice"})
+        assert await agent.observers_idle(5)
     (line,) = events(logs, "request_completed")
     assert line["completion_id"] == completion.id
     assert line["log_level"] == "info"
@@ -133,8 +136,10 @@ async def test_request_logger_logs_duration_usage_outcome_and_message_count():
 
 async def test_request_logger_finalize_is_safe_when_on_connection_never_ran():
     agent = Agent("t", skills=[Billing(), RequestLogger()])
-    with capture_logs() as logs, pytest.raises(PaymentRequired):
-        await agent.run("hi")
+    with capture_logs() as logs:
+        with pytest.raises(PaymentRequired):
+            await agent.run("hi")
+        assert await agent.observers_idle(5)
     (line,) = events(logs, "request_completed")
     assert line["duration_ms"] is None
     assert line["total_tokens"] == 0
@@ -336,6 +341,7 @@ async def test_performance_monitor_times_each_tool_call_by_tool_id():
     agent = Agent("t", skills=[PerformanceMonitor(), Toolbox(), probe])
     with capture_logs() as logs:
         completion = await agent.run('[[tool:nap {"ms": 60}]] [[tool:nap {"ms": 10}]]')
+        assert await agent.observers_idle(5)
     perf = probe.states[0]["perf"]
     tools = perf["tools"]
     assert len(tools) == 2  # the same tool twice: two entries, one per tool_id
@@ -357,11 +363,15 @@ async def test_performance_monitor_copes_with_a_blocked_call_and_a_refused_reque
     agent = Agent("t", skills=[SecuritySkill(), PerformanceMonitor(), Toolbox()])
     with capture_logs() as logs:
         await agent.run('[[tool:shell {"cmd": "ls"}]]')
+        assert await agent.observers_idle(5)
     (summary,) = events(logs, "performance_summary")
     assert summary["tool_calls"] == 1 and summary["slowest"] is None
     assert summary["tools"]["shell"] == {"calls": 1, "timed": 0, "total_ms": 0.0, "max_ms": None}
-    with capture_logs() as logs, pytest.raises(PaymentRequired):
-        await Agent("t", skills=[Billing(), PerformanceMonitor()]).run("hi")
+    refusing = Agent("t", skills=[Billing(), PerformanceMonitor()])
+    with capture_logs() as logs:
+        with pytest.raises(PaymentRequired):
+            await refusing.run("hi")
+        assert await refusing.observers_idle(5)
     (summary,) = events(logs, "performance_summary")
     assert summary["tool_calls"] == 0 and summary["llm_calls"] == 0
 
@@ -369,8 +379,10 @@ async def test_performance_monitor_copes_with_a_blocked_call_and_a_refused_reque
 async def test_performance_monitor_warns_about_a_slow_tool(monkeypatch):
     monkeypatch.setenv("HOOKBUS_SLOW_TOOL_MS", "20")
     assert PerformanceMonitor().slow_tool_ms == 20
+    napping = Agent("t", skills=[PerformanceMonitor(), Toolbox()])
     with capture_logs() as logs:
-        await Agent("t", skills=[PerformanceMonitor(), Toolbox()]).run('[[tool:nap {"ms": 40}]]')
+        await napping.run('[[tool:nap {"ms": 40}]]')
+        assert await napping.observers_idle(5)
     (warning,) = events(logs, "slow_tool_call")
     assert warning["tool"] == "nap" and warning["ms"] >= 40 and warning["log_level"] == "warning"
 
@@ -387,6 +399,7 @@ async def test_analytics_counts_per_request_and_in_aggregate():
         chunks = [c async for c in agent_ok.run_stream("[[words:3]]")]
         with pytest.raises(PaymentRequired):
             await agent.run("hi")
+        assert await agent_ok.observers_idle(5) and await agent.observers_idle(5)
     tool_run, streamed, refused = (state["analytics"] for state in probe.states)
     assert tool_run["lifecycles"] == {
         "on_connection": 1,
@@ -420,6 +433,7 @@ async def test_analytics_aggregates_are_safe_under_concurrency_and_redelivery():
     analytics = AnalyticsSkill()
     agent = Agent("t", skills=[analytics])
     await asyncio.gather(*(agent.run(f"hello {n}") for n in range(20)))
+    assert await agent.observers_idle(5)
     assert analytics.snapshot()["requests"] == 20
     ctx, data = new_ctx(), HookData(lifecycle="finalize_connection")
     await analytics.record_request(data, ctx)
@@ -473,6 +487,7 @@ async def test_no_per_request_state_is_kept_on_the_skill_instances():
     agent = Agent("t", skills=[*stateless, AnalyticsSkill(), Toolbox(), probe])
     await agent.run('[[tool:nap {"ms": 1}]] [[tool:shell {"cmd": "ls"}]]')
     [c async for c in agent.run_stream("[[echo]] damn classified")]
+    assert await agent.observers_idle(5)
     assert [vars(skill) for skill in stateless] == before
     for state in probe.states:
         assert set(state) <= {"request_logger", "perf", "analytics", "content_filter"}

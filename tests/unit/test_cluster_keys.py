@@ -27,6 +27,8 @@ def test_a_single_redis_keeps_the_plain_names() -> None:
     assert keys.registry == "hookbus:registry"
     assert keys.replicas("guard") == "hookbus:replicas:guard"
     assert keys.replica_heartbeat("guard", "w-1") == "hookbus:replica:guard:w-1"
+    assert keys.observe_for("telemetry", "chatcmpl-1") == "hookbus:observe:telemetry"
+    assert keys.observe_streams("telemetry") == ["hookbus:observe:telemetry"]
 
 
 @pytest.mark.parametrize("completion_id", ["chatcmpl-" + uuid.uuid4().hex for _ in range(50)] + ["odd{id}x", "{}"])
@@ -40,6 +42,7 @@ def test_every_key_of_one_request_is_in_one_slot(completion_id: str) -> None:
         slot_of(CLUSTER.cancel(completion_id)),
         slot_of(CLUSTER.hooks_for("guard", completion_id)),
         slot_of(CLUSTER.hooks_for("telemetry", completion_id)),
+        slot_of(CLUSTER.observe_for("telemetry", completion_id)),
     }
     assert len(slots) == 1
 
