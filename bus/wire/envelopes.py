@@ -202,7 +202,9 @@ class ResponseItem(Envelope):
 
 
 class MonitorRecord(Envelope):
-    """One line of the `events` firehose: a hop, a stage segment, or a request's start or end."""
+    """One line of the `events` firehose: a hop, a stage segment (an LLM call and an
+    in-process tool call are stage records too, lifecycle `llm_call` and `tool_call`), or a
+    request's end. `ts` is when the step ended; it began `duration_ms` before."""
 
     kind: Literal["hop", "stage", "request"] = "stage"
     ts: float = Field(default_factory=time.time)
@@ -214,6 +216,9 @@ class MonitorRecord(Envelope):
     duration_ms: float = 0.0
     outcome: Outcome = Outcome.OK
     error: str | None = None
+    model: str | None = Field(default=None, description="A request record's model; an llm_call record's too.")
+    caller: str | None = Field(default=None, description="A request record's caller (its peer_user_id).")
+    status: int | None = Field(default=None, description="A request record's HTTP status (200, or its error's).")
 
 
 class DecodeError(ValueError):
