@@ -31,6 +31,12 @@ API_KEYS: dict[str, Any] = {
     USER_KEY: {"peer_user_id": "alice", "scopes": []},
     BOOM_KEY: {"peer_user_id": "bob", "scopes": ["boom"]},
 }
+STAGE_ORDER = [
+    "on_connection", "before_llm_call", "llm_call", "after_llm_call", "before_toolcall", "tool_call",
+    "after_toolcall", "before_llm_call", "llm_call", "after_llm_call", "on_message", "finalize_connection",
+]
+"""The stage records of a request with one tool round, in the order they ran."""
+TOOL_PROMPT = '[[tool:remember {"note": "milk"}]]'
 FAILURE = "the compliance check is down"
 SECRET = "my locker code is 4711"
 

@@ -18,6 +18,8 @@ from tests.console.conftest import (
     BOOM_KEY,
     FAILURE,
     SECRET,
+    STAGE_ORDER,
+    TOOL_PROMPT,
     USER_KEY,
     bearer,
     dead_letter_a_request,
@@ -25,14 +27,6 @@ from tests.console.conftest import (
 )
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.waiting import wait_for
-
-STAGE_ORDER = [
-    "on_connection", "before_llm_call", "llm_call", "after_llm_call", "before_toolcall", "tool_call",
-    "after_toolcall", "before_llm_call", "llm_call", "after_llm_call", "on_message", "finalize_connection",
-]
-"""The stage records of a request with one tool round, in the order they ran."""
-TOOL_PROMPT = '[[tool:remember {"note": "milk"}]]'
-
 
 async def get(gateway: RunningGateway, path: str, key: str | None = ADMIN_KEY) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:

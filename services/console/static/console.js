@@ -28,6 +28,10 @@ function headers(extra) {
   return Object.assign(key ? { Authorization: `Bearer ${key}` } : {}, extra || {});
 }
 
+function show(main, ...children) {
+  main.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
 class Refused extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
@@ -105,6 +109,7 @@ async function follow() {
     }
   } catch (error) {
     if (error.name === "AbortError") return;
+    console.error("hookbus console: live stream:", error);
   }
   setLive(false, "reconnecting…");
   setTimeout(follow, 2000);
@@ -158,7 +163,7 @@ function renderBus(main) {
   const bus = state.snapshot.bus;
   const errors = Object.entries(bus.errors_by_status);
   const withVersion = bus.groups.some((g) => g.replicas.some((r) => r.version));
-  main.replaceChildren(
+  show(main, 
     h("h1", {}, "Bus"),
     h("div", { className: "cards" },
       card("requests / s (last minute)", bus.requests_per_second.toFixed(2)),
@@ -212,7 +217,7 @@ function renderRequests(main) {
   });
   const outcome = h("select", { "data-filter": "outcome", onchange: (e) => { filters.outcome = e.target.value; render(); } },
     ["", "running", "ok", "error", "failed"].map((v) => h("option", { value: v, selected: v === filters.outcome }, v || "any status")));
-  main.replaceChildren(
+  show(main, 
     h("h1", {}, "Requests"),
     h("div", { className: "filters" }, outcome, input("group", "group"), input("caller", "caller"),
       h("span", { className: "muted" }, `${matching.length} of the ${state.snapshot.requests.length} newest`)),
@@ -240,7 +245,7 @@ async function renderWaterfall(main, completionId) {
     try {
       state.waterfall = await api(`/requests/${encodeURIComponent(completionId)}`);
     } catch (error) {
-      if (error.status === 404) main.replaceChildren(h("h1", {}, "Request"), h("p", { className: "error-box" }, error.message));
+      if (error.status === 404) show(main, h("h1", {}, "Request"), h("p", { className: "error-box" }, error.message));
       return;
     }
   }
@@ -251,7 +256,7 @@ async function renderWaterfall(main, completionId) {
   const t1 = Math.max(request.started + request.duration_ms / 1000, ...steps.map((s) => s.start + s.duration_ms / 1000));
   const total = Math.max(t1 - t0, 0.001);
   const kind = (s) => (s.lifecycle === "llm_call" ? "llm" : s.lifecycle === "tool_call" ? "tool" : s.kind);
-  main.replaceChildren(
+  show(main, 
     h("h1", {}, "Request ", h("span", { className: "mono" }, request.completion_id)),
     h("div", { className: "summary" },
       h("div", {}, h("span", {}, "status"), h("b", { className: request.outcome === "ok" || request.outcome === "running" ? "" : "outcome-bad", "data-testid": "request-status" }, statusText(request))),
@@ -285,7 +290,7 @@ async function renderWaterfall(main, completionId) {
 
 function renderDeadLetters(main) {
   const letters = state.snapshot.dead_letters;
-  main.replaceChildren(
+  show(main, 
     h("h1", {}, "Dead letters"),
     state.notice ? h("div", { className: "notice", "data-testid": "notice" }, state.notice) : null,
     letters.length ? h("table", { "data-testid": "dead-letters" },
