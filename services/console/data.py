@@ -184,9 +184,10 @@ def _start(record: MonitorRecord) -> float:
 class ConsoleData:
     """The shared, periodically refreshed view of one bus (one per process)."""
 
-    def __init__(self, client: aredis.Redis, keys: Keys) -> None:
+    def __init__(self, client: aredis.Redis, keys: Keys, *, idle_after: float = IDLE_AFTER) -> None:
         self._client = client
         self._keys = keys
+        self._idle_after = idle_after
         self._requests: OrderedDict[str, RequestTrack] = OrderedDict()
         self._positions: dict[str, str] | None = None
         self._first_seen: dict[str, float] = {}
@@ -200,9 +201,10 @@ class ConsoleData:
     # ------------------------------------------------------------------ viewers
 
     async def snapshot(self) -> Snapshot:
-        """The latest snapshot; the first call of an idle console waits for one poll."""
+        """The latest snapshot; the first call of an idle console waits for a fresh poll."""
         self._wanted_at = time.monotonic()
         if self._task is None or self._task.done():
+            self._snapshot = None  # what an idle console read last is stale: wait for a fresh poll
             self._task = asyncio.create_task(self._poll_while_watched(), name="hookbus-console")
         async with self._fresh:
             await self._fresh.wait_for(lambda: self._snapshot is not None)
@@ -226,6 +228,11 @@ class ConsoleData:
         self._dead_letter_count = -1
         await self._poll_once()
 
+    @property
+    def polling(self) -> bool:
+        """Whether the poller runs (someone watched within `idle_after` seconds)."""
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
@@ -233,13 +240,13 @@ class ConsoleData:
     # ------------------------------------------------------------------ polling
 
     async def _poll_while_watched(self) -> None:
-        while time.monotonic() - self._wanted_at < IDLE_AFTER:
+        while time.monotonic() - self._wanted_at < self._idle_after:
             try:
                 await self._poll_once()
             except RECONNECT_ERRORS as exc:
                 log.warning("console_read_failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(POLL_EVERY)
-        log.info("console_idle", idle_for=IDLE_AFTER)
+        log.info("console_idle", idle_for=self._idle_after)
 
     async def _poll_once(self) -> None:
         state = await read_bus_state(self._client, self._keys)

@@ -28,6 +28,7 @@ from tests.console.conftest import (
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.waiting import wait_for
 
+
 async def get(gateway: RunningGateway, path: str, key: str | None = ADMIN_KEY) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
         return await http.get(path, headers=bearer(key) if key else {})
