@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from hookbus.bus.connection.embedded import free_port
+from hookbus.bus.groups.dead_letters import ORIGINAL_RETENTION, original_key
 from tests.console.conftest import (
     ADMIN_KEY,
     BOOM_KEY,
@@ -237,3 +238,24 @@ async def test_hookbus_console_serves_the_console_without_a_gateway(
         process.terminate()
         output = (await asyncio.wait_for(process.communicate(), timeout=15))[0].decode()
     assert f"http://127.0.0.1:{port}/console/" in output
+
+
+async def test_a_dead_letter_whose_original_expired_stays_when_requeue_is_refused(
+    gateway: RunningGateway, stack: Any
+) -> None:
+    completion_id = await dead_letter_a_request(stack)
+    redis, keys = stack[0].redis, stack[0].keys
+    (letter,) = [
+        (entry_id, fields) for entry_id, fields in await redis.xrange(keys.dead_letter)
+        if completion_id.encode() in fields[b"original"]
+    ]
+    letter_id, fields = letter[0].decode(), letter[1]
+    kept = original_key(keys.dead_letter, fields[b"source"].decode(), fields[b"entry_id"].decode())
+    assert 0 < await redis.ttl(kept) <= ORIGINAL_RETENTION
+    await redis.delete(kept)  # what ORIGINAL_RETENTION does to it a day later
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10, headers=bearer(ADMIN_KEY)) as http:
+        refused = await http.post(f"/console/api/dead-letters/{letter_id}/requeue", json={})
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "original_gone"
+        detail = (await http.get(f"/console/api/dead-letters/{letter_id}")).json()
+    assert detail["original"] is None and detail["letter"]["routing"]["completion_id"] == completion_id
+    assert len(await redis.xrange(keys.dead_letter, min=letter_id, max=letter_id)) == 1  # nothing lost
