@@ -78,9 +78,18 @@ async def static_file(request: Request) -> Response:
     return _static(name)
 
 
+PAGE_HEADERS = {
+    "cache-control": "no-cache",
+    # its own scripts only, and never inside another site's frame (its buttons requeue and delete)
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+}
+
+
 def _static(name: str) -> Response:
     path = STATIC_DIR / name
-    return FileResponse(path, media_type=STATIC_TYPES.get(path.suffix), headers={"cache-control": "no-cache"})
+    return FileResponse(path, media_type=STATIC_TYPES.get(path.suffix), headers=PAGE_HEADERS)
 
 
 async def live(request: Request) -> Response:

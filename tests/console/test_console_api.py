@@ -49,6 +49,7 @@ async def request_view(gateway: RunningGateway, **query: str) -> dict[str, Any] 
 async def test_the_page_loads_for_anyone_but_its_data_only_for_an_admin_key(gateway: RunningGateway) -> None:
     page = await get(gateway, "/console/", key=None)
     assert page.status_code == 200 and "hookbus console" in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]  # no clickjacking of its buttons
     script = await get(gateway, "/console/static/console.js", key=None)
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
     for path in ("/console/api/bus", "/console/api/requests", "/console/api/dead-letters", "/console/api/live"):

@@ -56,6 +56,8 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
         finally:
             print("\n".join(said))
             await context.close()
+        # the sign-in's refused calls are expected; a script error or a CSP refusal is not
+        assert not [line for line in said if "page error" in line or "Refused" in line], said
 
 
 async def shoot(page: Page, name: str) -> None:
@@ -116,6 +118,11 @@ async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_d
     stages = page.locator("[data-testid=waterfall] .step[data-kind=stage], [data-testid=waterfall] .step[data-kind=llm], [data-testid=waterfall] .step[data-kind=tool]")
     await expect(stages).to_have_count(len(STAGE_ORDER))
     assert await stages.evaluate_all("steps => steps.map(s => s.dataset.lifecycle)") == STAGE_ORDER
+    widths = await page.locator(".step[data-kind=llm] .bar, .step[data-kind=stage] .bar").evaluate_all(
+        "bars => bars.map(b => b.getBoundingClientRect().width)"
+    )
+    track = await page.locator(".step .track").first.evaluate("t => t.getBoundingClientRect().width")
+    assert 0 < sum(widths) <= track * 1.01 and max(widths) > track / 20  # bars drawn to the time axis
     hops = page.locator("[data-testid=waterfall] .step[data-kind=hop]")
     await expect(hops.first).to_contain_text("audit")
     await expect(page.locator("[data-testid=request-status]")).to_contain_text("200")

@@ -14,6 +14,7 @@ function h(tag, attrs, ...children) {
     if (value === null || value === undefined || value === false) continue;
     if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
     else if (name === "className") node.className = value;
+    else if (name === "style") Object.assign(node.style, value); // CSSOM: allowed by the page's CSP
     else node.setAttribute(name, value === true ? "" : String(value));
   }
   for (const child of children.flat()) {
@@ -278,7 +279,10 @@ async function renderWaterfall(main, completionId) {
           h("span", { className: "where" }, `${kind(s)} · ${s.group || "in-process"}${s.replica ? ` · ${s.replica}` : ""} · ${s.hooks.join(", ") || "-"}`)),
         h("div", { className: "track" }, h("div", {
           className: "bar",
-          style: `left:${(((s.start - t0) / total) * 100).toFixed(2)}%;width:${((s.duration_ms / 1000 / total) * 100).toFixed(2)}%`,
+          style: {
+            left: `${(((s.start - t0) / total) * 100).toFixed(2)}%`,
+            width: `${((s.duration_ms / 1000 / total) * 100).toFixed(2)}%`,
+          },
         })),
         h("div", { className: "dur" }, `${ms(s.duration_ms)}${s.outcome === "ok" ? "" : ` · ${s.outcome}`}`),
         s.error ? h("div", { className: "step-error" }, s.error) : null,
