@@ -14,6 +14,8 @@ import pytest
 
 from hookbus.bus.connection.embedded import free_port
 from hookbus.bus.groups.dead_letters import ORIGINAL_RETENTION, original_key
+from hookbus.bus.groups.registry import GroupAnnouncement, announce
+from hookbus.services.console.data import BEHIND_LAG
 from tests.console.conftest import (
     ADMIN_KEY,
     BOOM_KEY,
@@ -260,3 +262,22 @@ async def test_a_dead_letter_whose_original_expired_stays_when_requeue_is_refuse
         detail = (await http.get(f"/console/api/dead-letters/{letter_id}")).json()
     assert detail["original"] is None and detail["letter"]["routing"]["completion_id"] == completion_id
     assert len(await redis.xrange(keys.dead_letter, min=letter_id, max=letter_id)) == 1  # nothing lost
+
+
+async def test_a_group_without_live_replicas_and_far_behind_stands_out(gateway: RunningGateway, stack: Any) -> None:
+    redis, keys = stack[0].redis, stack[0].keys
+    await announce(redis, keys, GroupAnnouncement(group="ghost"))  # announced once; no replica beats
+    (stream,) = keys.hook_streams("ghost")
+    await redis.xgroup_create(stream, "ghost", id="0", mkstream=True)
+    for n in range(BEHIND_LAG + 20):
+        await redis.xadd(stream, {"e": f"hop {n}"})
+
+    async def ghost() -> dict[str, Any] | None:
+        bus = (await get(gateway, "/console/api/bus")).json()
+        return next((g for g in bus["groups"] if g["name"] == "ghost"), None)
+
+    group = await wait_for(ghost, timeout=10, every=0.3)
+    assert group is not None
+    assert (group["live"], group["behind"], group["lag"], group["replicas"]) == (False, True, BEHIND_LAG + 20, [])
+    audit = next(g for g in (await get(gateway, "/console/api/bus")).json()["groups"] if g["name"] == "audit")
+    assert audit["live"] and not audit["behind"]
