@@ -195,6 +195,7 @@ class ConsoleData:
         self._dead_letter_count = -1
         self._snapshot: Snapshot | None = None
         self._fresh = asyncio.Condition()
+        self._reading = asyncio.Lock()  # a poll and an action's refresh never read the same events twice
         self._wanted_at = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -249,11 +250,12 @@ class ConsoleData:
         log.info("console_idle", idle_for=self._idle_after)
 
     async def _poll_once(self) -> None:
-        state = await read_bus_state(self._client, self._keys)
-        await self._read_events()
-        if state.dead_letters != self._dead_letter_count:
-            self._dead_letters = await list_dead_letters(self._client, self._keys)
-            self._dead_letter_count = state.dead_letters
+        async with self._reading:
+            state = await read_bus_state(self._client, self._keys)
+            await self._read_events()
+            if state.dead_letters != self._dead_letter_count:
+                self._dead_letters = await list_dead_letters(self._client, self._keys)
+                self._dead_letter_count = state.dead_letters
         snapshot = Snapshot(
             bus=self._bus_view(state, time.time()),
             requests=self.requests()[:LIVE_REQUESTS],

@@ -47,3 +47,4 @@ async def test_the_console_rides_out_a_redis_restart(tmp_path, prefix: str) -> N
         await data.stop()
         await client.aclose()
         server.cleanup()
+
