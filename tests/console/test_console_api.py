@@ -91,6 +91,9 @@ async def test_a_request_waterfall_holds_every_stage_in_order_with_its_hops(gate
     assert waterfall is not None
     request = waterfall["request"]
     assert (request["status"], request["caller"], request["model"]) == (200, "alice", "offline")
+    by_group = (await get(gateway, "/console/api/requests?group=audit&caller=alice")).json()
+    assert completion_id in [r["completion_id"] for r in by_group]
+    assert (await get(gateway, "/console/api/requests?group=nosuchgroup")).json() == []
     stages = [s for s in waterfall["steps"] if s["kind"] == "stage"]
     assert [s["lifecycle"] for s in stages] == STAGE_ORDER
     starts = [s["start"] for s in waterfall["steps"]]

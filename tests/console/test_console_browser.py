@@ -85,6 +85,11 @@ async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_d
     await page.fill("#key", ADMIN_KEY)
     await page.click("#login button[type=submit]")
 
+    # the key stays in the tab: no cookie holds it
+    await expect(page.locator("#sign-out")).to_be_visible()
+    assert await page.context.cookies() == []
+    assert await page.evaluate("sessionStorage.getItem('hookbus-console-key')") == ADMIN_KEY
+
     # Bus: the group with its two replicas, live
     group = page.locator("section[data-group=audit]")
     await expect(group.locator("tr[data-replica]")).to_have_count(2)
