@@ -202,8 +202,8 @@ class ResponseItem(Envelope):
 
 
 class MonitorRecord(Envelope):
-    """One line of the `events` firehose: a hop, a stage segment (an LLM call and an
-    in-process tool call are stage records too, lifecycle `llm_call` and `tool_call`), or a
+    """One line of the `events` firehose: a hop, a stage segment (an LLM call and a tool
+    call are stage records too, lifecycle `llm_call` and `tool_call`), or a
     request's end. `ts` is when the step ended; it began `duration_ms` before."""
 
     kind: Literal["hop", "stage", "request"] = "stage"
