@@ -17,6 +17,7 @@ them puts a `Console` in `app.state.console`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,14 +93,22 @@ def _static(name: str) -> Response:
     return FileResponse(path, media_type=STATIC_TYPES.get(path.suffix), headers=PAGE_HEADERS)
 
 
+LIVE_STREAM_SECONDS = 15.0
+"""A live stream ends after this long and the page opens the next one at once: a stopping
+server, which waits for open responses, never waits long for a console tab."""
+
+
 async def live(request: Request) -> Response:
-    """One frame per poll for as long as the viewer stays (the poller runs meanwhile)."""
+    """One frame per poll for LIVE_STREAM_SECONDS (the poller runs meanwhile)."""
     data = admin_console(request).data
+    ends = time.monotonic() + LIVE_STREAM_SECONDS
 
     async def frames() -> AsyncIterator[bytes]:
         snapshot = await data.snapshot()
         while True:
             yield sse_event(snapshot.model_dump(mode="json"), "snapshot")
+            if time.monotonic() >= ends:
+                return
             snapshot = await data.next_snapshot(snapshot)
 
     return StreamingResponse(frames(), headers={k.decode(): v.decode() for k, v in SSE_HEADERS})

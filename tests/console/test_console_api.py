@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -15,7 +16,8 @@ import pytest
 from hookbus.bus.connection.embedded import free_port
 from hookbus.bus.groups.dead_letters import ORIGINAL_RETENTION, original_key
 from hookbus.bus.groups.registry import GroupAnnouncement, announce
-from hookbus.services.console.data import BEHIND_LAG
+from hookbus.services.console.data import BEHIND_LAG, POLL_EVERY
+from hookbus.services.console.routes import LIVE_STREAM_SECONDS
 from tests.console.conftest import (
     ADMIN_KEY,
     BOOM_KEY,
@@ -164,20 +166,19 @@ async def test_a_dead_letter_hides_its_content_unless_asked_and_can_be_requeued_
     assert kept == []
 
 
-async def test_the_live_stream_sends_a_snapshot_to_an_admin_key(gateway: RunningGateway) -> None:
+async def test_the_live_stream_sends_a_snapshot_each_poll_and_ends_in_time(gateway: RunningGateway) -> None:
+    started = time.monotonic()
     async with (
-        httpx.AsyncClient(base_url=gateway.url, timeout=10) as http,
+        httpx.AsyncClient(base_url=gateway.url, timeout=30) as http,
         http.stream("GET", "/console/api/live", headers=bearer(ADMIN_KEY)) as response,
     ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        frames = []
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                frames.append(json.loads(line[6:]))
-                if len(frames) == 2:
-                    break
-    assert frames[1]["bus"]["at"] > frames[0]["bus"]["at"]
+        frames = [json.loads(line[6:]) async for line in response.aiter_lines() if line.startswith("data: ")]
+    took = time.monotonic() - started
+    assert LIVE_STREAM_SECONDS <= took <= LIVE_STREAM_SECONDS + 3 * POLL_EVERY  # a stopping gateway never waits long
+    assert len(frames) >= LIVE_STREAM_SECONDS / POLL_EVERY - 1
+    assert [f["bus"]["at"] for f in frames] == sorted({f["bus"]["at"] for f in frames})  # each poll once, in order
     assert {"bus", "requests", "dead_letters"} <= set(frames[0])
 
 

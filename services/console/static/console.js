@@ -98,7 +98,7 @@ async function follow() {
     let buffer = "";
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) break;
+      if (done) return follow(); // the server ends each stream after a while: open the next at once
       buffer += value;
       let end;
       while ((end = buffer.indexOf("\n\n")) >= 0) {
