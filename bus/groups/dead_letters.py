@@ -11,6 +11,10 @@ Retention is bounded in entries, bytes and time: at most DEAD_LETTER_MAXLEN entr
 at most about ENTRY_BYTES each, none older than DEAD_LETTER_RETENTION seconds (trimmed
 at each new dead letter), and the whole stream expires that long after the last one.
 The consumer that moved an entry acks the original and goes on.
+
+So that an operator can requeue it (the console does), the original's fields are kept
+beside the stream, under `original_key(...)`, for ORIGINAL_RETENTION seconds and only up to
+ORIGINAL_BYTES: the one place a dead letter's content lives, and it expires on its own.
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ PARSE_AT_MOST = 256 * 1024
 """Larger originals are described by size and digest only (not parsed for routing fields)."""
 ENTRY_BYTES = 4 * 1024
 """About the most one dead letter holds: reason, routing fields and one line per field."""
+ORIGINAL_RETENTION = 24 * 3600
+ORIGINAL_BYTES = 1024 * 1024
+"""A larger original is not kept (its dead letter cannot be requeued)."""
+
+
+def original_key(dead_letter_stream: str, source: str, entry_id: str) -> str:
+    """The hash holding the fields of the entry that `source` set aside as `entry_id`."""
+    return f"{dead_letter_stream}:original:{source}:{entry_id}"
 
 
 _INPUT_VALUE = re.compile(r"input_value=.*?, input_type=")
@@ -96,8 +108,10 @@ def add_dead_letter(
     pipe.xadd(dead_letter_stream, record, maxlen=DEAD_LETTER_MAXLEN, approximate=True)  # type: ignore[arg-type]
     pipe.xtrim(dead_letter_stream, minid=f"{int((now - DEAD_LETTER_RETENTION) * 1000)}-0", approximate=False)
     pipe.expire(dead_letter_stream, DEAD_LETTER_RETENTION)
-
-
+    if fields and sum(len(k) + len(v) for k, v in fields.items()) <= ORIGINAL_BYTES:
+        kept = original_key(dead_letter_stream, record["source"], record["entry_id"])
+        pipe.hset(kept, mapping=fields)  # type: ignore[arg-type]
+        pipe.expire(kept, ORIGINAL_RETENTION)
 
 
 async def send_dead_letter(

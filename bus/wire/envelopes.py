@@ -206,8 +206,10 @@ class ResponseItem(Envelope):
 
 
 class MonitorRecord(Envelope):
-    """One line of the `events` firehose: a hop, a stage segment, a request's start or end,
-    or a worker group's observers of one lifecycle of a request (`observe`)."""
+    """One line of the `events` firehose: a hop, a stage segment (an LLM call and a tool
+    call are stage records too, lifecycle `llm_call` and `tool_call`), a request's start or
+    end, or a worker group's observers of one lifecycle of a request (`observe`). `ts` is
+    when the step ended; it began `duration_ms` before."""
 
     kind: Literal["hop", "stage", "request", "observe"] = "stage"
     ts: float = Field(default_factory=time.time)
@@ -219,6 +221,9 @@ class MonitorRecord(Envelope):
     duration_ms: float = 0.0
     outcome: Outcome = Outcome.OK
     error: str | None = None
+    model: str | None = Field(default=None, description="A request record's model; an llm_call record's too.")
+    caller: str | None = Field(default=None, description="A request record's caller (its peer_user_id).")
+    status: int | None = Field(default=None, description="A request record's HTTP status (200, or its error's).")
 
     @classmethod
     def of_outcomes(

@@ -124,6 +124,21 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_console(args: argparse.Namespace) -> int:
+    from hookbus.services.console.app import serve_console
+    from hookbus.services.gateway.auth import load_api_keys
+    from hookbus.services.observability.logs import configure_logging
+
+    configure_logging()
+    try:
+        api_keys = load_api_keys(args.api_keys)
+    except (ValueError, OSError) as exc:
+        print(f"hookbus console: {exc}", file=sys.stderr)
+        return 2
+    serve_console(args.host, args.port, api_keys, redis_url_or_exit(), get_settings().prefix)
+    return 0
+
+
 # ------------------------------------------------------------------------- clients
 
 
@@ -163,7 +178,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         keys = keys_for(redis_url_or_exit(), get_settings().prefix)
         async for record in follow_events(client, keys, from_start=args.from_start):
             if selection.matches(record):
-                print(format_event(record), flush=True)
+                print(format_event(record, with_link=True), flush=True)
                 shown += 1
                 if args.count and shown >= args.count:
                     return
@@ -319,11 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     orchestrator.set_defaults(func=cmd_orchestrator)
 
     gateway = commands.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=8000)
-    gateway.add_argument(
-        "--api-keys", default=None, metavar="FILE",
-        help='JSON {"<key>": {"peer_user_id": ..., "scopes": [...], "max_parallel_requests": N, "rpm_limit": N}}; '
+    add_listen_options(
+        gateway, 8000,
+        'JSON {"<key>": {"peer_user_id": ..., "scopes": [...], "max_parallel_requests": N, "rpm_limit": N}}; '
         "without it (and without $HOOKBUS_API_KEYS) auth is off",
     )
     gateway.add_argument(
@@ -333,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(gateway, EdgeOptions, "slow and many clients")
     add_limit_options(gateway)
     gateway.set_defaults(func=cmd_gateway)
+
+    console = commands.add_parser("console", help="serve the web console without a gateway")
+    add_listen_options(
+        console, 8100,
+        "the gateway's keys file; only keys with the hookbus:admin scope see the console "
+        "(without it and $HOOKBUS_API_KEYS: loopback clients only)",
+    )
+    console.set_defaults(func=cmd_console)
 
     send = commands.add_parser("send", help="send one request through the queue and print the answer")
     send.add_argument("text")
@@ -397,7 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-LONG_RUNNING = frozenset({"worker", "orchestrator", "gateway", "run", "chat"})
+def add_listen_options(parser: argparse.ArgumentParser, port: int, keys_help: str) -> None:
+    """--host, --port and --api-keys of a command that serves HTTP."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--api-keys", default=None, metavar="FILE", help=keys_help)
+
+
+LONG_RUNNING = frozenset({"worker", "orchestrator", "gateway", "console", "run", "chat"})
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, replica_
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.wire.protocol_version import refusal
+from hookbus.services.console import request_link
 
 LAG_SCAN_LIMIT = 10_000
 RECENT_PAGE = 500
@@ -59,7 +60,7 @@ async def follow_events(
         batch = []
         for stream, entries in response:
             positions[text(stream)] = entries[-1][0]
-            batch += _decoded(entries)
+            batch += decoded_records(entries)
         for record in sorted(batch, key=lambda r: r.ts):
             yield record
 
@@ -81,7 +82,7 @@ async def _newest(client: aredis.Redis, stream: str, count: int) -> list[Monitor
         entries: Any = await client.xrevrange(stream, max=before, count=RECENT_PAGE)
         if not entries:
             break
-        page = _decoded(reversed(entries))
+        page = decoded_records(reversed(entries))
         pages.append(page)
         found += len(page)
         if len(entries) < RECENT_PAGE:
@@ -90,7 +91,8 @@ async def _newest(client: aredis.Redis, stream: str, count: int) -> list[Monitor
     return [record for page in reversed(pages) for record in page]
 
 
-def _decoded(entries: Any) -> list[MonitorRecord]:
+def decoded_records(entries: Any) -> list[MonitorRecord]:
+    """The records of `events` entries as XRANGE returns them (undecodable ones skipped)."""
     records = []
     for _entry_id, fields in entries:
         try:
@@ -100,7 +102,9 @@ def _decoded(entries: Any) -> list[MonitorRecord]:
     return records
 
 
-def format_event(record: MonitorRecord) -> str:
+def format_event(record: MonitorRecord, *, with_link: bool = False) -> str:
+    """One line; with `with_link`, a request's end line also names its waterfall in the
+    console (a path: prefix it with the gateway's address)."""
     when = dt.datetime.fromtimestamp(record.ts).strftime("%H:%M:%S.%f")[:-3]
     where = record.group or "local"
     if record.kind == "request":
@@ -112,6 +116,8 @@ def format_event(record: MonitorRecord) -> str:
     )
     if record.error:
         line += f"  ({record.error})"
+    if with_link and record.kind == "request":
+        line += f"  {request_link(record.completion_id)}"
     return line
 
 
@@ -133,6 +139,20 @@ class GroupStatus(BaseModel):
     """Observation entries (one per request) not yet delivered to the group's observers."""
     observe_pending: int = 0
     """Observation entries delivered to a replica and not yet acked."""
+    heartbeats: dict[str, float] = Field(default_factory=dict, description="Replica -> its last heartbeat (unix time).")
+    in_flight: dict[str, int] = Field(
+        default_factory=dict, description="Replica -> entries delivered to it and not yet acked."
+    )
+
+
+class BusState(BaseModel):
+    """What the registry, heartbeats and consumer groups say now (no events read)."""
+
+    groups: list[GroupStatus]
+    orchestrators: dict[str, float] = Field(description="Live orchestrator -> its last heartbeat.")
+    requests_lag: int
+    requests_pending: int
+    dead_letters: int
 
 
 class Status(BaseModel):
@@ -145,7 +165,9 @@ class Status(BaseModel):
     dead_letters: int
 
 
-async def read_status(client: aredis.Redis, keys: Keys) -> Status:
+async def read_bus_state(client: aredis.Redis, keys: Keys) -> BusState:
+    """Groups with their live replicas (heartbeat, in flight), lag and pending; live
+    orchestrators; the request queue's backlog; the dead-letter count."""
     now = time.time()
     registry = await client.hgetall(keys.registry)
     groups = []
@@ -155,7 +177,8 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
             announcement = GroupAnnouncement.model_validate_json(body)
         except ValueError:
             continue
-        replicas = sorted(text(r) for r in await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf"))
+        beats = await _heartbeats(client, keys.replicas(name), now)
+        replicas = sorted(beats)
         lag, pending = await group_backlog(client, keys.hook_streams(name), name)
         observe_lag, observe_pending = (0, 0)
         if any(h.observe for h in announcement.hooks):
@@ -176,23 +199,56 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
                 pending=pending,
                 observe_lag=observe_lag,
                 observe_pending=observe_pending,
+                heartbeats=beats,
+                in_flight=await _in_flight(client, keys.hook_streams(name), name),
             )
         )
-    orchestrators = await client.zrangebyscore(keys.orchestrators, now - REPLICA_TTL, "+inf")
     requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
-    finished = []
-    for stream in keys.event_streams:
-        minute: Any = await client.xrange(stream, min=f"{int((now - 60) * 1000)}-0", max="+")
-        finished += [r for r in _decoded(minute) if r.kind == "request"]
-    return Status(
+    return BusState(
         groups=groups,
-        orchestrators=sorted(text(o) for o in orchestrators),
+        orchestrators=await _heartbeats(client, keys.orchestrators, now),
         requests_lag=requests_lag,
         requests_pending=requests_pending,
-        requests_last_minute=len(finished),
-        errors_last_minute=sum(1 for r in finished if r.outcome != "ok"),
         dead_letters=await client.xlen(keys.dead_letter),
     )
+
+
+async def read_status(client: aredis.Redis, keys: Keys) -> Status:
+    state = await read_bus_state(client, keys)
+    minute_start = f"{int((time.time() - 60) * 1000)}-0"
+    finished = []
+    for stream in keys.event_streams:
+        minute: Any = await client.xrange(stream, min=minute_start, max="+")
+        finished += [r for r in decoded_records(minute) if r.kind == "request"]
+    return Status(
+        groups=state.groups,
+        orchestrators=sorted(state.orchestrators),
+        requests_lag=state.requests_lag,
+        requests_pending=state.requests_pending,
+        requests_last_minute=len(finished),
+        errors_last_minute=sum(1 for r in finished if r.outcome != "ok"),
+        dead_letters=state.dead_letters,
+    )
+
+
+async def _heartbeats(client: aredis.Redis, heartbeat_set: str, now: float) -> dict[str, float]:
+    """Members of a heartbeat sorted set seen within REPLICA_TTL, with their last beat."""
+    members: Any = await client.zrangebyscore(heartbeat_set, now - REPLICA_TTL, "+inf", withscores=True)
+    return {text(member): float(beat) for member, beat in members}
+
+
+async def _in_flight(client: aredis.Redis, streams: Sequence[str], group: str) -> dict[str, int]:
+    """Consumer -> its pending entries, summed over the shards of a group's stream."""
+    held: dict[str, int] = {}
+    for stream in streams:
+        try:
+            consumers = await client.xinfo_consumers(stream, group)
+        except aredis.ResponseError:  # no stream or no group yet
+            continue
+        for consumer in consumers:
+            name = text(consumer.get("name"))
+            held[name] = held.get(name, 0) + int(consumer.get("pending", 0))
+    return held
 
 
 async def group_backlog(client: aredis.Redis, streams: Sequence[str], group: str) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.settings import get_settings
 from hookbus.services.cli.monitor import format_event, read_status, recent_events, wait_for
+from hookbus.services.console import CONSOLE_PATH, request_link
 from hookbus.skills import HookError
 
 BUILTIN_GROUP = "builtin"
@@ -98,6 +99,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
                 f"    .venv/bin/hookbus send 'hello'            # one request through the queue\n"
                 f"    .venv/bin/hookbus status                  # groups, replicas, lag\n"
                 f"    .venv/bin/hookbus monitor                 # follow events live\n"
+                f"    open http://127.0.0.1:{port}{CONSOLE_PATH}     # the web console\n"
                 f"    .venv/bin/hookbus worker --group {BUILTIN_GROUP} {' '.join(BUILTIN_SKILLS)}   # one more replica\n"
                 f"    {curl_line(port, settings.served_model)}"
             )
@@ -125,7 +127,8 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
         say("the services did not come up within 60 s; see .hookbus/logs/")
         return 1
     await asyncio.sleep(0.6)  # let the orchestrator's registry view see the group
-    say(f"gateway on http://127.0.0.1:{port}/v1 ; sending a streamed request through the queue:")
+    say(f"gateway on http://127.0.0.1:{port}/v1 ; console on http://127.0.0.1:{port}{CONSOLE_PATH}")
+    say("sending a streamed request through the queue:")
     print(f"\n>>> {DEMO_PROMPT}\n<<< ", end="", flush=True)
     async with HookbusClient(redis_url, prefix=prefix, timeout=60) as hookbus:
         completion_id = ""
@@ -148,6 +151,7 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
     ]
     for record in sorted(records, key=lambda r: r.ts):
         print("  " + format_event(record))
+    say(f"its waterfall: {request_link(completion_id, f'http://127.0.0.1:{port}')}")
     await client.aclose()
     return 0
 

@@ -4,7 +4,8 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/responses`, `GET` and `DELETE
 /v1/responses/{id}`, `GET /v1/models`, `GET /v1/models/{model}`,
-`GET /healthz`, `GET /metrics`, `GET /openapi.json`. The app does not own `client`:
+`GET /healthz`, `GET /metrics`, `GET /openapi.json`, and the web console under `/console/`
+(hookbus.services.console.routes: admin keys only). The app does not own `client`:
 whoever made it closes it (hookbus.services.gateway.server does).
 """
 
@@ -32,6 +33,7 @@ from hookbus.bus.groups.registry import REPLICA_TTL
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.bus.store.stored_responses import STORED_RESPONSE_TTL, StoredResponses
+from hookbus.services.console.routes import attach_console, console_mount
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
@@ -127,6 +129,7 @@ def create_app(
             yield
         finally:
             await follower.stop()
+            await app.state.console.data.stop()
             log.info("gateway_stopped")
 
     app = Starlette(
@@ -140,6 +143,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/openapi.json", openapi_endpoint, methods=["GET"]),
+            console_mount(),
         ],
         middleware=[*tracing.gateway_middleware(), Middleware(MetricsMiddleware, metrics=metrics), edge_guard],
         exception_handlers={
@@ -151,6 +155,7 @@ def create_app(
     )
     app.state.gateway = gateway
     app.state.metrics = metrics
+    attach_console(app, reader, client.keys, gateway.authenticate)
     return app
 
 

@@ -25,7 +25,15 @@ import contextlib
 import copy
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from itertools import groupby
 from typing import Any
 
@@ -430,15 +438,16 @@ class Agent:
         while True:
             chunks_before = state.chunks_seen
             try:
-                if state.stream:
-                    async with contextlib.aclosing(
-                        self._streamed_llm_call(state, messages, tools, settings)
-                    ) as chunks:
-                        async for chunk in chunks:
-                            yield chunk
-                else:
-                    state.last_response = await self.llm.complete(self.model, messages, tools, settings)
-                    state.last_response.id = state.completion_id
+                with self._recorded_call(state, "llm_call", self.model):
+                    if state.stream:
+                        async with contextlib.aclosing(
+                            self._streamed_llm_call(state, messages, tools, settings)
+                        ) as chunks:
+                            async for chunk in chunks:
+                                yield chunk
+                    else:
+                        state.last_response = await self.llm.complete(self.model, messages, tools, settings)
+                        state.last_response.id = state.completion_id
                 return
             except ContextTooLong as refusal:
                 if retried or state.chunks_seen != chunks_before:
@@ -450,6 +459,20 @@ class Agent:
                 if outcome is None:
                     raise
                 messages = _adopt(state, outcome, final_round)
+
+    @contextlib.contextmanager
+    def _recorded_call(self, state: RunState, lifecycle: str, name: str) -> Iterator[None]:
+        """Time one LLM or tool call into the events stream (its error, if it raised)."""
+        started, error = time.perf_counter(), None
+        try:
+            yield
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__
+            raise
+        finally:
+            self.runtime.record_call(
+                state.completion_id, lifecycle, name, (time.perf_counter() - started) * 1000, error
+            )
 
     async def _streamed_llm_call(
         self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -587,12 +610,16 @@ class Agent:
         function = tool_call.get("function") or {}
         name = str(function.get("name", ""))
         with tracing.tool_span(name, str(tool_call.get("id", "")), function.get("arguments")) as span:
+            started = time.perf_counter()
             try:
-                result = await self._call_tool(state, name, function.get("arguments"))
+                result, problem = await self._call_tool(state, name, function.get("arguments")), None
             except ToolProblem as exc:
                 span.error(exc, "tool_error")
-                result = f"Error: {exc}"
+                result, problem = f"Error: {exc}", str(exc)
             span.result(result)
+        self.runtime.record_call(
+            state.completion_id, "tool_call", name, (time.perf_counter() - started) * 1000, problem
+        )
         return result
 
     async def _call_tool(self, state: RunState, name: str, raw_arguments: Any) -> str:

@@ -426,6 +426,17 @@ class BusRuntime:
         )
 
 
+    def record_call(self, completion_id: str, lifecycle: str, name: str, duration_ms: float, error: str | None) -> None:
+        self.events.emit(
+            MonitorRecord(
+                kind="stage", completion_id=completion_id, lifecycle=lifecycle, hooks=[name],
+                replica=self.instance, duration_ms=duration_ms,
+                outcome=Outcome.FAILED if error else Outcome.OK, error=error,
+                model=name if lifecycle == "llm_call" else None,
+            )
+        )
+
+
 def _hook_refs(segment: Segment) -> list[HookRef]:
     return [HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks]
 

@@ -84,6 +84,10 @@ class Runtime(Protocol):
     ) -> None:
         """A monitor record for one segment of one stage (or one round of on_compaction)."""
 
+    def record_call(self, completion_id: str, lifecycle: str, name: str, duration_ms: float, error: str | None) -> None:
+        """A monitor record for one LLM call (`llm_call`, `name` the model) or one tool call
+        (`tool_call`, `name` the tool; a remote one has its hop record too), for the console's waterfall."""
+
     async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
         """Call `on_compaction(outcome, ctx)` of the skills hosted remotely, recording each
         group's outcomes with `record_stage`. Failures are logged, never raised."""
@@ -154,6 +158,9 @@ class LocalRuntime:
         self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         self.record_stage(completion_id, lifecycle, None, outcomes, duration_ms)
+
+    def record_call(self, completion_id: str, lifecycle: str, name: str, duration_ms: float, error: str | None) -> None:
+        """No events stream in-process: nothing to record."""
 
     def record_stage(
         self,

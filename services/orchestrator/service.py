@@ -77,6 +77,7 @@ from hookbus.bus.wire.envelopes import (
     decode,
     encode,
 )
+from hookbus.services.console import request_link
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
@@ -444,13 +445,21 @@ class OrchestratorService(BusApp):
             log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
             return False
         self.served += 1
+        failure = terminal.error or {}
+        if terminal.kind == "error":
+            log.warning(
+                "request_failed", completion_id=cid, status=failure.get("status_code"),
+                error=failure.get("message"), console=request_link(cid),
+            )
         self.runtime.events.emit(
             MonitorRecord(
                 kind="request", completion_id=cid,
                 lifecycle="request" if mode == "run" else f"request:{mode}",
                 replica=self.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
                 outcome=Outcome.OK if terminal.kind != "error" else Outcome.FAILED,
-                error=(terminal.error or {}).get("message"),
+                error=failure.get("message"),
+                model=self.agent.model, caller=request.auth.peer_user_id,
+                status=int(failure.get("status_code", 500)) if terminal.kind == "error" else 200,
             )
         )
         return True

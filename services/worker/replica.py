@@ -401,6 +401,7 @@ class WorkerReplica(BusApp):
         try:
             with tracing.process_span(self.group, self.replica, event.lifecycle, event.trace, attempt) as span:
                 reply = await self.host.answer(event, attempt, self.replica, split)
+                answered = time.time()  # the record's time: its hooks ended here, before the reply went out
                 onward = send_on(event, reply, split)
                 if onward is not None:
                     reply.forwarded = onward.hop_id
@@ -412,7 +413,7 @@ class WorkerReplica(BusApp):
         finally:
             self._in_flight.pop(entry, None)
         self.processed += 1
-        self._record(event, reply, Outcome.HOP_FAILED if reply.failure else Outcome.OK, reply.failure)
+        self._record(event, reply, Outcome.HOP_FAILED if reply.failure else Outcome.OK, reply.failure, at=answered)
 
     def _encoded(self, reply: HopReply) -> tuple[HopReply, dict[bytes, bytes]]:
         """The reply and its entry; if it cannot be encoded (a hook left a value in
@@ -487,7 +488,9 @@ class WorkerReplica(BusApp):
         with contextlib.suppress(*RECONNECT_ERRORS, ResponseError):
             await client.xadd(event.reply_to, encode(failure))  # type: ignore[arg-type]
 
-    def _record(self, event: HopEvent, reply: HopReply | None, outcome: Outcome, error: str | None) -> None:
+    def _record(
+        self, event: HopEvent, reply: HopReply | None, outcome: Outcome, error: str | None, at: float | None = None
+    ) -> None:
         if self._events is None:
             return
         if reply is not None and outcome == Outcome.OK:
@@ -506,6 +509,7 @@ class WorkerReplica(BusApp):
                 duration_ms=reply.duration_ms if reply else 0.0,
                 outcome=outcome,
                 error=error,
+                ts=at or time.time(),
             )
         )
 

@@ -1,4 +1,5 @@
-"""Dead letters keep no message content or auth, and their retention is bounded.
+"""Dead letters keep no message content or auth, and their retention is bounded; the
+original kept beside them for requeueing expires and has a size bound.
 
 The attack: a request that the orchestrator cannot decode, carrying a prompt and the
 caller's principal (written to the queue directly, as any client of the bus can), used
@@ -13,7 +14,17 @@ import time
 import uuid
 
 from hookbus import Agent
-from hookbus.bus.groups.dead_letters import DEAD_LETTER_MAXLEN, DEAD_LETTER_RETENTION, describe
+from hookbus.bus.connection.retrying import connect
+from hookbus.bus.groups.dead_letters import (
+    DEAD_LETTER_MAXLEN,
+    DEAD_LETTER_RETENTION,
+    ORIGINAL_BYTES,
+    ORIGINAL_RETENTION,
+    describe,
+    original_key,
+    send_dead_letter,
+)
+from hookbus.bus.keys import Keys
 from tests.faults.helpers import read_until_terminal
 from tests.integration.stack import running_stack
 
@@ -58,3 +69,21 @@ def test_a_dead_letter_describes_an_oversized_original_by_size_and_digest_only()
     assert described["fields"]["e"]["bytes"] == len(big)
     assert set(described["fields"]) == {"e", "junk"}
     assert DEAD_LETTER_MAXLEN * 4096 <= 64 * 1024 * 1024  # the stream's bound in bytes
+
+
+async def test_a_dead_letters_original_is_kept_for_a_day_for_requeueing_unless_too_large(redis_url, prefix) -> None:
+    client, keys = connect(redis_url, retries=0), Keys(prefix)
+    small, large = {b"e": b'{"kind": "hop"}'}, {b"e": b"x" * (ORIGINAL_BYTES + 1)}
+    try:
+        for entry_id, fields in (("1-1", small), ("1-2", large)):
+            await send_dead_letter(
+                client, keys.dead_letter, source=keys.requests, entry_id=entry_id, reason="test",
+                fields=fields, consumer="t",
+            )
+        kept = original_key(keys.dead_letter, keys.requests, "1-1")
+        assert await client.hgetall(kept) == small
+        assert 0 < await client.ttl(kept) <= ORIGINAL_RETENTION
+        assert not await client.exists(original_key(keys.dead_letter, keys.requests, "1-2"))
+        assert await client.xlen(keys.dead_letter) == 2  # both dead letters are there
+    finally:
+        await client.aclose()

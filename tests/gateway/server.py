@@ -45,12 +45,14 @@ async def running_gateway(
     models: Sequence[str] | None = None,
     limits: RequestLimits | None = None,
     timeout: float = 30.0,
+    host: str = "127.0.0.1",
     **app_options: Any,
 ) -> AsyncIterator[RunningGateway]:
-    """A gateway on a free loopback port; `app_options` go to create_app."""
+    """A gateway on a free port of `host` (loopback by default; "0.0.0.0" for every
+    address); `app_options` go to create_app."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     port = sock.getsockname()[1]
     holder: dict[str, Any] = {}
     ready = threading.Event()

@@ -25,7 +25,7 @@ def test_the_public_api_is_one_import_away() -> None:
     assert hookbus.Agent is Agent and hookbus.Skill is Skill and hookbus.HookbusClient is HookbusClient
 
 
-def test_the_wheel_installs_one_top_level_package_with_py_typed(tmp_path: Path) -> None:
+def test_the_wheel_installs_one_top_level_package_with_py_typed_and_the_console_page(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
         check=True, capture_output=True, timeout=300,
@@ -38,6 +38,10 @@ def test_the_wheel_installs_one_top_level_package_with_py_typed(tmp_path: Path) 
     for module in ("hookbus/bus/keys.py", "hookbus/skills/skill.py", "hookbus/services/cli/main.py",
                    "hookbus/skills/builtin/security.py", "hookbus/services/gateway/app.py"):
         assert module in names
+    console_files = sorted(p.name for p in (ROOT / "services/console/static").iterdir())
+    assert {"index.html", "console.js", "console.css"} <= set(console_files)
+    for name in console_files:  # the console's page ships in the wheel: no build step for users
+        assert f"hookbus/services/console/static/{name}" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "hookbus = hookbus.services.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

@@ -4,6 +4,7 @@ line telling the user the answers come from the offline stand-in model."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -28,3 +29,5 @@ def test_hookbus_run_once_serves_the_demo_and_says_the_model_is_the_offline_stan
     assert "The tool add returned: 5" in output
     assert output.count("the built-in offline model") == 1, output
     assert "(not an AI)" in output
+    assert re.search(r"console on http://127\.0\.0\.1:\d+/console/", output), output
+    assert re.search(r"its waterfall: http://127\.0\.0\.1:\d+/console/#/requests/chatcmpl-\w+", output), output

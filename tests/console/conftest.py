@@ -1,0 +1,137 @@
+"""A stack for the console's tests: embedded Redis, an orchestrator, the worker group `audit`
+(two replicas, a hook on every lifecycle; one hook fails for scope `boom`) with a tool,
+and a real gateway with keys in front.
+
+Keys: ADMIN_KEY has the console's admin scope; USER_KEY is an ordinary caller; BOOM_KEY's
+requests are aborted by a worker hook in before_llm_call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+
+from hookbus import Agent
+from hookbus.services.console.access import ADMIN_SCOPE
+from hookbus.skills import Context, HookData, HookError, Skill, hook
+from tests.gateway.server import RunningGateway, running_gateway
+from tests.integration.stack import Notes, running_stack
+from tests.waiting import wait_for
+
+ADMIN_KEY = "sk-test-console-admin"
+USER_KEY = "sk-test-console-user"
+BOOM_KEY = "sk-test-console-boom"
+API_KEYS: dict[str, Any] = {
+    ADMIN_KEY: {"peer_user_id": "ops", "scopes": [ADMIN_SCOPE]},
+    USER_KEY: {"peer_user_id": "alice", "scopes": []},
+    BOOM_KEY: {"peer_user_id": "bob", "scopes": ["boom"]},
+}
+STAGE_ORDER = [
+    "on_connection", "before_llm_call", "llm_call", "after_llm_call", "before_toolcall", "tool_call",
+    "after_toolcall", "before_llm_call", "llm_call", "after_llm_call", "on_message", "finalize_connection",
+]
+"""The stage records of a request with one tool round, in the order they ran."""
+TOOL_PROMPT = '[[tool:remember {"note": "milk"}]]'
+FAILURE = "the compliance check is down"
+SECRET = "my locker code is 4711"
+
+
+class Audit(Skill):
+    """A hook on every lifecycle but on_chunk; it changes nothing."""
+
+    name = "audit"
+
+    @hook("on_connection")
+    def connected(self, data: HookData, ctx: Context) -> None: ...
+
+    @hook("before_llm_call")
+    def before_llm(self, data: HookData, ctx: Context) -> None: ...
+
+    @hook("after_llm_call")
+    def after_llm(self, data: HookData, ctx: Context) -> None: ...
+
+    @hook("before_toolcall")
+    def before_tool(self, data: HookData, ctx: Context) -> None: ...
+
+    @hook("after_toolcall")
+    def after_tool(self, data: HookData, ctx: Context) -> None: ...
+
+    @hook("on_message")
+    def answered(self, data: HookData, ctx: Context) -> None: ...
+
+    @hook("finalize_connection")
+    def finalized(self, data: HookData, ctx: Context) -> None: ...
+
+
+class Compliance(Skill):
+    name = "compliance"
+
+    @hook("before_llm_call", 10, scope="boom")
+    async def check(self, data: HookData, ctx: Context) -> HookData:
+        raise HookError(503, "compliance_down", FAILURE)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def module_prefix() -> str:
+    return f"co{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture(scope="module")
+async def stack(redis_url: str, module_prefix: str) -> AsyncIterator[Any]:
+    groups = {"audit": [Audit(), Compliance(), Notes()]}
+    async with running_stack(redis_url, module_prefix, Agent("console-test"), groups, replicas=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def gateway(stack: Any, redis_url: str, module_prefix: str) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(redis_url, module_prefix, api_keys=API_KEYS, models=["offline"]) as gw:
+        yield gw
+
+
+async def send(gateway: RunningGateway, key: str, text: str) -> tuple[str | None, int]:
+    """One streamed chat completion: (its completion id, 200), or (None, the error's status)
+    when it failed before streaming (an error response names no completion id)."""
+    client = openai.AsyncOpenAI(base_url=gateway.v1, api_key=key, max_retries=0)
+    completion_id = None
+    try:
+        stream = await client.chat.completions.create(
+            model="offline", messages=[{"role": "user", "content": text}], stream=True
+        )
+        async for chunk in stream:
+            completion_id = chunk.id
+        return completion_id, 200
+    except openai.APIStatusError as exc:
+        return None, exc.status_code
+    finally:
+        await client.close()
+
+
+async def dead_letter_a_request(stack: Any) -> str:
+    """A request the orchestrator cannot read (its deadline is not a number), holding a
+    secret prompt: it goes to the dead-letter stream. Returns its completion id."""
+    client = stack[0]
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    envelope = {
+        "v": 1, "kind": "request", "completion_id": completion_id,
+        "messages": [{"role": "user", "content": SECRET}], "deadline": "soon",
+    }
+    await client.redis.xadd(client.keys.requests, {"e": json.dumps(envelope)})
+
+    async def moved() -> bool:
+        letters = await client.redis.xrange(client.keys.dead_letter)
+        return any(completion_id.encode() in fields.get(b"original", b"") for _id, fields in letters)
+
+    assert await wait_for(moved, timeout=10), "the unreadable request was not dead-lettered"
+    return completion_id
+
+

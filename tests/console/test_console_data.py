@@ -1,0 +1,50 @@
+"""The console's reader: shared by every viewer, silent when nobody watches, and still
+there after Redis went away and came back."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hookbus.bus.connection.embedded import EmbeddedRedis
+from hookbus.bus.connection.retrying import connect
+from hookbus.bus.keys import Keys
+from hookbus.services.console.data import POLL_EVERY, ConsoleData
+from tests.waiting import wait_for
+
+
+async def test_viewers_share_one_poll_and_the_poller_stops_when_nobody_watches(redis_url: str, prefix: str) -> None:
+    client = connect(redis_url, retries=0)
+    data = ConsoleData(client, Keys(prefix), idle_after=0.5)
+    try:
+        first, second = await asyncio.gather(data.snapshot(), data.snapshot())
+        assert first is second  # two viewers, one read
+        assert data.polling
+
+        async def stopped() -> bool:
+            return not data.polling
+
+        assert await wait_for(stopped, timeout=5)
+        await asyncio.sleep(2.5)  # more than a poll interval
+        assert not data.polling
+        again = await data.snapshot()  # a viewer wakes it, and gets a fresh read, not the old one
+        assert data.polling and again.bus.at > first.bus.at + 2.5
+    finally:
+        await data.stop()
+        await client.aclose()
+
+
+async def test_the_console_rides_out_a_redis_restart(tmp_path, prefix: str) -> None:
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=True)
+    client = connect(server.start(), retries=0)
+    data = ConsoleData(client, Keys(prefix))
+    try:
+        before = await data.snapshot()
+        await asyncio.to_thread(server.restart, down_for=POLL_EVERY * 2)  # polls fail meanwhile
+        assert data.polling  # the poller logged the failures and went on
+        after = await asyncio.wait_for(data.next_snapshot(before), timeout=POLL_EVERY * 5)
+        assert after.bus.at > before.bus.at + POLL_EVERY * 2
+    finally:
+        await data.stop()
+        await client.aclose()
+        server.cleanup()
+
