@@ -38,6 +38,8 @@ DEMO_AGENT = "hookbus.services.orchestrator.demo:agent"
 DEMO_FAILED = 2
 """`demo`'s answer when the services came up but the demo request failed."""
 DEMO_PROMPT = 'What is 2 + 3? [[tool:add {"a": 2, "b": 3}]]'
+"""The demo request to the offline model, whose directive makes it call the tool."""
+REAL_MODEL_PROMPT = "What is 2 + 3? Use the add tool, then answer in one sentence."
 STATE_DIR = run_state.STATE_DIR
 
 
@@ -90,7 +92,8 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
             "deterministic stand-in for demos and tests (not an AI)"
         )
     try:
-        code = asyncio.run(demo(redis_url, settings.prefix, replicas, port))
+        prompt = REAL_MODEL_PROMPT if settings.openai_base_url else DEMO_PROMPT
+        code = asyncio.run(demo(redis_url, settings.prefix, replicas, port, prompt))
         if code in (0, DEMO_FAILED) and keep_running:
             stop = catch_stop_signals()  # before saying Ctrl-C stops it: a Ctrl-C right after must stop it cleanly
             say(
@@ -112,7 +115,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
         say("stopped")
 
 
-async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
+async def demo(redis_url: str, prefix: str, replicas: int, port: int, prompt: str) -> int:
     keys = keys_for(redis_url, prefix)
     client = connect(redis_url)
 
@@ -126,11 +129,11 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
         return 1
     await asyncio.sleep(0.6)  # let the orchestrator's registry view see the group
     say(f"gateway on http://127.0.0.1:{port}/v1 ; sending a streamed request through the queue:")
-    print(f"\n>>> {DEMO_PROMPT}\n<<< ", end="", flush=True)
+    print(f"\n>>> {prompt}\n<<< ", end="", flush=True)
     async with HookbusClient(redis_url, prefix=prefix, timeout=60) as hookbus:
         completion_id = ""
         try:
-            async for chunk in hookbus.stream(DEMO_PROMPT, session_id="demo"):
+            async for chunk in hookbus.stream(prompt, session_id="demo"):
                 completion_id = chunk.id
                 if chunk.choices and chunk.choices[0].delta.content:
                     print(chunk.choices[0].delta.content, end="", flush=True)
