@@ -18,7 +18,7 @@ import sys
 import time
 
 from hookbus.bus import run_state
-from hookbus.bus.client import HookbusClient
+from hookbus.bus.client import DEFAULT_TIMEOUT, HookbusClient
 from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with_parent
 from hookbus.bus.connection.retrying import connect
@@ -130,7 +130,9 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int, prompt: st
     await asyncio.sleep(0.6)  # let the orchestrator's registry view see the group
     say(f"gateway on http://127.0.0.1:{port}/v1 ; sending a streamed request through the queue:")
     print(f"\n>>> {prompt}\n<<< ", end="", flush=True)
-    async with HookbusClient(redis_url, prefix=prefix, timeout=60) as hookbus:
+    # A real model on a small machine can take minutes for a tool round; the offline one, ms.
+    timeout = DEFAULT_TIMEOUT if prompt == REAL_MODEL_PROMPT else 60
+    async with HookbusClient(redis_url, prefix=prefix, timeout=timeout) as hookbus:
         completion_id = ""
         try:
             async for chunk in hookbus.stream(prompt, session_id="demo"):
