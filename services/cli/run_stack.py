@@ -18,7 +18,7 @@ import sys
 import time
 
 from hookbus.bus import run_state
-from hookbus.bus.client import HookbusClient
+from hookbus.bus.client import DEFAULT_TIMEOUT, HookbusClient
 from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with_parent
 from hookbus.bus.connection.retrying import connect
@@ -39,6 +39,8 @@ DEMO_AGENT = "hookbus.services.orchestrator.demo:agent"
 DEMO_FAILED = 2
 """`demo`'s answer when the services came up but the demo request failed."""
 DEMO_PROMPT = 'What is 2 + 3? [[tool:add {"a": 2, "b": 3}]]'
+"""The demo request to the offline model, whose directive makes it call the tool."""
+REAL_MODEL_PROMPT = "What is 2 + 3? Use the add tool, then answer in one sentence."
 STATE_DIR = run_state.STATE_DIR
 
 
@@ -91,7 +93,8 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
             "deterministic stand-in for demos and tests (not an AI)"
         )
     try:
-        code = asyncio.run(demo(redis_url, settings.prefix, replicas, port))
+        prompt = REAL_MODEL_PROMPT if settings.openai_base_url else DEMO_PROMPT
+        code = asyncio.run(demo(redis_url, settings.prefix, replicas, port, prompt))
         if code in (0, DEMO_FAILED) and keep_running:
             stop = catch_stop_signals()  # before saying Ctrl-C stops it: a Ctrl-C right after must stop it cleanly
             say(
@@ -114,7 +117,7 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
         say("stopped")
 
 
-async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
+async def demo(redis_url: str, prefix: str, replicas: int, port: int, prompt: str) -> int:
     keys = keys_for(redis_url, prefix)
     client = connect(redis_url)
 
@@ -129,11 +132,13 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
     await asyncio.sleep(0.6)  # let the orchestrator's registry view see the group
     say(f"gateway on http://127.0.0.1:{port}/v1 ; console on http://127.0.0.1:{port}{CONSOLE_PATH}")
     say("sending a streamed request through the queue:")
-    print(f"\n>>> {DEMO_PROMPT}\n<<< ", end="", flush=True)
-    async with HookbusClient(redis_url, prefix=prefix, timeout=60) as hookbus:
+    print(f"\n>>> {prompt}\n<<< ", end="", flush=True)
+    # A real model on a small machine can take minutes for a tool round; the offline one, ms.
+    timeout = DEFAULT_TIMEOUT if prompt == REAL_MODEL_PROMPT else 60
+    async with HookbusClient(redis_url, prefix=prefix, timeout=timeout) as hookbus:
         completion_id = ""
         try:
-            async for chunk in hookbus.stream(DEMO_PROMPT, session_id="demo"):
+            async for chunk in hookbus.stream(prompt, session_id="demo"):
                 completion_id = chunk.id
                 if chunk.choices and chunk.choices[0].delta.content:
                     print(chunk.choices[0].delta.content, end="", flush=True)

@@ -103,7 +103,7 @@ class Compactor:
         try:
             if not self.configured_window:
                 self.endpoint_window = await self._llm.context_window(self._model)
-            await self._llm.probe_token_scale(self._model)
+            await self._llm.probe_tokenizer(self._model)
         except Exception:  # noqa: BLE001 - the table applies when the endpoint cannot tell
             log.warning("context_window_probe_failed", model=self._model, exc_info=True)
         if self.endpoint_window:

@@ -36,4 +36,7 @@ agent = Agent(
     "demo",
     instructions="You are hookbus's demo agent. Use the tools when they help.",
     skills=[DemoTools()],
+    # A small local model can call the same tool round after round; after three rounds the
+    # agent asks for the answer with no tools offered, so the demo ends in seconds.
+    max_tool_rounds=3,
 )

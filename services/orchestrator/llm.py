@@ -168,9 +168,14 @@ class LLM:
                 return int(card["max_model_len"])
         return None
 
-    async def probe_token_scale(self, model: str) -> None:
+    async def probe_tokenizer(self, model: str) -> None:
         """Ask the endpoint's tokenizer how it counts a sample text, where it can tell
-        (llama-cpp-python, llama.cpp, vLLM); nothing for the offline model and OpenAI."""
+        (llama-cpp-python, llama.cpp, vLLM); nothing for the offline model and OpenAI.
+
+        An endpoint that answers on `/extras/tokenize` is llama-cpp-python's server, whose
+        function-calling chat format refuses `tool_choice: "auto"` on a stream only after
+        deciding the call (33 s on a busy 2-core machine): its tool rounds go unstreamed
+        from the start instead of after that first refusal."""
         if self.offline:
             return
         headers = {"Authorization": f"Bearer {self._api_key}"}
@@ -185,7 +190,11 @@ class LLM:
                 theirs = _token_count(await _post_json(http, url, body))
                 if theirs:
                     self.token_scale.probed(model, theirs, count_text(SAMPLE_TEXT))
-                    log.info("token_scale_from_endpoint", model=model, scale=self.token_scale.of(model))
+                    self.unstreamed_tool_rounds = url.endswith("/extras/tokenize")
+                    log.info(
+                        "tokenizer_from_endpoint", model=model, scale=self.token_scale.of(model),
+                        unstreamed_tool_rounds=self.unstreamed_tool_rounds,
+                    )
                     return
 
     def _report_usage(self, model: str, messages: list[dict[str, Any]], usage: CompletionUsage) -> None:
