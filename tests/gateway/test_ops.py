@@ -188,7 +188,7 @@ async def test_serve_warns_when_auth_is_off_and_stops_gracefully_on_sigterm(redi
                     except httpx.TransportError:
                         return None
 
-                response = await wait_for(answered, timeout=10)
+                response = await wait_for(answered, timeout=30)  # a cold start on a busy machine
                 assert response is not None, "the gateway never answered"
             proc.send_signal(signal.SIGTERM)
             async with asyncio.timeout(15):
