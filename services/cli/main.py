@@ -75,13 +75,15 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     from hookbus.services.cli.specs import SpecError, load_agent
     from hookbus.services.observability.logs import configure_logging
     from hookbus.services.observability.tracing import configure_tracing
+    from hookbus.services.orchestrator.llm import NoEndpoint, require_endpoint
     from hookbus.services.orchestrator.service import OrchestratorService
 
     configure_logging()
     use_context_window(args.context_window)
     try:
         agent = load_agent(args.agent)
-    except SpecError as exc:
+        require_endpoint(agent.llm)
+    except (SpecError, NoEndpoint) as exc:
         sys.exit(f"hookbus orchestrator: {exc}")
     instance = args.instance or instance_name("orchestrator")
     configure_tracing("orchestrator", instance)

@@ -22,7 +22,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with_parent
 from hookbus.bus.connection.retrying import connect
-from hookbus.bus.settings import get_settings
+from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.cli.monitor import format_event, read_status, recent_events, wait_for
 from hookbus.skills import HookError
 
@@ -59,6 +59,8 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
         )
     run_state.publish(redis_url, STATE_DIR)
     env = dict(os.environ, REDIS_URL=redis_url, HOOKBUS_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
+    if not settings.openai_base_url:  # the orchestrator serves the stand-in only when asked by name
+        env["HOOKBUS_MODEL"] = OFFLINE_MODEL
     logs = STATE_DIR / "logs"
     logs.mkdir(exist_ok=True)
     port = port if port_is_free(port) else free_port()

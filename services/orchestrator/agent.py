@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from hookbus.bus.settings import get_settings
+from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import client_tools
@@ -83,6 +83,11 @@ class Agent:
     chunk_pipeline: each hop takes the chunks that arrived while the previous one was in
     flight; hooks see exactly what one hop per chunk would show them). 1 sends one hop
     per chunk.
+
+    With no endpoint (`llm`, else `OPENAI_BASE_URL`) an agent used in-process answers with
+    the built-in offline model, for tests and first steps; the orchestrator service refuses
+    to run an agent so (hookbus.services.orchestrator.llm.require_endpoint) unless
+    `HOOKBUS_MODEL=offline` asks for it by name.
     """
 
     def __init__(
@@ -105,7 +110,7 @@ class Agent:
             raise ValueError("chunk_batch must be >= 1")
         self.name = name
         self.llm = llm or LLM()
-        self.model = model or get_settings().model or "offline"
+        self.model = model or get_settings().model or OFFLINE_MODEL
         self.instructions = instructions
         self.model_settings = as_model_settings(model_settings) or ModelSettings()
         self.pinned_settings = as_model_settings(pinned_settings) or ModelSettings()
