@@ -14,20 +14,20 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
 
-from hookbus.skills.errors import HookError
+from hookbus.skills.errors import HookbusError
 from hookbus.skills.lifecycle import WRITABLE
 from hookbus.skills.model_settings import ModelSettings
 
 
-def _load_error(value: Any) -> HookError | None:
-    if value is None or isinstance(value, HookError):
+def _load_error(value: Any) -> HookbusError | None:
+    if value is None or isinstance(value, HookbusError):
         return value
     if isinstance(value, dict):
-        return HookError.from_dict(value)
-    raise TypeError(f"error must be a HookError or its dict form, not {type(value).__name__}")
+        return HookbusError.from_dict(value)
+    raise TypeError(f"error must be a HookbusError or its dict form, not {type(value).__name__}")
 
 
-def _dump_error(value: HookError | None) -> dict[str, Any] | None:
+def _dump_error(value: HookbusError | None) -> dict[str, Any] | None:
     return None if value is None else value.to_dict()
 
 
@@ -35,9 +35,9 @@ ERROR_JSON_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {
             "type": "object",
-            "description": "A HookError as it travels: `HookError.to_dict()`.",
+            "description": "A HookbusError as it travels: `HookbusError.to_dict()`.",
             "properties": {
-                "type": {"type": "string", "description": "hookbus's error class, e.g. HookError, PaymentRequired."},
+                "type": {"type": "string", "description": "hookbus's error class, e.g. HookError, PaymentRequired, Cancelled."},
                 "status_code": {"type": "integer"},
                 "code": {"type": "string"},
                 "message": {"type": "string"},
@@ -51,7 +51,7 @@ ERROR_JSON_SCHEMA: dict[str, Any] = {
 }
 
 ErrorField = Annotated[
-    HookError | None,
+    HookbusError | None,
     BeforeValidator(_load_error),
     PlainSerializer(_dump_error),
     WithJsonSchema(ERROR_JSON_SCHEMA),

@@ -5,8 +5,9 @@ replica, and (through `fail_unanswered`) for a hop that failed as a whole, so a 
 behaves the same wherever the deployment puts it:
 
 - a `HookError` aborts the run (except in `finalize_connection`, where every hook runs);
-- a failure (a plain exception, a timeout, a hook that returns something other than
-  `HookData` or None, or a hop nobody answered) refuses the request with a 503
+- a failure (a plain exception, a `ServiceError` the hook's own code met, a timeout, a
+  hook that returns something other than this stage's `HookData` or None, or a hop
+  nobody answered) refuses the request with a 503
   `guard_unavailable` when the hook is a `guard`, aborts the run as a 500 when it is
   `critical`; in `before_toolcall` it blocks that tool call (also when no worker could
   run the hook: it fails closed); elsewhere the data is left unchanged and the chain
@@ -33,7 +34,7 @@ import structlog
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
 from hookbus.skills.descriptors import HookDescriptor
-from hookbus.skills.errors import GuardUnavailable, HookError
+from hookbus.skills.errors import GuardUnavailable, HookbusError, HookError
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.skill import BoundHook
 
@@ -63,7 +64,7 @@ class ChainResult:
 
     data: HookData
     outcomes: list[HookOutcome] = field(default_factory=list)
-    abort: HookError | None = None
+    abort: HookbusError | None = None
     blocked: bool = False
 
 
@@ -115,8 +116,8 @@ async def run_hooks(
             else:
                 with observe(bound.key, lifecycle):
                     returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout, bound.is_async)
-            if returned is not None and not isinstance(returned, HookData):
-                raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
+            if returned is not None:
+                _check_return(returned, lifecycle)
         except HookError as exc:
             _restore(result.data, saved_fields, ctx, saved_state)
             result.outcomes.append(_outcome(bound.key, started, Outcome.ABORTED, exc.message))
@@ -205,7 +206,16 @@ async def run_listeners(
 
 
 class _WrongReturn(TypeError):
-    """A hook returned something that is neither HookData nor None."""
+    """A hook returned something that is neither HookData nor None, or another lifecycle's HookData."""
+
+
+def _check_return(returned: object, lifecycle: str) -> None:
+    """A hook's return must be this stage's HookData: checked here, where every hook runs
+    (in-process and in a worker alike), so both refuse the same return with the same error."""
+    if not isinstance(returned, HookData):
+        raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
+    if returned.lifecycle != lifecycle:
+        raise _WrongReturn(f"returned the HookData of {returned.lifecycle}, expected that of {lifecycle}")
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, is_async: bool) -> Any:

@@ -130,7 +130,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from hookbus.bus.client import HookbusClient
-    from hookbus.skills import HookError
+    from hookbus.skills import HookbusError
 
     async def send() -> int:
         async with HookbusClient(redis_url_or_exit(), timeout=args.timeout) as client:
@@ -143,7 +143,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                         if chunk.choices and chunk.choices[0].delta.content:
                             print(chunk.choices[0].delta.content, end="", flush=True)
                     print()
-            except HookError as exc:
+            except HookbusError as exc:
                 print(f"\nerror {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
                 return 1
         return 0

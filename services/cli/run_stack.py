@@ -24,7 +24,7 @@ from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.cli.monitor import format_event, read_status, recent_events, wait_for
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 BUILTIN_GROUP = "builtin"
 BUILTIN_SKILLS = [
@@ -136,7 +136,7 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int) -> int:
                 completion_id = chunk.id
                 if chunk.choices and chunk.choices[0].delta.content:
                     print(chunk.choices[0].delta.content, end="", flush=True)
-        except HookError as exc:  # a slow or failing model must not take the stack down
+        except HookbusError as exc:  # a slow or failing model must not take the stack down
             print()
             say(f"the demo request failed ({exc.status_code} {exc.code}: {exc.message}); the services are up")
             await client.aclose()

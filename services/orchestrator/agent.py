@@ -47,9 +47,9 @@ from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
 from hookbus.services.orchestrator.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
+from hookbus.skills import AuthInfo, Context, HookbusError, HookData, Skill
 from hookbus.skills.context import Metadata, Session
-from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hook_error
+from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hookbus_error
 from hookbus.skills.model_settings import ModelSettings, as_model_settings
 from hookbus.skills.runner import ChainResult, run_hooks, stage_goes_on
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
@@ -138,7 +138,8 @@ class Agent:
         model_settings: ModelSettings | dict[str, Any] | None = None,
         deadline: float | None = None,
     ) -> ChatCompletion:
-        """Run one request to its end; raises the HookError that aborted it.
+        """Run one request to its end; raises the error that ended it: the `HookError` a hook
+        aborted it with, or the `ServiceError` of what failed around the hooks.
 
         `tools` are the caller's own (client) tools, offered to the model with the agent's
         (a client tool overrides an agent tool of the same name). When the model calls one,
@@ -200,7 +201,7 @@ class Agent:
         messages: Sequence[dict[str, Any]] | str,
         *,
         completion_id: str,
-        error: HookError,
+        error: HookbusError,
         auth: AuthInfo | dict[str, Any] | None = None,
         session_id: str | None = None,
         metadata: dict[str, Any] | None = None,
@@ -357,7 +358,7 @@ class Agent:
                 for chunk in turn.finish(self._finish_reason(state), state.client_calls):
                     yield chunk
                 yield self._usage_chunk(state)
-        except HookError as exc:
+        except HookbusError as exc:
             state.error = exc
             raise
         except asyncio.CancelledError:
@@ -370,7 +371,7 @@ class Agent:
             state.error = Cancelled("the client stopped reading", code="client_closed")
             raise
         except Exception as exc:
-            state.error = as_hook_error(exc)
+            state.error = as_hookbus_error(exc)
             log.exception("run_failed", completion_id=state.completion_id)
             raise state.error from exc
         finally:
@@ -469,7 +470,7 @@ class Agent:
 
     async def _on_chunks(
         self, state: RunState, chunks: Sequence[ChunkIn]
-    ) -> tuple[list[ChatCompletionChunk | None], HookError | None]:
+    ) -> tuple[list[ChatCompletionChunk | None], HookbusError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
         (segment,) = state.plan.segments("on_chunk", state.ctx.auth.scopes)
         with tracing.stage_span("on_chunk", f"on_chunk#{chunks[0].index}"):

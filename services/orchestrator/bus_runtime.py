@@ -33,7 +33,7 @@ from hookbus.bus.wire.envelopes import (
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
-from hookbus.skills import Context, HookData, HookError
+from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
 
@@ -401,12 +401,12 @@ def _hook_refs(segment: Segment) -> list[HookRef]:
     return [HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks]
 
 
-def _taken(reply: HopReply, ctx: Context) -> tuple[list[HookOutcome], HookError | None]:
+def _taken(reply: HopReply, ctx: Context) -> tuple[list[HookOutcome], HookbusError | None]:
     """A usable reply's state and session into `ctx`; its outcomes and abort."""
     ctx.state = reply.state
     ctx.session.data = reply.session
     outcomes = [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes]
-    return outcomes, HookError.from_dict(reply.abort) if reply.abort else None
+    return outcomes, HookbusError.from_dict(reply.abort) if reply.abort else None
 
 
 def _unanswered(segment: Segment, data: HookData, reason: str, outcome: Outcome) -> ChainResult:

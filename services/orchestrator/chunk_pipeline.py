@@ -24,14 +24,14 @@ from openai.types.chat import ChatCompletionChunk
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.assemble import ChunkAssembler
 from hookbus.services.orchestrator.run_state import RunState
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 OnChunk = Callable[[RunState, ChatCompletionChunk, str, int, str], Awaitable[ChatCompletionChunk | None]]
 """Runs one chunk through the on_chunk stage: (state, chunk, content, index, full_content)."""
 
 
 OnChunks = Callable[
-    [RunState, Sequence[ChunkIn]], Awaitable[tuple[list[ChatCompletionChunk | None], HookError | None]]
+    [RunState, Sequence[ChunkIn]], Awaitable[tuple[list[ChatCompletionChunk | None], HookbusError | None]]
 ]
 """Runs several chunks through a one-segment remote on_chunk stage in one hop: the
 visible result of each chunk before the HookError that stopped the chain, and that error."""

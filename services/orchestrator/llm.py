@@ -47,7 +47,7 @@ from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
+from hookbus.skills.errors import ContextTooLong, ServiceError, UpstreamError
 from hookbus.skills.model_settings import ModelSettings
 
 log = structlog.get_logger("hookbus.llm")
@@ -500,7 +500,7 @@ _STATUS_SEEN = {400: 400, 404: 404, 408: 504, 413: 400, 422: 400, 429: 429, 503:
 is a 502, the endpoint having failed us."""
 
 
-def llm_error(exc: openai.APIError) -> HookError:
+def llm_error(exc: openai.APIError) -> ServiceError:
     """Turn what the endpoint said into the error the client will see, keeping its message,
     code and param (and Retry-After of a 429, in `details.retry_after`)."""
     if isinstance(exc, openai.APIStatusError):

@@ -49,7 +49,7 @@ from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
 from hookbus.bus.wire.envelopes import RequestEnvelope
 from hookbus.services.orchestrator.run_table import Running, RunTable
-from hookbus.skills import DuplicateCompletionId, HookError, OrchestratorLost
+from hookbus.skills import DuplicateCompletionId, HookbusError, OrchestratorLost, ServiceError
 
 log = structlog.get_logger("hookbus.recovery")
 
@@ -74,7 +74,7 @@ class RecoveryHost(Protocol):
     async def admit(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
 
     async def refuse(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookbusError
     ) -> None: ...
 
     async def execute(
@@ -84,7 +84,7 @@ class RecoveryHost(Protocol):
         mode: str,
         *,
         first_seq: int = 0,
-        error: HookError | None = None,
+        error: HookbusError | None = None,
     ) -> bool: ...
 
 
@@ -179,7 +179,7 @@ class Recovery:
 
     async def _give_up(self, entry: Claimed, request: RequestEnvelope, run: Running) -> None:
         service = self.service
-        error = HookError(
+        error = ServiceError(
             500, "request_failed",
             f"the request was delivered {entry.attempt} times and never finished; it was set aside",
         )

@@ -11,7 +11,7 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion
 
 from hookbus.services.orchestrator.plan import HookPlan
-from hookbus.skills import Context, HookError
+from hookbus.skills import Context, HookbusError
 from hookbus.skills.model_settings import ModelSettings
 
 
@@ -32,7 +32,7 @@ class RunState:
     chunks_seen: int = 0
     last_response: ChatCompletion | None = None
     result: ChatCompletion | None = None
-    error: HookError | None = None
+    error: HookbusError | None = None
     started: float = field(default_factory=time.perf_counter)
 
     @property

@@ -17,7 +17,7 @@ import structlog
 
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
-from hookbus.skills import Context, HookData, HookError
+from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import ChainResult, HookOutcome
@@ -34,7 +34,7 @@ class ChunkBatchResult:
 
     data: list[HookData | None]
     outcomes: list[HookOutcome] = field(default_factory=list)
-    abort: HookError | None = None
+    abort: HookbusError | None = None
 
 
 class Runtime(Protocol):

@@ -89,8 +89,13 @@ from hookbus.services.process.defaults import (
     ORCHESTRATOR_MAX_DELIVERIES,
 )
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import HookError
-from hookbus.skills.errors import Cancelled, DeadlineExceeded, DuplicateCompletionId, as_hook_error
+from hookbus.skills import HookbusError, ServiceError
+from hookbus.skills.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    DuplicateCompletionId,
+    as_hookbus_error,
+)
 from hookbus.skills.outcome import Outcome
 
 log = structlog.get_logger("hookbus.orchestrator")
@@ -332,11 +337,11 @@ class OrchestratorService(BusApp):
         try:
             request = await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
         except DecodeError as exc:
-            error = HookError(400, "invalid_request", f"the request could not be read: {exc}")
+            error = ServiceError(400, "invalid_request", f"the request could not be read: {exc}")
             await self.refuse(stream, entry_id, fields, _peek_completion_id(raw), error)
             return None
         if self.keys.requests_for(request.completion_id) != stream:
-            error = HookError(
+            error = ServiceError(
                 400, "misrouted_request",
                 f"queued on {stream}, but its completion id belongs to {self.keys.requests_for(request.completion_id)}",
             )
@@ -345,7 +350,7 @@ class OrchestratorService(BusApp):
         return request
 
     async def refuse(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookbusError
     ) -> None:
         def set_aside(pipe: Any) -> None:
             add_dead_letter(
@@ -389,7 +394,7 @@ class OrchestratorService(BusApp):
         mode: str,
         *,
         first_seq: int = 0,
-        error: HookError | None = None,
+        error: HookbusError | None = None,
     ) -> bool:
         """Run (`run`), finalize only (`recover`), or only end (`end`) one request with the
         epoch in `run`, then store its terminal item and ack it. False if fenced out or
@@ -473,7 +478,7 @@ class OrchestratorService(BusApp):
         return True
 
     async def _produce(
-        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
+        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookbusError | None
     ) -> ResponseItem:
         """The run itself, in the request's span; returns the terminal item (never raises
         but for cancellation)."""
@@ -485,7 +490,7 @@ class OrchestratorService(BusApp):
             return terminal
 
     async def _terminal_item(
-        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
+        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookbusError | None
     ) -> ResponseItem:
         cid = request.completion_id
         try:
@@ -499,11 +504,11 @@ class OrchestratorService(BusApp):
                     recovery=mode == "recover",
                 )
             raise error
-        except HookError as exc:
+        except HookbusError as exc:
             return ResponseItem(kind="error", completion_id=cid, error=exc.to_dict())
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever broke
             log.exception("request_crashed", completion_id=cid)
-            return ResponseItem(kind="error", completion_id=cid, error=as_hook_error(exc).to_dict())
+            return ResponseItem(kind="error", completion_id=cid, error=as_hookbus_error(exc).to_dict())
 
     async def _run_until_deadline(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
         remaining = None if request.deadline is None else request.deadline - time.time()
