@@ -14,8 +14,9 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
 
+from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.errors import HookbusError
-from hookbus.skills.lifecycle import WRITABLE
+from hookbus.skills.lifecycle import WRITABLE, Lifecycle
 from hookbus.skills.model_settings import ModelSettings
 
 
@@ -63,7 +64,7 @@ class HookData(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    lifecycle: str
+    lifecycle: Lifecycle
     # on_connection, before_llm_call, on_message, finalize_connection
     messages: list[dict[str, Any]] | None = None
     stream: bool | None = None
@@ -87,6 +88,10 @@ class HookData(BaseModel):
     tool_result: str | None = None
     # finalize_connection
     error: ErrorField = None
+    # on_compaction: what the compaction did; True when no request is running (ctx then
+    # holds no request's auth, session or state)
+    compaction: Compaction | None = None
+    between_turns: bool | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         writable = WRITABLE.get(self.lifecycle)

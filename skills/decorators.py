@@ -17,10 +17,11 @@ from typing import Any, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
-from hookbus.skills.lifecycle import check_lifecycle
+from hookbus.skills.lifecycle import NOTIFICATIONS, Lifecycle, check_lifecycle
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+DEFAULT_PRIORITY = 50
 HOOK_ATTR = "__hookbus_hook__"
 TOOL_ATTR = "__hookbus_tool__"
 
@@ -34,15 +35,16 @@ class DeclaredTool:
 
 
 def hook(
-    lifecycle: str,
-    priority: int = 50,
+    lifecycle: Lifecycle | str,
+    priority: int = DEFAULT_PRIORITY,
     *,
     scope: str = "all",
     timeout: float | None = None,
     critical: bool = False,
     guard: bool = False,
 ) -> Callable[[F], F]:
-    """Register a method as a hook on `lifecycle`; lower `priority` runs first.
+    """Register a method as a hook on `lifecycle` (a `Lifecycle`, or its name: "on_chunk");
+    lower `priority` runs first.
 
     `scope` other than "all" runs only for callers holding that scope; `timeout`
     (seconds) counts as a failure when exceeded; `critical=True` turns a plain
@@ -53,13 +55,13 @@ def hook(
     (finalize_connection still runs). A `before_toolcall` hook needs no flag: one that
     cannot run always blocks its tool call.
     """
-    check_lifecycle(lifecycle)
+    point = check_lifecycle(lifecycle)
     if timeout is not None and timeout <= 0:
         raise ValueError(f"hook timeout must be positive, got {timeout}")
-    if guard and lifecycle == "finalize_connection":
-        raise ValueError("a finalize_connection hook cannot be a guard: the request is over by then")
+    if guard and point in NOTIFICATIONS:
+        raise ValueError(f"a {point} hook cannot be a guard: it has nothing to let through or refuse")
     descriptor = HookDescriptor(
-        lifecycle=lifecycle, priority=int(priority), scope=scope, timeout=timeout,
+        lifecycle=point, priority=int(priority), scope=scope, timeout=timeout,
         critical=critical, guard=guard,
     )
 

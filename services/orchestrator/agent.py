@@ -50,6 +50,7 @@ from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, Context, HookbusError, HookData, Skill
 from hookbus.skills.context import Metadata, Session
 from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hookbus_error
+from hookbus.skills.lifecycle import NOTIFICATIONS, Lifecycle
 from hookbus.skills.model_settings import ModelSettings, as_model_settings
 from hookbus.skills.runner import ChainResult, run_hooks, stage_goes_on
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
@@ -115,7 +116,7 @@ class Agent:
         self.model_settings = as_model_settings(model_settings) or ModelSettings()
         self.pinned_settings = as_model_settings(pinned_settings) or ModelSettings()
         self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
-        self._compactor = Compactor(self.llm, self.model, self.skills, compaction_policy)
+        self._compactor = Compactor(self.llm, self.model, self._on_compaction, compaction_policy)
         self._chunk_batch = chunk_batch
         self.max_tool_rounds = max_tool_rounds
         self.runtime: Runtime = runtime or LocalRuntime()
@@ -256,14 +257,14 @@ class Agent:
 
         `messages` is never changed; keep `outcome.messages` when `outcome.stage != "none"`.
         """
-        return await self._compactor.between_turns(messages, tokens_of_next_message, self.runtime)
+        return await self._compactor.between_turns(messages, tokens_of_next_message)
 
     async def compact(
         self, messages: Sequence[Mapping[str, Any]], focus: str | None = None
     ) -> Compaction:
         """Compact now, whatever the size: everything before the latest exchange becomes one
         summary, steered by `focus`. `messages` is never changed."""
-        return await self._compactor.now(messages, focus, self.runtime)
+        return await self._compactor.now(messages, focus)
 
     def plan(self) -> HookPlan:
         """The merged hook order; rebuilt only when the runtime's remote set changed."""
@@ -379,7 +380,7 @@ class Agent:
 
     async def _on_connection(self, state: RunState) -> None:
         data = HookData.model_construct(
-            lifecycle="on_connection", messages=state.conversation, stream=state.stream
+            lifecycle=Lifecycle.ON_CONNECTION, messages=state.conversation, stream=state.stream
         )
         data = await self._stage(state, data)
         state.conversation = list(data.messages or [])
@@ -398,14 +399,14 @@ class Agent:
         if iteration > 0 and settings.forces_tool:
             settings.tool_choice = "auto"  # forcing every round would loop to the round cap
         data = HookData.model_construct(
-            lifecycle="before_llm_call", messages=messages, tools=tools, iteration=iteration,
+            lifecycle=Lifecycle.BEFORE_LLM_CALL, messages=messages, tools=tools, iteration=iteration,
             model_settings=settings,
         )
         data = await self._stage(state, data, f"before_llm_call#{iteration}")
         settings = data.model_settings or ModelSettings()
         messages = list(data.messages or [])
         if self._compactor.past_hard(messages):  # the in-run safety stop
-            outcome = await self._compactor.in_run(messages, state.ctx, self.runtime)
+            outcome = await self._compactor.in_run(messages, state.ctx)
             if outcome is not None:
                 messages = _adopt(state, outcome, final_round)
         return messages, data.tools or None, settings
@@ -438,9 +439,7 @@ class Agent:
                 if retried or state.chunks_seen != chunks_before:
                     raise
                 retried = True
-                outcome = await self._compactor.after_refusal(
-                    messages, refusal, state.ctx, self.runtime
-                )
+                outcome = await self._compactor.after_refusal(messages, refusal, state.ctx)
                 if outcome is None:
                     raise
                 messages = _adopt(state, outcome, final_round)
@@ -463,7 +462,7 @@ class Agent:
         self, state: RunState, chunk: ChatCompletionChunk, content: str, index: int, full: str
     ) -> ChatCompletionChunk | None:
         data = HookData.model_construct(
-            lifecycle="on_chunk", chunk=chunk, content=content, chunk_index=index, full_content=full
+            lifecycle=Lifecycle.ON_CHUNK, chunk=chunk, content=content, chunk_index=index, full_content=full
         )
         data = await self._stage(state, data, f"on_chunk#{index}")
         return _visible_chunk(data, content)
@@ -472,12 +471,12 @@ class Agent:
         self, state: RunState, chunks: Sequence[ChunkIn]
     ) -> tuple[list[ChatCompletionChunk | None], HookbusError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
-        (segment,) = state.plan.segments("on_chunk", state.ctx.auth.scopes)
-        with tracing.stage_span("on_chunk", f"on_chunk#{chunks[0].index}"):
+        (segment,) = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
+        with tracing.stage_span(Lifecycle.ON_CHUNK, f"on_chunk#{chunks[0].index}"):
             started = time.perf_counter()
             result = await self.runtime.hop_chunks(segment, chunks, state.ctx)
             self.runtime.record_stage(
-                state.completion_id, "on_chunk", segment.group, result.outcomes,
+                state.completion_id, Lifecycle.ON_CHUNK, segment.group, result.outcomes,
                 (time.perf_counter() - started) * 1000,
             )
         shown = result.data[:-1] if result.abort is not None else result.data
@@ -490,7 +489,7 @@ class Agent:
         assert response is not None
         state.usage = add_usage(state.usage, response.usage)
         data = HookData.model_construct(
-            lifecycle="after_llm_call", response=response, usage=response.usage, iteration=iteration
+            lifecycle=Lifecycle.AFTER_LLM_CALL, response=response, usage=response.usage, iteration=iteration
         )
         data = await self._stage(state, data, f"after_llm_call#{iteration}")
         state.last_response = data.response or response
@@ -535,7 +534,7 @@ class Agent:
         self, state: RunState, tool_call: dict[str, Any], tool_id: str, *, client: bool
     ) -> HookData:
         before = HookData.model_construct(
-            lifecycle="before_toolcall", tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
+            lifecycle=Lifecycle.BEFORE_TOOLCALL, tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
             tool_skipped=False, client_tool=client,
         )
         return await self._stage(state, before, f"before_toolcall#{tool_id}")
@@ -554,7 +553,7 @@ class Agent:
 
     async def _after_toolcall(self, state: RunState, before: HookData, tool_id: str, result: str) -> None:
         after = HookData.model_construct(
-            lifecycle="after_toolcall", tool_call=before.tool_call, tool_id=tool_id,
+            lifecycle=Lifecycle.AFTER_TOOLCALL, tool_call=before.tool_call, tool_id=tool_id,
             tool_result=result, tool_skipped=before.tool_skipped, client_tool=before.client_tool,
         )
         after = await self._stage(state, after, f"after_toolcall#{tool_id}")
@@ -592,7 +591,7 @@ class Agent:
         return await self.runtime.call_tool(tool, arguments, state.ctx)
 
     async def _on_message(self, state: RunState) -> None:
-        data = HookData.model_construct(lifecycle="on_message", messages=state.conversation)
+        data = HookData.model_construct(lifecycle=Lifecycle.ON_MESSAGE, messages=state.conversation)
         data = await self._stage(state, data)
         state.conversation = list(data.messages or [])
         state.result = self._final_completion(state)
@@ -614,7 +613,7 @@ class Agent:
             log.warning("finalize_skipped_lost_request", completion_id=state.completion_id)
             return
         data = HookData.model_construct(
-            lifecycle="finalize_connection",
+            lifecycle=Lifecycle.FINALIZE_CONNECTION,
             messages=state.conversation,
             usage=state.usage,
             error=state.error,
@@ -654,12 +653,34 @@ class Agent:
 
     # ---------------------------------------------------------------- machinery
 
+    async def _on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
+        """The on_compaction stage, run like any other (hooks in-process and in worker groups
+        in one priority order, the runner's rules; at a notification point a failure is
+        recorded, never raised). Between turns (`ctx` None) the hooks get a context of no
+        request, named after the compaction."""
+        between_turns = ctx is None
+        if ctx is None:
+            ctx = Context(metadata=Metadata(
+                completion_id=f"compaction-{outcome.id}", model=self.model, agent_name=self.name
+            ))
+        data = HookData.model_construct(
+            lifecycle=Lifecycle.ON_COMPACTION, compaction=outcome, between_turns=between_turns
+        )
+        try:
+            await self._run_stage(self.plan(), ctx, data, f"{Lifecycle.ON_COMPACTION}:{outcome.id}")
+        except Exception:  # noqa: BLE001 - telling hooks never breaks the run or the caller
+            log.exception("on_compaction_failed", completion_id=ctx.completion_id)
+
     async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
+        """Run every hook of data.lifecycle for the request of `state` (see `_run_stage`)."""
+        return await self._run_stage(state.plan, state.ctx, data, stage_key)
+
+    async def _run_stage(self, plan: HookPlan, ctx: Context, data: HookData, stage_key: str = "") -> HookData:
         """Run every hook of data.lifecycle in order, segment by segment; consecutive
         remote segments through the runtime's `hop_segments`, so that a worker can send the
         stage on to the next group itself (hookbus.bus.hops.send_on)."""
         lifecycle = data.lifecycle
-        segments = state.plan.segments(lifecycle, state.ctx.auth.scopes)
+        segments = plan.segments(lifecycle, ctx.auth.scopes)
         if not segments:
             return data
         key = stage_key or lifecycle
@@ -669,11 +690,11 @@ class Agent:
                 batch = tuple(run)
                 started = time.perf_counter()
                 if len(batch) > 1:
-                    async with contextlib.aclosing(self.runtime.hop_segments(batch, data, state.ctx, key)) as results:
+                    async with contextlib.aclosing(self.runtime.hop_segments(batch, data, ctx, key)) as results:
                         position = 0
                         async for result in results:
                             data = result.data
-                            if not self._goes_on(state, batch[position], result, started):
+                            if not self._goes_on(ctx, batch[position], result, started):
                                 return data
                             position += 1
                             started = time.perf_counter()
@@ -681,25 +702,25 @@ class Agent:
                 segment = batch[0]
                 if segment.group is None:
                     result = await run_hooks(
-                        segment.local_hooks(), data, state.ctx, stage_key=key, observe=tracing.hook_observer()
+                        segment.local_hooks(), data, ctx, stage_key=key, observe=tracing.hook_observer()
                     )
                 else:  # nothing to send on to: a plain hop, without the generator
-                    result = await self.runtime.hop(segment, data, state.ctx, key)
+                    result = await self.runtime.hop(segment, data, ctx, key)
                 data = result.data
-                if not self._goes_on(state, segment, result, started):
+                if not self._goes_on(ctx, segment, result, started):
                     return data
         return data
 
-    def _goes_on(self, state: RunState, segment: Segment, result: ChainResult, started: float) -> bool:
+    def _goes_on(self, ctx: Context, segment: Segment, result: ChainResult, started: float) -> bool:
         """Record a segment's outcomes; whether the stage goes on after it (raises the
         abort that ends the run)."""
         lifecycle = result.data.lifecycle
         self.runtime.record_stage(
-            state.completion_id, lifecycle, segment.group, result.outcomes, (time.perf_counter() - started) * 1000
+            ctx.completion_id, lifecycle, segment.group, result.outcomes, (time.perf_counter() - started) * 1000
         )
         if stage_goes_on(lifecycle, result.abort is not None, result.blocked):
             return True
-        if result.abort is not None and lifecycle != "finalize_connection":
+        if result.abort is not None and lifecycle not in NOTIFICATIONS:
             raise result.abort
         return False
 

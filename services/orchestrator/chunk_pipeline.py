@@ -25,6 +25,7 @@ from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.assemble import ChunkAssembler
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.skills import HookbusError
+from hookbus.skills.lifecycle import Lifecycle
 
 OnChunk = Callable[[RunState, ChatCompletionChunk, str, int, str], Awaitable[ChatCompletionChunk | None]]
 """Runs one chunk through the on_chunk stage: (state, chunk, content, index, full_content)."""
@@ -47,7 +48,7 @@ async def stream_chunks(
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
     """The chunks of `source` (one LLM stream) as the client sees them; sets
     `state.last_response` to the assembled completion at the end."""
-    segments = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+    segments = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
     if batch > 1 and len(segments) == 1 and segments[0].group is not None:
         chunks = _batched(state, source, model, on_chunks, batch)
     else:

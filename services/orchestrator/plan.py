@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from hookbus.skills import LIFECYCLES
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.skill import BoundHook, BoundTool
 
 
@@ -73,9 +73,9 @@ class PlannedTool:
 class HookPlan:
     """Ordered hooks per lifecycle and the tool catalogue; segment lists are cached per scope set."""
 
-    by_lifecycle: dict[str, tuple[PlannedHook, ...]]
+    by_lifecycle: dict[Lifecycle, tuple[PlannedHook, ...]]
     tools: dict[str, PlannedTool]
-    _segments: dict[tuple[str, tuple[str, ...]], tuple[Segment, ...]] = field(default_factory=dict)
+    _segments: dict[tuple[Lifecycle, tuple[str, ...]], tuple[Segment, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -94,14 +94,14 @@ class HookPlan:
             ranked.append(((remote.descriptor.priority, 1, index), remote))
         ranked.sort(key=lambda item: item[0])
         by_lifecycle = {
-            name: tuple(p for _, p in ranked if p.descriptor.lifecycle == name) for name in LIFECYCLES
+            point: tuple(p for _, p in ranked if p.descriptor.lifecycle == point) for point in Lifecycle
         }
         tools = {tool.name: tool for tool in remote_tools}
         for bound_tool in local_tools:  # in-process tools win a name clash
             tools[bound_tool.descriptor.name] = PlannedTool(bound_tool.descriptor, None, bound_tool)
         return cls(by_lifecycle, tools)
 
-    def segments(self, lifecycle: str, scopes: Sequence[str]) -> tuple[Segment, ...]:
+    def segments(self, lifecycle: Lifecycle, scopes: Sequence[str]) -> tuple[Segment, ...]:
         key = (lifecycle, tuple(scopes))
         cached = self._segments.get(key)
         if cached is None:

@@ -48,6 +48,7 @@ from hookbus.bus.groups.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
 from hookbus.bus.wire.envelopes import RequestEnvelope
+from hookbus.services.orchestrator.run_mode import RunMode
 from hookbus.services.orchestrator.run_table import Running, RunTable
 from hookbus.skills import DuplicateCompletionId, HookbusError, OrchestratorLost, ServiceError
 
@@ -81,7 +82,7 @@ class RecoveryHost(Protocol):
         self,
         run: Running,
         request: RequestEnvelope,
-        mode: str,
+        mode: RunMode,
         *,
         first_seq: int = 0,
         error: HookbusError | None = None,
@@ -162,10 +163,10 @@ class Recovery:
                 return
             if outcome.outcome == "fresh":
                 log.info("request_resumed", completion_id=cid, previous_owner=entry.previous_owner)
-                if await service.execute(run, request, "run"):
+                if await service.execute(run, request, RunMode.RUN):
                     self.resumed += 1
                 return
-            mode = "end" if outcome.finalized else "recover"
+            mode = RunMode.END if outcome.finalized else RunMode.RECOVER
             log.warning(
                 "request_recovering", completion_id=cid, previous_owner=entry.previous_owner,
                 stage=outcome.stage, epoch=outcome.epoch, mode=mode,
@@ -191,7 +192,7 @@ class Recovery:
             )
             await pipe.execute()
         log.error("request_given_up", completion_id=request.completion_id, attempt=entry.attempt)
-        await service.execute(run, request, "end", first_seq=-1, error=error)
+        await service.execute(run, request, RunMode.END, first_seq=-1, error=error)
 
     # ------------------------------------------------------ heartbeat, leases
 

@@ -18,7 +18,7 @@ import structlog
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookbusError, HookData
-from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import ChainResult, HookOutcome
 
@@ -77,16 +77,13 @@ class Runtime(Protocol):
     def record_stage(
         self,
         completion_id: str,
-        lifecycle: str,
+        lifecycle: Lifecycle,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
-        """A monitor record for one segment of one stage (or one round of on_compaction)."""
+        """A monitor record for one segment of one stage."""
 
-    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
-        """Call `on_compaction(outcome, ctx)` of the skills hosted remotely, recording each
-        group's outcomes with `record_stage`. Failures are logged, never raised."""
 
 
 class LocalRuntime:
@@ -134,13 +131,10 @@ class LocalRuntime:
     async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
         return [copy.deepcopy(self._held.get(key)) for key in keys]
 
-    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
-        """No worker groups in-process: the agent calls its own skills directly."""
-
     def record_stage(
         self,
         completion_id: str,
-        lifecycle: str,
+        lifecycle: Lifecycle,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,

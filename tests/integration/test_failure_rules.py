@@ -10,9 +10,8 @@ import time
 import pytest
 
 from hookbus import Agent, CompactionPolicy, HookError
-from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE
 from hookbus.services.cli.monitor import recent_events
-from hookbus.skills import Context, HookData, Skill, hook, tool
+from hookbus.skills import Context, HookData, Lifecycle, Skill, hook, tool
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
 
@@ -153,7 +152,7 @@ async def test_an_on_compaction_failure_is_recorded_alike_in_process_and_in_a_gr
         async def records():
             found = [
                 e for e in await recent_events(client.redis, client.keys)
-                if e.kind == "stage" and e.lifecycle == COMPACTION_LIFECYCLE
+                if e.kind == "stage" and e.lifecycle == Lifecycle.ON_COMPACTION
                 and e.completion_id == f"compaction-{outcome.id}"
             ]
             return found if len(found) >= 2 else None
