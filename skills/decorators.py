@@ -116,7 +116,7 @@ def declare_tool(
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
     tool_name = name or fn.__name__
-    arguments = create_model(  # type: ignore[call-overload]
+    arguments = create_model(
         f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
     )
     parameters = arguments.model_json_schema()

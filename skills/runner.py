@@ -237,7 +237,8 @@ def copy_state(state: dict[str, Any]) -> dict[str, Any]:
     if not state:
         return {}
     try:
-        return _copy_container(state, set())  # type: ignore[no-any-return]
+        copied: dict[str, Any] = _copy_container(state, set())
+        return copied
     except _NotPlain:
         return copy.deepcopy(state)
 

@@ -141,7 +141,7 @@ def _exporter(settings: TracingSettings) -> Any:
         return ConsoleSpanExporter()
     if settings.protocol == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                 OTLPSpanExporter as GrpcExporter,
             )
         except ImportError:

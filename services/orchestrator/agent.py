@@ -281,7 +281,15 @@ class Agent:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _stream(self, messages, auth, session_id, completion_id, metadata, options):  # type: ignore[no-untyped-def]
+    async def _stream(
+        self,
+        messages: Sequence[dict[str, Any]] | str,
+        auth: AuthInfo | dict[str, Any] | None,
+        session_id: str | None,
+        completion_id: str | None,
+        metadata: dict[str, Any] | None,
+        options: tuple[Any, ...],
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=True)
         self._request_options(state, *options)
         async with contextlib.aclosing(self._lifecycle(state)) as chunks:
@@ -728,7 +736,7 @@ class Agent:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         conversation = [
-            copy.deepcopy(m if isinstance(m, dict) else m.model_dump(exclude_none=True))  # type: ignore[attr-defined]
+            copy.deepcopy(m if isinstance(m, dict) else m.model_dump(exclude_none=True))
             for m in messages
         ]
         if self.instructions:

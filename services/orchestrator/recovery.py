@@ -233,7 +233,7 @@ class Recovery:
         self.trimmed += removed
         gone = await client.zrangebyscore(keys.orchestrators, "-inf", time.time() - forget_after)
         if gone:
-            await client.delete(*(keys.replies(text(g)) for g in gone))  # type: ignore[arg-type]
+            await client.delete(*(keys.replies(text(g)) for g in gone))
         for stream in keys.request_streams:
             await prune_consumers(
                 client, stream, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after
