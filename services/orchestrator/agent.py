@@ -23,9 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from itertools import groupby
 from typing import Any
 
@@ -181,7 +190,7 @@ class Agent:
         these as SSE comments). The other options are `run`'s.
         """
         return self._stream(
-            messages, auth, session_id, completion_id, metadata,
+            functools.partial(self._begin, messages, auth, session_id, completion_id, metadata, stream=True),
             (tools, model_settings, deadline, on_progress),
         )
 
@@ -282,15 +291,10 @@ class Agent:
     # ------------------------------------------------------------------ lifecycle
 
     async def _stream(
-        self,
-        messages: Sequence[dict[str, Any]] | str,
-        auth: AuthInfo | dict[str, Any] | None,
-        session_id: str | None,
-        completion_id: str | None,
-        metadata: dict[str, Any] | None,
-        options: tuple[Any, ...],
+        self, begin: Callable[[], Awaitable[RunState]], options: tuple[Any, ...]
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
-        state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=True)
+        """The request `begin` starts, streamed; begun only when the caller first reads."""
+        state = await begin()
         self._request_options(state, *options)
         async with contextlib.aclosing(self._lifecycle(state)) as chunks:
             async for chunk in chunks:
