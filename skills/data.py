@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from hookbus.skills.compaction_outcome import Compaction
 from hookbus.skills.errors import HookbusError
@@ -30,6 +30,10 @@ def _load_error(value: Any) -> HookbusError | None:
 
 def _dump_error(value: HookbusError | None) -> dict[str, Any] | None:
     return None if value is None else value.to_dict()
+
+
+def _unset(value: object) -> bool:
+    return value is None
 
 
 ERROR_JSON_SCHEMA: dict[str, Any] = {
@@ -89,9 +93,10 @@ class HookData(BaseModel):
     # finalize_connection
     error: ErrorField = None
     # on_compaction: what the compaction did; True when no request is running (ctx then
-    # holds no request's auth, session or state)
-    compaction: Compaction | None = None
-    between_turns: bool | None = None
+    # holds no request's auth, session or state). Left out of the JSON when unset, so the
+    # other points' data is on the wire as before on_compaction became a stage.
+    compaction: Compaction | None = Field(default=None, exclude_if=_unset)
+    between_turns: bool | None = Field(default=None, exclude_if=_unset)
 
     def __setattr__(self, name: str, value: Any) -> None:
         writable = WRITABLE.get(self.lifecycle)
