@@ -57,9 +57,12 @@ $(LLAMA_VENV)/.installed:
 check-real-model: venv $(LLAMA_VENV)/.installed
 	$(BIN)/python -m tests.real_model.check_real_model --llama-python $(LLAMA_VENV)/bin/python
 
+# mypy twice: every module by pyproject.toml's settings, then the SDK (skills) and the
+# transport (bus) strictly; both refuse an unused `type: ignore`.
 lint: venv
 	$(BIN)/ruff check hookbus/__init__.py bus skills services tests
 	$(BIN)/mypy
+	$(BIN)/mypy --strict -p hookbus.skills -p hookbus.bus
 
 # The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or a missing page fails.
 docs: venv

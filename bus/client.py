@@ -5,9 +5,10 @@
             print(chunk.choices[0].delta.content or "", end="")
         completion = await client.complete("hello")   # openai ChatCompletion
 
-A structured error (for example a 402 from a payment hook) is raised as
-`skills.HookError` with its status, code and message; a request that outlives its
-deadline raises a 504 HookError instead of hanging.
+A structured error is raised as the `HookbusError` subclass it was, with its status, code
+and message: a hook's verdict (a 402 from a payment hook) as a `HookError`, anything else (a
+Redis outage, an upstream failure) as a `ServiceError`; a request that outlives its deadline
+raises a 504 `DeadlineExceeded` instead of hanging.
 
 Through a Redis outage the client keeps trying until the request's deadline: sending
 retries with backoff (then a 503 `bus_unavailable`), reading reconnects. A response stream
@@ -63,9 +64,10 @@ from hookbus.skills import (
     AuthInfo,
     BusUnavailable,
     DeadlineExceeded,
-    HookError,
+    HookbusError,
     ModelSettings,
     RedisOutOfMemory,
+    ServiceError,
 )
 from hookbus.skills.model_settings import as_model_settings
 
@@ -160,11 +162,11 @@ class HookbusClient:
                 trace=tracecontext.outgoing(),
             )
         except ValidationError as exc:
-            raise HookError(400, "invalid_request", f"invalid request: {exc}") from exc
+            raise ServiceError(400, "invalid_request", f"invalid request: {exc}") from exc
         fields = encode(request)
         size = len(fields[b"e"])
         if size > self.max_request_bytes:
-            raise HookError(
+            raise ServiceError(
                 413, "request_too_large",
                 f"request is {size} bytes; the limit is {self.max_request_bytes} bytes",
             )
@@ -270,9 +272,9 @@ class HookbusClient:
                 return ChatCompletion.model_validate(item.completion)
             if item.kind == "error":
                 raise _error(item)
-        raise HookError(502, "bad_response", "the response stream ended without a completion")
+        raise ServiceError(502, "bad_response", "the response stream ended without a completion")
 
 
-def _error(item: ResponseItem) -> HookError:
+def _error(item: ResponseItem) -> HookbusError:
     error = item.error or {"status_code": 500, "code": "unknown", "message": json.dumps(item.model_dump())}
-    return HookError.from_dict(error)
+    return HookbusError.from_dict(error)

@@ -24,7 +24,7 @@ from typing import Any
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
-from hookbus.skills import HookError
+from hookbus.skills import ServiceError
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """The largest request body (gateway) and request envelope payload (bus), in bytes."""
@@ -68,7 +68,7 @@ class RequestLimits(BaseModel):
         )
 
 
-class LimitExceeded(HookError):
+class LimitExceeded(ServiceError):
     """A request over one of its limits; `param` names the field, as OpenAI's errors do."""
 
     def __init__(self, status_code: int, code: str, message: str, *, param: str | None = None) -> None:
@@ -76,7 +76,7 @@ class LimitExceeded(HookError):
         self.param = param
 
 
-class InvalidJSON(HookError):
+class InvalidJSON(ServiceError):
     def __init__(self, message: str) -> None:
         super().__init__(400, "invalid_json", message)
         self.param: str | None = None

@@ -12,6 +12,10 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+OFFLINE_MODEL = "offline"
+"""The model name that asks for the built-in offline stand-in model on purpose
+(`HOOKBUS_MODEL=offline`); the orchestrator service needs it or an endpoint to start."""
+
 
 class Settings(BaseSettings):
     """Process settings; every field maps to the upper-case environment variable of its alias."""
@@ -37,7 +41,11 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(
         default=None,
         alias="OPENAI_BASE_URL",
-        description="OpenAI-compatible endpoint; unset means the built-in offline model.",
+        description=(
+            "OpenAI-compatible endpoint. Unset: an Agent used in-process falls back to the "
+            "built-in offline model; `hookbus orchestrator` refuses to start unless "
+            "HOOKBUS_MODEL=offline."
+        ),
     )
     openai_api_key: str | None = Field(default=None, alias="OPENAI_API_KEY")
     model: str | None = Field(default=None, alias="HOOKBUS_MODEL", description="Model name.")

@@ -4,6 +4,9 @@ The public API, one import away:
 
     from hookbus import Skill, hook, tool, HookData, Context, HookError, Agent, HookbusClient
 
+`HookError` is a hook's verdict; `ServiceError` what went wrong around the hooks (the bus,
+the LLM endpoint, a cancellation); `HookbusError` is the base of both.
+
 Everything else lives in the subpackages: `hookbus.skills` (the SDK and the built-in
 skills), `hookbus.bus` (everything that touches Redis) and `hookbus.services` (the
 orchestrator, the workers, the gateway and the `hookbus` command line).
@@ -25,9 +28,11 @@ if TYPE_CHECKING:
     from hookbus.skills import (
         AuthInfo,
         Context,
+        HookbusError,
         HookData,
         HookError,
         PaymentRequired,
+        ServiceError,
         Skill,
         hook,
         tool,
@@ -42,6 +47,8 @@ _HOME = {
     "Context": "hookbus.skills",
     "HookData": "hookbus.skills",
     "HookError": "hookbus.skills",
+    "HookbusError": "hookbus.skills",
+    "ServiceError": "hookbus.skills",
     "HookbusClient": "hookbus.bus.client",
     "PaymentRequired": "hookbus.skills",
     "Skill": "hookbus.skills",
@@ -58,7 +65,9 @@ __all__ = [
     "HookData",
     "HookError",
     "HookbusClient",
+    "HookbusError",
     "PaymentRequired",
+    "ServiceError",
     "Skill",
     "hook",
     "tool",

@@ -12,32 +12,37 @@ from typing import Annotated, Any
 
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
-from hookbus.skills.errors import HookError
-from hookbus.skills.lifecycle import WRITABLE
+from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills.errors import HookbusError
+from hookbus.skills.lifecycle import WRITABLE, Lifecycle
 from hookbus.skills.model_settings import ModelSettings
 
 
-def _load_error(value: Any) -> HookError | None:
-    if value is None or isinstance(value, HookError):
+def _load_error(value: Any) -> HookbusError | None:
+    if value is None or isinstance(value, HookbusError):
         return value
     if isinstance(value, dict):
-        return HookError.from_dict(value)
-    raise TypeError(f"error must be a HookError or its dict form, not {type(value).__name__}")
+        return HookbusError.from_dict(value)
+    raise TypeError(f"error must be a HookbusError or its dict form, not {type(value).__name__}")
 
 
-def _dump_error(value: HookError | None) -> dict[str, Any] | None:
+def _dump_error(value: HookbusError | None) -> dict[str, Any] | None:
     return None if value is None else value.to_dict()
+
+
+def _unset(value: object) -> bool:
+    return value is None
 
 
 ERROR_JSON_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {
             "type": "object",
-            "description": "A HookError as it travels: `HookError.to_dict()`.",
+            "description": "A HookbusError as it travels: `HookbusError.to_dict()`.",
             "properties": {
-                "type": {"type": "string", "description": "hookbus's error class, e.g. HookError, PaymentRequired."},
+                "type": {"type": "string", "description": "hookbus's error class, e.g. HookError, PaymentRequired, Cancelled."},
                 "status_code": {"type": "integer"},
                 "code": {"type": "string"},
                 "message": {"type": "string"},
@@ -51,7 +56,7 @@ ERROR_JSON_SCHEMA: dict[str, Any] = {
 }
 
 ErrorField = Annotated[
-    HookError | None,
+    HookbusError | None,
     BeforeValidator(_load_error),
     PlainSerializer(_dump_error),
     WithJsonSchema(ERROR_JSON_SCHEMA),
@@ -63,7 +68,7 @@ class HookData(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    lifecycle: str
+    lifecycle: Lifecycle
     # on_connection, before_llm_call, on_message, finalize_connection
     messages: list[dict[str, Any]] | None = None
     stream: bool | None = None
@@ -87,6 +92,11 @@ class HookData(BaseModel):
     tool_result: str | None = None
     # finalize_connection
     error: ErrorField = None
+    # on_compaction: what the compaction did; True when no request is running (ctx then
+    # holds no request's auth, session or state). Left out of the JSON when unset, so the
+    # other points' data is on the wire as before on_compaction became a stage.
+    compaction: Compaction | None = Field(default=None, exclude_if=_unset)
+    between_turns: bool | None = Field(default=None, exclude_if=_unset)
 
     def __setattr__(self, name: str, value: Any) -> None:
         writable = WRITABLE.get(self.lifecycle)

@@ -17,10 +17,11 @@ from typing import Any, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
-from hookbus.skills.lifecycle import check_lifecycle
+from hookbus.skills.lifecycle import NOTIFICATIONS, Lifecycle, check_lifecycle
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+DEFAULT_PRIORITY = 50
 HOOK_ATTR = "__hookbus_hook__"
 TOOL_ATTR = "__hookbus_tool__"
 
@@ -34,8 +35,8 @@ class DeclaredTool:
 
 
 def hook(
-    lifecycle: str,
-    priority: int = 50,
+    lifecycle: Lifecycle | str,
+    priority: int = DEFAULT_PRIORITY,
     *,
     scope: str = "all",
     timeout: float | None = None,
@@ -44,7 +45,8 @@ def hook(
     observe: bool = False,
     hold_back: int = 0,
 ) -> Callable[[F], F]:
-    """Register a method as a hook on `lifecycle`; lower `priority` runs first.
+    """Register a method as a hook on `lifecycle` (a `Lifecycle`, or its name: "on_chunk");
+    lower `priority` runs first.
 
     `scope` other than "all" runs only for callers holding that scope; `timeout`
     (seconds) counts as a failure when exceeded; `critical=True` turns a plain
@@ -62,14 +64,14 @@ def hook(
     the model's text back from the client until this hook judged the text after them,
     so a HookError it raises stops text the client never received.
     """
-    check_lifecycle(lifecycle)
-    _check_kind(lifecycle, observe=observe, guard=guard, critical=critical, hold_back=hold_back)
+    point = check_lifecycle(lifecycle)
+    _check_kind(point, observe=observe, guard=guard, critical=critical, hold_back=hold_back)
     if timeout is not None and timeout <= 0:
         raise ValueError(f"hook timeout must be positive, got {timeout}")
-    if guard and lifecycle == "finalize_connection":
-        raise ValueError("a finalize_connection hook cannot be a guard: the request is over by then")
+    if guard and point in NOTIFICATIONS:
+        raise ValueError(f"a {point} hook cannot be a guard: it has nothing to let through or refuse")
     descriptor = HookDescriptor(
-        lifecycle=lifecycle, priority=int(priority), scope=scope, timeout=timeout,
+        lifecycle=point, priority=int(priority), scope=scope, timeout=timeout,
         critical=critical, guard=guard, observe=observe, hold_back=int(hold_back),
     )
 
@@ -137,7 +139,7 @@ def declare_tool(
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
     tool_name = name or fn.__name__
-    arguments = create_model(  # type: ignore[call-overload]
+    arguments = create_model(
         f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
     )
     parameters = arguments.model_json_schema()

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hookbus.skills.lifecycle import Lifecycle
+
 
 class HookDescriptor(BaseModel):
     """One hook: which skill method, on which lifecycle, and how it is run.
@@ -22,7 +24,7 @@ class HookDescriptor(BaseModel):
 
     skill: str = ""
     method: str = ""
-    lifecycle: str
+    lifecycle: Lifecycle
     priority: int
     scope: str = "all"
     timeout: float | None = None

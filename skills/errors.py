@@ -1,10 +1,20 @@
-"""hookbus's errors: one hierarchy under `HookError`, the structured error with an HTTP-style
-status that aborts a request.
+"""hookbus's errors: the structured error with an HTTP-style status that ends a request, in
+two branches under `HookbusError`:
 
-A hook raises `HookError` (or `PaymentRequired`) itself; hookbus raises the subclasses
-below for what goes wrong around the hooks. Each error's class travels with it over the bus
-(`to_dict()["type"]`), so a client or a worker gets the same subclass back from
-`HookError.from_dict` (an unknown or missing type rebuilds as a plain `HookError`).
+- `HookError` (and `PaymentRequired`, `GuardUnavailable`): a hook's verdict. A hook raises
+  it to abort the run; the runner raises it on a hook's behalf (a critical hook that failed,
+  a guard that could not answer).
+- `ServiceError` (`Cancelled`, `DeadlineExceeded`, `BusUnavailable`, `UpstreamError`, ...):
+  what went wrong around the hooks, raised by hookbus itself, never by a hook.
+
+So `except HookError` in a skill catches hook errors only: a bus outage or a cancellation
+reaching a hook's own code (a hook that sends a request through `HookbusClient`, say) is not
+taken for another hook's verdict. `except HookbusError` catches both; the client sees the
+same status, code and body either way.
+
+Each error's class travels with it over the bus (`to_dict()["type"]`), so a client or a
+worker gets the same subclass back from `HookbusError.from_dict` (an unknown or missing type
+rebuilds as a plain `HookError`, or `PaymentRequired` for a 402).
 """
 
 from __future__ import annotations
@@ -12,10 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 
-class HookError(Exception):
-    """Aborts the run: the client gets `status_code` and an OpenAI-style error body.
+class HookbusError(Exception):
+    """Ends the run: the client gets `status_code` and an OpenAI-style error body.
 
-    `finalize_connection` still runs, with `data.error` set to this error.
+    `finalize_connection` still runs, with `data.error` set to this error. Raise one of its
+    two branches, never this class itself: `HookError` from a hook, `ServiceError` from
+    hookbus's own code.
     """
 
     def __init__(
@@ -42,13 +54,13 @@ class HookError(Exception):
         }
 
     @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> HookError:
+    def from_dict(cls, value: dict[str, Any]) -> HookbusError:
         """The error `to_dict` described, as its own class when it is one of hookbus's."""
         kind = _KINDS.get(str(value.get("type")))
         if kind is None:
             kind = PaymentRequired if value.get("status_code") == 402 else HookError
         error = Exception.__new__(kind)
-        HookError.__init__(
+        HookbusError.__init__(
             error,
             int(value["status_code"]),
             str(value.get("code", "error")),
@@ -74,13 +86,26 @@ class HookError(Exception):
 
     def __eq__(self, other: object) -> bool:
         """Same status, code, message and details (whatever the class that carries them)."""
-        if not isinstance(other, HookError):
+        if not isinstance(other, HookbusError):
             return False
         mine, theirs = self.to_dict(), other.to_dict()
         del mine["type"], theirs["type"]
         return mine == theirs
 
     __hash__ = Exception.__hash__
+
+
+class HookError(HookbusError):
+    """A hook's verdict: raised by a hook, it aborts the run (in `finalize_connection` it is
+    logged and the other hooks still run). What `except HookError` catches: hook errors only,
+    never a failure of hookbus itself (see `ServiceError`)."""
+
+
+class ServiceError(HookbusError):
+    """Something went wrong around the hooks: the client cancelled, the deadline passed, the
+    bus or the LLM endpoint failed, the orchestrator was lost. Raised by hookbus, never by a
+    hook; a hook whose own code meets one (it called a client that lost the bus) has failed
+    like a hook that raised any other exception, it has not aborted the run."""
 
 
 class PaymentRequired(HookError):
@@ -92,28 +117,28 @@ class PaymentRequired(HookError):
         super().__init__(402, "payment_required", message, details)
 
 
-class Cancelled(HookError):
+class Cancelled(ServiceError):
     """499: the client cancelled the request or stopped reading (`code` says which)."""
 
     def __init__(self, message: str = "the request was cancelled", code: str = "cancelled") -> None:
         super().__init__(499, code, message)
 
 
-class DeadlineExceeded(HookError):
+class DeadlineExceeded(ServiceError):
     """504: the request did not finish before its deadline."""
 
     def __init__(self, message: str = "the request did not finish before its deadline") -> None:
         super().__init__(504, "deadline_exceeded", message)
 
 
-class BusUnavailable(HookError):
+class BusUnavailable(ServiceError):
     """503: Redis (the request queue or a response stream) could not be reached."""
 
     def __init__(self, message: str) -> None:
         super().__init__(503, "bus_unavailable", message)
 
 
-class RedisOutOfMemory(HookError):
+class RedisOutOfMemory(ServiceError):
     """503: Redis is at maxmemory (policy noeviction): nothing can be queued."""
 
     def __init__(
@@ -134,7 +159,7 @@ class GuardUnavailable(HookError):
         super().__init__(503, "guard_unavailable", f"the guard {hook_key} could not check this request: {reason}")
 
 
-class OrchestratorLost(HookError):
+class OrchestratorLost(ServiceError):
     """503: the orchestrator running the request stopped; another one finalized it."""
 
     def __init__(
@@ -147,29 +172,29 @@ class OrchestratorLost(HookError):
         super().__init__(503, "orchestrator_lost", message)
 
 
-class DuplicateCompletionId(HookError):
+class DuplicateCompletionId(ServiceError):
     """409: another request already uses this completion id."""
 
     def __init__(self, completion_id: str) -> None:
         super().__init__(409, "duplicate_completion_id", f"completion id {completion_id!r} is already in use")
 
 
-class ContextTooLong(HookError):
+class ContextTooLong(ServiceError):
     """400: the endpoint refused the prompt as longer than the model's context window."""
 
     def __init__(self, message: str) -> None:
         super().__init__(400, "context_length_exceeded", message)
 
 
-class UpstreamError(HookError):
+class UpstreamError(ServiceError):
     """The LLM endpoint failed: it answered an error (502, or 404 for an unknown model, with
     its own code), timed out (504) or could not be reached (502)."""
 
 
-_KINDS: dict[str, type[HookError]] = {
+_KINDS: dict[str, type[HookbusError]] = {
     kind.__name__: kind
     for kind in (
-        HookError, PaymentRequired, Cancelled, DeadlineExceeded, BusUnavailable,
+        HookbusError, HookError, ServiceError, PaymentRequired, Cancelled, DeadlineExceeded, BusUnavailable,
         RedisOutOfMemory, GuardUnavailable,
         OrchestratorLost, DuplicateCompletionId, ContextTooLong, UpstreamError,
     )
@@ -177,7 +202,7 @@ _KINDS: dict[str, type[HookError]] = {
 """The classes an error may come back as from the bus; never a class named by the sender."""
 
 
-def _wire_type(error: HookError) -> str:
+def _wire_type(error: HookbusError) -> str:
     """The nearest of hookbus's own classes (a skill's subclass travels as its hookbus base)."""
     return next(k.__name__ for k in type(error).__mro__ if k.__name__ in _KINDS and _KINDS[k.__name__] is k)
 
@@ -194,9 +219,12 @@ def _error_type(status_code: int) -> str:
     return "server_error"
 
 
-def as_hook_error(exc: BaseException, status_code: int = 500, code: str = "internal_error") -> HookError:
-    """Wrap anything that went wrong as the HookError finalize hooks and clients see."""
-    if isinstance(exc, HookError):
+def as_hookbus_error(
+    exc: BaseException, status_code: int = 500, code: str = "internal_error"
+) -> HookbusError:
+    """Wrap anything that went wrong as the structured error finalize hooks and clients see
+    (a plain exception in hookbus's own code becomes a `ServiceError`)."""
+    if isinstance(exc, HookbusError):
         return exc
     message = str(exc) or type(exc).__name__
-    return HookError(status_code, code, message, {"exception": type(exc).__name__})
+    return ServiceError(status_code, code, message, {"exception": type(exc).__name__})

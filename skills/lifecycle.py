@@ -1,55 +1,68 @@
-"""The lifecycle points of one agent request, in the order they fire.
+"""The lifecycle points of one agent request, in the order they fire, and `on_compaction`.
 
-Each point names the HookData fields a hook may change there; a hook that assigns any
-other field gets an AttributeError naming the writable ones (the contract is in
-DESIGN.md section 2, "HookData fields, by lifecycle").
+`Lifecycle` is a `StrEnum`: every member is the plain string it names, so `@hook("on_chunk")`
+and `@hook(Lifecycle.ON_CHUNK)` are the same hook, and the wire carries the same strings.
+Each point names the HookData fields a hook may change there; a hook that assigns any other
+field gets an AttributeError naming the writable ones.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import enum
 
-Lifecycle = Literal[
-    "on_connection",
-    "before_llm_call",
-    "after_llm_call",
-    "on_chunk",
-    "before_toolcall",
-    "after_toolcall",
-    "on_message",
-    "finalize_connection",
-]
 
-LIFECYCLES: tuple[str, ...] = get_args(Lifecycle)
+class Lifecycle(enum.StrEnum):
+    """Where a hook runs. The request's points fire in this order; `on_compaction` fires
+    whenever a compaction changed the conversation (inside a request or between turns)."""
 
-WHEN: dict[str, str] = {
-    "on_connection": "once, when a request arrives, before any LLM call; may refuse it (HookError).",
-    "before_llm_call": "before every LLM call; changes to messages, tools and model_settings are what the LLM gets.",
-    "after_llm_call": "after every LLM call, streaming or not; sees the assembled response and usage.",
-    "on_chunk": "for every streamed chunk; rewrite its text, or set chunk to None to drop it.",
-    "before_toolcall": "before each tool call, the client's too (client_tool); rewrite it, skip it with a result, or raise to block it.",
-    "after_toolcall": "after each tool call (ran, skipped, blocked, failed or unknown); tool_result is what the model sees.",
-    "on_message": "once, when the turn is complete, with the whole conversation.",
-    "finalize_connection": "exactly once per request, on every path; error is set when the run failed.",
+    ON_CONNECTION = "on_connection"
+    BEFORE_LLM_CALL = "before_llm_call"
+    AFTER_LLM_CALL = "after_llm_call"
+    ON_CHUNK = "on_chunk"
+    BEFORE_TOOLCALL = "before_toolcall"
+    AFTER_TOOLCALL = "after_toolcall"
+    ON_MESSAGE = "on_message"
+    FINALIZE_CONNECTION = "finalize_connection"
+    ON_COMPACTION = "on_compaction"
+
+
+LIFECYCLES: tuple[str, ...] = tuple(point.value for point in Lifecycle)
+
+WHEN: dict[Lifecycle, str] = {
+    Lifecycle.ON_CONNECTION: "once, when a request arrives, before any LLM call; may refuse it (HookError).",
+    Lifecycle.BEFORE_LLM_CALL: "before every LLM call; changes to messages, tools and model_settings are what the LLM gets.",
+    Lifecycle.AFTER_LLM_CALL: "after every LLM call, streaming or not; sees the assembled response and usage.",
+    Lifecycle.ON_CHUNK: "for every streamed chunk; rewrite its text, or set chunk to None to drop it.",
+    Lifecycle.BEFORE_TOOLCALL: "before each tool call, the client's too (client_tool); rewrite it, skip it with a result, or raise to block it.",
+    Lifecycle.AFTER_TOOLCALL: "after each tool call (ran, skipped, blocked, failed or unknown); tool_result is what the model sees.",
+    Lifecycle.ON_MESSAGE: "once, when the turn is complete, with the whole conversation.",
+    Lifecycle.FINALIZE_CONNECTION: "exactly once per request, on every path; error is set when the run failed.",
+    Lifecycle.ON_COMPACTION: "after each compaction that changed the conversation; `compaction` is the outcome, `between_turns` says whether a request is running.",
 }
 
 # Fields a hook may assign at each lifecycle point; everything else is read-only there.
-WRITABLE: dict[str, frozenset[str]] = {
-    "on_connection": frozenset({"messages", "stream"}),
-    "before_llm_call": frozenset({"messages", "tools", "model_settings"}),
-    "after_llm_call": frozenset({"response", "usage"}),
-    "on_chunk": frozenset({"chunk", "content"}),
-    "before_toolcall": frozenset({"tool_call", "tool_skipped", "tool_result"}),
-    "after_toolcall": frozenset({"tool_result"}),
-    "on_message": frozenset({"messages"}),
-    "finalize_connection": frozenset(),
+WRITABLE: dict[Lifecycle, frozenset[str]] = {
+    Lifecycle.ON_CONNECTION: frozenset({"messages", "stream"}),
+    Lifecycle.BEFORE_LLM_CALL: frozenset({"messages", "tools", "model_settings"}),
+    Lifecycle.AFTER_LLM_CALL: frozenset({"response", "usage"}),
+    Lifecycle.ON_CHUNK: frozenset({"chunk", "content"}),
+    Lifecycle.BEFORE_TOOLCALL: frozenset({"tool_call", "tool_skipped", "tool_result"}),
+    Lifecycle.AFTER_TOOLCALL: frozenset({"tool_result"}),
+    Lifecycle.ON_MESSAGE: frozenset({"messages"}),
+    Lifecycle.FINALIZE_CONNECTION: frozenset(),
+    Lifecycle.ON_COMPACTION: frozenset(),
 }
 
+NOTIFICATIONS = frozenset({Lifecycle.FINALIZE_CONNECTION, Lifecycle.ON_COMPACTION})
+"""Points that tell hooks of what happened rather than let them steer it: every hook runs,
+a `HookError` is logged, and no failure aborts or blocks anything."""
 
-def check_lifecycle(name: str) -> str:
-    """Return `name` if it is a lifecycle point, else raise with the valid names listed."""
-    if name not in LIFECYCLES:
+
+def check_lifecycle(name: str) -> Lifecycle:
+    """`name` as a Lifecycle, else a ValueError that lists the valid names."""
+    try:
+        return Lifecycle(name)
+    except ValueError:
         raise ValueError(
             f"unknown lifecycle {name!r}; valid lifecycles are: {', '.join(LIFECYCLES)}"
-        )
-    return name
+        ) from None

@@ -4,17 +4,16 @@ The rules are written here once and used for in-process hooks, for hooks in a wo
 replica, and (through `fail_unanswered`) for a hop that failed as a whole, so a hook
 behaves the same wherever the deployment puts it:
 
-- a `HookError` aborts the run (except in `finalize_connection`, where every hook runs);
-- a failure (a plain exception, a timeout, a hook that returns something other than
-  `HookData` or None, or a hop nobody answered) refuses the request with a 503
+- a `HookError` aborts the run (except at the notification points, `finalize_connection`
+  and `on_compaction`, where it is logged and every hook runs);
+- a failure (a plain exception, a `ServiceError` the hook's own code met, a timeout, a
+  hook that returns something other than this stage's `HookData` or None, or a hop
+  nobody answered) refuses the request with a 503
   `guard_unavailable` when the hook is a `guard`, aborts the run as a 500 when it is
   `critical`; in `before_toolcall` it blocks that tool call (also when no worker could
-  run the hook: it fails closed); elsewhere the data is left unchanged and the chain
-  goes on;
+  run the hook: it fails closed); elsewhere, and always at a notification point, the
+  data is left unchanged and the chain goes on;
 - on every failure path the hook's changes to the data and to `ctx.state` are undone.
-
-`on_compaction` listeners run through `run_listeners` with the same calling and timeout
-rules; a listener's failure is only recorded, never aborts or blocks anything.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ import structlog
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
 from hookbus.skills.descriptors import HookDescriptor
-from hookbus.skills.errors import GuardUnavailable, HookError
+from hookbus.skills.errors import GuardUnavailable, HookbusError, HookError
+from hookbus.skills.lifecycle import NOTIFICATIONS, Lifecycle
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.skill import BoundHook
 
@@ -42,7 +42,7 @@ log = structlog.get_logger("hookbus.hooks")
 
 Effect = Literal["refuse", "abort", "block", "unchanged"]
 
-HookObserver = Callable[[str, str], AbstractContextManager[Any]]
+HookObserver = Callable[[str, Lifecycle], AbstractContextManager[Any]]
 """Wraps each hook call, given (hook key, lifecycle): how a service traces hooks without
 skills knowing of it (hookbus.services.observability.tracing.hook_observer)."""
 
@@ -63,16 +63,16 @@ class ChainResult:
 
     data: HookData
     outcomes: list[HookOutcome] = field(default_factory=list)
-    abort: HookError | None = None
+    abort: HookbusError | None = None
     blocked: bool = False
 
 
-def stage_goes_on(lifecycle: str, aborted: bool, blocked: bool) -> bool:
+def stage_goes_on(lifecycle: Lifecycle, aborted: bool, blocked: bool) -> bool:
     """Whether a stage's next segment runs after one that ended so: an abort ends the
-    stage (except finalize_connection, where every hook runs), a block ends the chain.
+    stage (except at a notification point, where every hook runs), a block ends the chain.
     The orchestrator's loop and a worker sending a stage on (hookbus.bus.hops.send_on) ask this
     one rule."""
-    return not blocked and (not aborted or lifecycle == "finalize_connection")
+    return not blocked and (not aborted or lifecycle in NOTIFICATIONS)
 
 
 def failure_effect(descriptor: HookDescriptor) -> Effect:
@@ -80,7 +80,7 @@ def failure_effect(descriptor: HookDescriptor) -> Effect:
     worker): a guard refuses the request, a critical hook stops the run, a
     before_toolcall hook blocks its call (a check that could not run does not let the
     call through)."""
-    if descriptor.lifecycle == "finalize_connection":
+    if descriptor.lifecycle in NOTIFICATIONS:
         return "unchanged"
     if descriptor.guard:
         return "refuse"
@@ -115,13 +115,13 @@ async def run_hooks(
             else:
                 with observe(bound.key, lifecycle):
                     returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout, bound.is_async)
-            if returned is not None and not isinstance(returned, HookData):
-                raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
+            if returned is not None:
+                _check_return(returned, lifecycle)
         except HookError as exc:
             _restore(result.data, saved_fields, ctx, saved_state)
             result.outcomes.append(_outcome(bound.key, started, Outcome.ABORTED, exc.message))
-            if lifecycle == "finalize_connection":
-                log.warning("finalize_hook_error", hook=bound.key, error=repr(exc), completion_id=ctx.completion_id)
+            if lifecycle in NOTIFICATIONS:
+                log.warning("notification_hook_error", hook=bound.key, lifecycle=lifecycle, error=repr(exc), completion_id=ctx.completion_id)
                 continue
             result.abort = exc
             return result
@@ -180,32 +180,17 @@ def block_tool_call(data: HookData, hook_key: str, reason: str) -> None:
     data.set_internal(tool_skipped=True, tool_result=f"Tool call blocked by {hook_key}: {reason}")
 
 
-async def run_listeners(
-    listeners: Sequence[tuple[str, Callable[..., Any]]],
-    args: tuple[Any, ...],
-    *,
-    timeout: float | None = None,
-    completion_id: str | None = None,
-) -> list[HookOutcome]:
-    """Call each (key, fn) with `args`, one after another, each bounded by `timeout`; a
-    failure is logged and recorded, never raised, and the others still run."""
-    outcomes = []
-    for key, fn in listeners:
-        started = time.perf_counter()
-        try:
-            await _call(fn, args, timeout, inspect.iscoroutinefunction(fn))
-        except Exception as exc:  # noqa: BLE001 - a listener never breaks anything
-            message = _describe(exc, timeout)
-            log.warning("listener_failed", hook=key, error=message, completion_id=completion_id)
-            kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.FAILED
-            outcomes.append(_outcome(key, started, kind, message))
-            continue
-        outcomes.append(_outcome(key, started, Outcome.OK))
-    return outcomes
-
-
 class _WrongReturn(TypeError):
-    """A hook returned something that is neither HookData nor None."""
+    """A hook returned something that is neither HookData nor None, or another lifecycle's HookData."""
+
+
+def _check_return(returned: object, lifecycle: Lifecycle) -> None:
+    """A hook's return must be this stage's HookData: checked here, where every hook runs
+    (in-process and in a worker alike), so both refuse the same return with the same error."""
+    if not isinstance(returned, HookData):
+        raise _WrongReturn(f"returned {type(returned).__name__}, expected HookData or None")
+    if returned.lifecycle != lifecycle:
+        raise _WrongReturn(f"returned the HookData of {returned.lifecycle}, expected that of {lifecycle}")
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, is_async: bool) -> Any:
@@ -252,7 +237,8 @@ def copy_state(state: dict[str, Any]) -> dict[str, Any]:
     if not state:
         return {}
     try:
-        return _copy_container(state, set())  # type: ignore[no-any-return]
+        copied: dict[str, Any] = _copy_container(state, set())
+        return copied
     except _NotPlain:
         return copy.deepcopy(state)
 

@@ -2,6 +2,11 @@
 
 A skill is stateless across requests; the same class runs in the orchestrator's
 process or in a worker group, whichever the deployment chooses.
+
+A method named `on_compaction(self, outcome, ctx)` without `@hook` is a hook on
+`on_compaction` too (the documented method form): it is registered like a decorated hook
+(priority 50, key `<skill>.on_compaction`) and called with the outcome, and with ctx None
+between turns.
 """
 
 from __future__ import annotations
@@ -14,8 +19,13 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from hookbus.skills.decorators import HOOK_ATTR, TOOL_ATTR, DeclaredTool
+from hookbus.skills.data import HookData
+from hookbus.skills.decorators import DEFAULT_PRIORITY, HOOK_ATTR, TOOL_ATTR, DeclaredTool
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
+from hookbus.skills.lifecycle import Lifecycle
+
+METHOD_FORM = "on_compaction"
+"""The one hook a skill may define by its name alone: `on_compaction(outcome, ctx)`."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class Skill:
             for attr, value in vars(klass).items():
                 if (spec := getattr(value, HOOK_ATTR, None)) is not None:
                     hook_specs[attr] = spec
+                elif attr == METHOD_FORM and callable(value):
+                    hook_specs[attr] = HookDescriptor(lifecycle=Lifecycle.ON_COMPACTION, priority=DEFAULT_PRIORITY)
                 if (tspec := getattr(value, TOOL_ATTR, None)) is not None:
                     tool_specs[attr] = tspec
         cls._hook_specs = tuple(hook_specs.items())
@@ -75,9 +87,15 @@ class Skill:
 
     def bound_hooks(self) -> list[BoundHook]:
         return [
-            BoundHook(spec.model_copy(update={"skill": self.name, "method": method}), getattr(self, method))
+            BoundHook(spec.model_copy(update={"skill": self.name, "method": method}), self._hook_callable(method))
             for method, spec in self._hook_specs
         ]
+
+    def _hook_callable(self, method: str) -> Callable[..., Any]:
+        fn: Callable[..., Any] = getattr(self, method)
+        if method == METHOD_FORM and getattr(fn, HOOK_ATTR, None) is None:
+            return _method_form(fn)
+        return fn
 
     def bound_tools(self) -> list[BoundTool]:
         bound = []
@@ -88,9 +106,22 @@ class Skill:
             bound.append(BoundTool(descriptor, spec.arguments, fn, wants_ctx))
         return bound
 
-    @classmethod
-    def handles_compaction(cls) -> bool:
-        return callable(getattr(cls, "on_compaction", None))
+
+
+def _method_form(on_compaction: Callable[..., Any]) -> Callable[[HookData, Any], Any]:
+    """`on_compaction(outcome, ctx)` called as a hook: `(data, ctx)` in, the outcome and
+    (None between turns) the context out; what it returns is not the stage's data."""
+    if inspect.iscoroutinefunction(on_compaction):
+
+        async def call_async(data: HookData, ctx: Any) -> None:
+            await on_compaction(data.compaction, None if data.between_turns else ctx)
+
+        return call_async
+
+    def call(data: HookData, ctx: Any) -> None:
+        on_compaction(data.compaction, None if data.between_turns else ctx)
+
+    return call
 
 
 def _kebab(class_name: str) -> str:

@@ -157,7 +157,7 @@ async def ready(client: aredis.Redis | RedisCluster) -> None:
     initializes lazily on the first command, and concurrent first commands break each
     other's connections ("Connection closed", a writer of None). A no-op on a single Redis."""
     if is_cluster_client(client):
-        await client.initialize()  # type: ignore[union-attr]
+        await client.initialize()
 
 
 async def forget_topology(client: aredis.Redis | RedisCluster) -> None:

@@ -18,9 +18,11 @@ to its next user. On a Redis Cluster a pipeline's commands go to several nodes: 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import redis.asyncio as aredis
+from redis.asyncio.connection import Connection
 from redis.commands.core import StreamCommands
 from redis.exceptions import ResponseError
 
@@ -55,7 +57,9 @@ async def execute(client: aredis.Redis, commands: Commands) -> list[Any]:
                 pipe.execute_command(*args, **options)
             return list(await pipe.execute(raise_on_error=False))
     pool = client.connection_pool
-    connection = await pool.get_connection()
+    # redis-py's deprecation decorator hides the method's signature; this names it
+    get_connection: Callable[[], Awaitable[Connection]] = pool.get_connection
+    connection = await get_connection()
     try:
         await connection.send_packed_command(connection.pack_commands([args for args, _ in commands.queued]))
         results: list[Any] = []

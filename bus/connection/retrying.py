@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
@@ -120,7 +121,7 @@ def broker_retry() -> dict[str, Any]:
     }
 
 
-async def raw_entry_parser(message, original):  # type: ignore[no-untyped-def]
+async def raw_entry_parser(message: dict[str, Any], original: Callable[[Any], Awaitable[Any]]) -> Any:
     """A FastStream `parser=` for hookbus streams: the handlers read the raw entry
     (`msg.raw_message["data"]`) and decode it as an envelope themselves, so FastStream
     is given an empty body. Its own parser would JSON-dump the raw fields first, which

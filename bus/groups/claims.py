@@ -142,7 +142,7 @@ class Workload:
 async def find_orphans(client: aredis.Redis, rules: OrphanRules, now: Workload) -> list[Orphan]:
     """Pending entries of the group that should be taken over (see the module docstring)."""
     idle_ms = int(rules.claim_idle * 1000)
-    pending: list[dict[str, Any]] = await client.xpending_range(  # type: ignore[assignment]
+    pending: list[dict[str, Any]] = await client.xpending_range(
         rules.stream, rules.group, min="-", max="+", count=rules.count, idle=idle_ms
     )
     if not pending:
@@ -176,8 +176,8 @@ async def claim(client: aredis.Redis, rules: OrphanRules, orphans: list[Orphan])
     if not orphans:
         return []
     by_id = {o.entry_id: o for o in orphans}
-    entries: list[Any] = await client.xclaim(  # type: ignore[assignment]
-        rules.stream, rules.group, rules.me, int(rules.claim_idle * 1000), list(by_id), idle=None  # type: ignore[arg-type]
+    entries: list[Any] = await client.xclaim(
+        rules.stream, rules.group, rules.me, int(rules.claim_idle * 1000), list(by_id), idle=None
     )
     claimed = []
     for entry_id, fields in entries:

@@ -35,7 +35,7 @@ def sync_client(url: str) -> redis.Redis:
     options: dict[str, object] = {"socket_connect_timeout": 2, "socket_timeout": 5}
     if is_cluster(url):
         return redis.RedisCluster.from_url(url, require_full_coverage=False, **options)  # type: ignore[return-value]
-    return redis.Redis.from_url(url, **options)  # type: ignore[arg-type]
+    return redis.Redis.from_url(url, **options)
 
 
 @dataclass(frozen=True)

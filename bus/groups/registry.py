@@ -54,14 +54,10 @@ class GroupAnnouncement(Envelope):
     protocol: str = _protocol_field()
     hooks: list[HookDescriptor] = Field(default_factory=list)
     tools: list[ToolDescriptor] = Field(default_factory=list)
-    compaction: list[str] = Field(
-        default_factory=list,
-        description="Skills of the group that define on_compaction(outcome, ctx).",
-    )
     first_seen: float = Field(default_factory=time.time)
 
     def fingerprint(self) -> str:
-        body = self.model_dump_json(include={"group", "protocol", "hooks", "tools", "compaction"})
+        body = self.model_dump_json(include={"group", "protocol", "hooks", "tools"})
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 

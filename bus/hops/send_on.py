@@ -30,6 +30,7 @@ from typing import Any
 from pydantic_core import to_json
 
 from hookbus.bus.wire.envelopes import HopEvent, HopReply, encode_hop
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.runner import stage_goes_on
 
 
@@ -48,7 +49,7 @@ def send_on(event: HopEvent, reply: HopReply, split: tuple[bytes, bytes | None] 
     the deadline passed, or state that JSON cannot carry: the reply then fails too)."""
     if not event.route or split is None or event.chunks or reply.failure:
         return None
-    if not stage_goes_on(event.lifecycle, reply.abort is not None, reply.blocked):
+    if not stage_goes_on(Lifecycle(event.lifecycle), reply.abort is not None, reply.blocked):
         return None
     now = time.time()
     if now >= event.deadline:

@@ -226,7 +226,7 @@ class ResponseWriter:
 
     async def _pipeline(self, batch: list[ResponseItem]) -> None:
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.stream, {FIELD: encode_response_batch(batch)})  # type: ignore[dict-item]
+            pipe.xadd(self.stream, {FIELD: encode_response_batch(batch)})
             pipe.expire(self.stream, self._ttl)
             await pipe.execute()
 

@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
 from hookbus.skills.data import HookData
+from hookbus.skills.lifecycle import Lifecycle
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ class ChunkIn:
     def data(self) -> HookData:
         """This chunk as the on_chunk stage's data."""
         return HookData.model_construct(
-            lifecycle="on_chunk", chunk=self.chunk, content=self.content, chunk_index=self.index, full_content=self.full
+            lifecycle=Lifecycle.ON_CHUNK, chunk=self.chunk, content=self.content, chunk_index=self.index, full_content=self.full
         )
 
 

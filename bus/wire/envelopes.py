@@ -9,7 +9,7 @@ stage data and the context travel as their own entry fields, `d` (HookData JSON)
 (Context JSON), each dumped once from its model and validated once into it, and `e` keeps
 only the routing fields (its `data` is absent and its `ctx` is `{}`). A reply carries `d`
 only when the hooks changed the data, so a hook that only looks costs no data on the way
-back. Tool and compaction hops, and all other envelopes, are version 1 (everything in
+back. Tool hops, and all other envelopes, are version 1 (everything in
 `e`); HopEvent and HopReply decode both versions.
 
 A batched on_chunk hop (`HopEvent.chunks` > 0, version 2) carries several chunks of one
@@ -108,15 +108,8 @@ class RouteStep(BaseModel):
     timeout: float = Field(gt=0)
 
 
-COMPACTION_LIFECYCLE = "on_compaction"
-"""A hop of this lifecycle carries a compaction outcome as `data`; `hooks` names the
-skills whose `on_compaction` to call (method "on_compaction"); `ctx` is `{}` for a
-compaction between turns (the skills then get ctx=None)."""
-
-
 class HopEvent(Envelope):
-    """One hop to a worker group: hooks to run in order over `data`, or one tool call,
-    or (lifecycle `on_compaction`) a compaction outcome for the group's skills.
+    """One hop to a worker group: hooks to run in order over `data`, or one tool call.
 
     Version 2 (hooks): `data` and `ctx` travel in the entry fields `d` and `c` (see the
     module docstring; `hop_parts` returns them), the envelope's `ctx` is `{}`."""

@@ -41,7 +41,7 @@ from hookbus.bus.settings import get_settings
 from hookbus.services.orchestrator import Agent, Compaction
 from hookbus.services.orchestrator.compaction import AUTO_OFF, is_summary
 from hookbus.services.orchestrator.tokens import count_message, count_messages
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 PROMPT = "you> "
 HELP = (
@@ -185,7 +185,7 @@ class _Repl:
                     parts.append(piece)
                     self.out.write(piece)
                     self.out.flush()
-        except HookError as exc:
+        except HookbusError as exc:
             self.conversation.pop()
             self.say(f"{chr(10) if parts else ''}error {exc.status_code} {exc.code}: {exc.message}")
             return

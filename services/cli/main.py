@@ -76,13 +76,15 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     from hookbus.services.cli.specs import SpecError, load_agent
     from hookbus.services.observability.logs import configure_logging
     from hookbus.services.observability.tracing import configure_tracing
+    from hookbus.services.orchestrator.llm import NoEndpoint, require_endpoint
     from hookbus.services.orchestrator.service import OrchestratorService
 
     configure_logging()
     use_context_window(args.context_window)
     try:
         agent = load_agent(args.agent)
-    except SpecError as exc:
+        require_endpoint(agent.llm)
+    except (SpecError, NoEndpoint) as exc:
         sys.exit(f"hookbus orchestrator: {exc}")
     instance = args.instance or instance_name("orchestrator")
     configure_tracing("orchestrator", instance)
@@ -144,7 +146,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from hookbus.bus.client import HookbusClient
-    from hookbus.skills import HookError
+    from hookbus.skills import HookbusError
 
     async def send() -> int:
         async with HookbusClient(redis_url_or_exit(), timeout=args.timeout) as client:
@@ -157,7 +159,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                         if chunk.choices and chunk.choices[0].delta.content:
                             print(chunk.choices[0].delta.content, end="", flush=True)
                     print()
-            except HookError as exc:
+            except HookbusError as exc:
                 print(f"\nerror {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
                 return 1
         return 0

@@ -22,10 +22,10 @@ from hookbus.bus.client import DEFAULT_TIMEOUT, HookbusClient
 from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.embedded import EmbeddedRedis, free_port, leave_with_parent
 from hookbus.bus.connection.retrying import connect
-from hookbus.bus.settings import get_settings
+from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.cli.monitor import format_event, read_status, recent_events, wait_for
 from hookbus.services.console import CONSOLE_PATH, request_link
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 BUILTIN_GROUP = "builtin"
 BUILTIN_SKILLS = [
@@ -62,6 +62,8 @@ def run_stack(*, keep_running: bool, port: int, replicas: int) -> int:
         )
     run_state.publish(redis_url, STATE_DIR)
     env = dict(os.environ, REDIS_URL=redis_url, HOOKBUS_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
+    if not settings.openai_base_url:  # the orchestrator serves the stand-in only when asked by name
+        env["HOOKBUS_MODEL"] = OFFLINE_MODEL
     logs = STATE_DIR / "logs"
     logs.mkdir(exist_ok=True)
     port = port if port_is_free(port) else free_port()
@@ -142,7 +144,7 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int, prompt: st
                 completion_id = chunk.id
                 if chunk.choices and chunk.choices[0].delta.content:
                     print(chunk.choices[0].delta.content, end="", flush=True)
-        except HookError as exc:  # a slow or failing model must not take the stack down
+        except HookbusError as exc:  # a slow or failing model must not take the stack down
             print()
             say(f"the demo request failed ({exc.status_code} {exc.code}: {exc.message}); the services are up")
             await client.aclose()

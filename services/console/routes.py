@@ -57,7 +57,7 @@ def attach_console(app: Starlette, client: aredis.Redis, keys: Keys, authenticat
 
 
 def console_of(request: Request) -> Console:
-    return request.app.state.console  # type: ignore[no-any-return]
+    return request.app.state.console
 
 
 def admin_console(request: Request) -> Console:

@@ -60,7 +60,7 @@ from hookbus.services.gateway.responses_api import (
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.observability import tracing
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 log = structlog.get_logger("hookbus.gateway")
 
@@ -147,7 +147,7 @@ def create_app(
         ],
         middleware=[*tracing.gateway_middleware(), Middleware(MetricsMiddleware, metrics=metrics), edge_guard],
         exception_handlers={
-            HookError: on_hook_error,
+            HookbusError: on_hook_error,
             HTTPException: on_http_exception,
             Exception: on_unexpected,
         },

@@ -47,7 +47,7 @@ from hookbus.services.gateway.sse import (
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import AuthInfo, BusUnavailable, HookError
+from hookbus.skills import AuthInfo, BusUnavailable, HookbusError, ServiceError
 
 log = structlog.get_logger("hookbus.gateway")
 
@@ -199,7 +199,7 @@ class Relay:
         self.first = first
         self._items = items
         self.ended = False
-        self.error: HookError | None = None
+        self.error: HookbusError | None = None
 
     async def __aiter__(self) -> AsyncIterator[ResponseItem]:
         async with contextlib.aclosing(self._items):  # type: ignore[type-var]
@@ -216,15 +216,15 @@ class Relay:
                     item = await anext(self._items)
                 except StopAsyncIteration:
                     item = None
-                except HookError as exc:  # deadline passed, unreadable item
+                except HookbusError as exc:  # deadline passed, unreadable item
                     self._end(exc)
                     return
                 except RECONNECT_ERRORS as exc:
                     self._end(BusUnavailable(f"lost the request queue: {exc}"))
                     return
-            self._end(HookError(502, "bad_response", "the response stream ended early"))
+            self._end(ServiceError(502, "bad_response", "the response stream ended early"))
 
-    def _end(self, error: HookError | None) -> None:
+    def _end(self, error: HookbusError | None) -> None:
         self.ended = True
         self.error = error
 
@@ -304,15 +304,15 @@ async def _frames(gw: Gateway, relay: Relay, include_usage: bool) -> AsyncIterat
     yield DONE
 
 
-def item_error(item: ResponseItem) -> HookError:
+def item_error(item: ResponseItem) -> HookbusError:
     """The structured error of an `error` item (a 502 if the item carries none we can read)."""
     try:
-        return HookError.from_dict(item.error or {})
+        return HookbusError.from_dict(item.error or {})
     except (KeyError, TypeError, ValueError):
-        return HookError(502, "bad_response", f"unreadable error item: {item.error!r}")
+        return ServiceError(502, "bad_response", f"unreadable error item: {item.error!r}")
 
 
-def _error_frame(gw: Gateway, error: HookError) -> bytes:
+def _error_frame(gw: Gateway, error: HookbusError) -> bytes:
     gw.metrics.count_error(error)
     return sse_event(error_body(error))
 

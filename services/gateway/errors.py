@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError, ServiceError
 
 log = structlog.get_logger("hookbus.gateway")
 
@@ -21,8 +21,8 @@ _STATUS_HEADERS = {
 }
 
 
-class GatewayError(HookError):
-    """A HookError the gateway itself raises; `param` names the offending request field."""
+class GatewayError(ServiceError):
+    """An error the gateway itself raises (never a hook's); `param` names the offending request field."""
 
     def __init__(
         self, status_code: int, code: str, message: str, *, param: str | None = None
@@ -31,7 +31,7 @@ class GatewayError(HookError):
         self.param = param
 
 
-def error_body(error: HookError) -> dict[str, object]:
+def error_body(error: HookbusError) -> dict[str, object]:
     body = error.to_openai_body()
     param = getattr(error, "param", None) or (error.details or {}).get("param")
     if param is not None:
@@ -39,7 +39,7 @@ def error_body(error: HookError) -> dict[str, object]:
     return body
 
 
-def error_response(error: HookError, request: Request | None = None) -> JSONResponse:
+def error_response(error: HookbusError, request: Request | None = None) -> JSONResponse:
     """The HTTP answer for a structured error; counts it in the error metric."""
     if request is not None:
         metrics = getattr(request.app.state, "metrics", None)
@@ -73,7 +73,7 @@ def invalid_body(exc: ValidationError) -> GatewayError:
 
 
 async def on_hook_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HookError)
+    assert isinstance(exc, HookbusError)
     return error_response(exc, request)
 
 
@@ -83,7 +83,7 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404:
         message = f"no such endpoint: {request.method} {request.url.path}"
-    response = error_response(HookError(exc.status_code, code, message), request)
+    response = error_response(GatewayError(exc.status_code, code, message), request)
     if exc.headers:
         response.headers.update(exc.headers)
     return response
@@ -91,4 +91,4 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     log.error("gateway_error", path=request.url.path, error=repr(exc), exc_info=exc)
-    return error_response(HookError(500, "internal_error", "the gateway failed: see its logs"), request)
+    return error_response(GatewayError(500, "internal_error", "the gateway failed: see its logs"), request)

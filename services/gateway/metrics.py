@@ -36,7 +36,7 @@ from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.registry import REPLICA_TTL
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 log = structlog.get_logger("hookbus.gateway")
 
@@ -163,7 +163,7 @@ class GatewayMetrics:
 
     # ------------------------------------------------------------- observations
 
-    def count_error(self, error: HookError) -> None:
+    def count_error(self, error: HookbusError) -> None:
         self.errors.labels(str(error.status_code), error.code).inc()
 
     def observe_record(self, record: MonitorRecord) -> None:

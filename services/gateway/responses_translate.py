@@ -53,7 +53,7 @@ from hookbus.services.gateway.responses_models import (
     ToolChoiceFunction,
     Usage,
 )
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 
 RESPONSES_NAMES = {
     "messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
@@ -247,7 +247,7 @@ def finish(
     )
 
 
-def failed(response: ResponseObject, error: HookError) -> ResponseObject:
+def failed(response: ResponseObject, error: HookbusError) -> ResponseObject:
     code = {429: "rate_limit_exceeded", 400: "invalid_prompt"}.get(error.status_code, "server_error")
     return response.model_copy(
         update={"status": "failed", "error": ResponseError(code=code, message=error.message)}  # type: ignore[arg-type]
@@ -333,7 +333,7 @@ class ResponseEvents:
         kind = "response.incomplete" if self.response.status == "incomplete" else "response.completed"
         return [*events, self._lifecycle(kind)]
 
-    def failed(self, error: HookError) -> list[StreamEvent]:
+    def failed(self, error: HookbusError) -> list[StreamEvent]:
         """An `error` event with the hook's code and message, then `response.failed`."""
         events = self._close()
         param = getattr(error, "param", None)

@@ -32,4 +32,4 @@ class Gateway:
 
 
 def gateway_of(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    return request.app.state.gateway

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 from opentelemetry import context as otel_context
@@ -43,6 +43,10 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
 from pydantic import BaseModel
 
 from hookbus.bus.wire.tracecontext import TraceCarrier, incoming
+from hookbus.skills.lifecycle import Lifecycle
+
+if TYPE_CHECKING:  # the orchestrator imports this module
+    from hookbus.services.orchestrator.run_mode import RunMode
 
 log = structlog.get_logger("hookbus.tracing")
 
@@ -137,7 +141,7 @@ def _exporter(settings: TracingSettings) -> Any:
         return ConsoleSpanExporter()
     if settings.protocol == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                 OTLPSpanExporter as GrpcExporter,
             )
         except ImportError:
@@ -332,22 +336,18 @@ class RequestSpan(Traced):
             self.error(str(error.get("message", "")), str(error.get("code", "error")))
 
 
-RECOVERY_MODES = frozenset({"recover", "end"})
-"""OrchestratorService.execute's modes for a request claimed from a lost orchestrator."""
-
-
 def request_span(
-    agent_name: str, completion_id: str, carrier: TraceCarrier | None, mode: str,
+    agent_name: str, completion_id: str, carrier: TraceCarrier | None, mode: RunMode,
     *, session_id: str | None = None,
 ) -> Any:
     """A run continues the sender's trace; a request another orchestrator claimed after its
-    first one was lost (`mode` "recover" or "end") starts a trace of its own linked to it."""
+    first one was lost (`mode.recovering`) starts a trace of its own linked to it."""
     if _tracer is None:
         return OFF
     sender = incoming(carrier)
     links: list[Link] = []
     parent = sender
-    if mode in RECOVERY_MODES and sender is not None:
+    if mode.recovering and sender is not None:
         linked = trace.get_current_span(sender).get_span_context()
         if linked.is_valid:
             links.append(Link(linked, {"hookbus.link": "first_run"}))
@@ -361,7 +361,7 @@ def request_span(
     )
 
 
-def stage_span(lifecycle: str, stage_key: str) -> Any:
+def stage_span(lifecycle: Lifecycle, stage_key: str) -> Any:
     """One lifecycle stage (every segment of its hook chain)."""
     if _tracer is None:
         return OFF
@@ -403,7 +403,7 @@ def hook_observer() -> Any:
     return _hook_span
 
 
-def _hook_span(key: str, lifecycle: str) -> Traced:
+def _hook_span(key: str, lifecycle: Lifecycle) -> Traced:
     return _start(f"hook {key}", hookbus__hook=key, hookbus__lifecycle=lifecycle)
 
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import time
 import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
+    Awaitable,
     Callable,
     Iterable,
     Iterator,
@@ -40,7 +42,7 @@ from typing import Any
 import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from hookbus.bus.settings import get_settings
+from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import client_tools
@@ -57,9 +59,10 @@ from hookbus.services.orchestrator.run_state import RunState
 from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
 from hookbus.services.orchestrator.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import AuthInfo, Context, HookData, HookError, Skill
+from hookbus.skills import AuthInfo, Context, HookbusError, HookData, Skill
 from hookbus.skills.context import Metadata, Session
-from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hook_error
+from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hookbus_error
+from hookbus.skills.lifecycle import NOTIFICATIONS, Lifecycle
 from hookbus.skills.model_settings import ModelSettings, as_model_settings
 from hookbus.skills.runner import ChainResult, run_hooks, stage_goes_on
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
@@ -93,6 +96,11 @@ class Agent:
     chunk_pipeline: each hop takes the chunks that arrived while the previous one was in
     flight; hooks see exactly what one hop per chunk would show them). 1 sends one hop
     per chunk.
+
+    With no endpoint (`llm`, else `OPENAI_BASE_URL`) an agent used in-process answers with
+    the built-in offline model, for tests and first steps; the orchestrator service refuses
+    to run an agent so (hookbus.services.orchestrator.llm.require_endpoint) unless
+    `HOOKBUS_MODEL=offline` asks for it by name.
     """
 
     def __init__(
@@ -115,12 +123,12 @@ class Agent:
             raise ValueError("chunk_batch must be >= 1")
         self.name = name
         self.llm = llm or LLM()
-        self.model = model or get_settings().model or "offline"
+        self.model = model or get_settings().model or OFFLINE_MODEL
         self.instructions = instructions
         self.model_settings = as_model_settings(model_settings) or ModelSettings()
         self.pinned_settings = as_model_settings(pinned_settings) or ModelSettings()
         self.skills: list[Skill] = [s() if isinstance(s, type) else s for s in skills]
-        self._compactor = Compactor(self.llm, self.model, self.skills, compaction_policy)
+        self._compactor = Compactor(self.llm, self.model, self._on_compaction, compaction_policy)
         self._chunk_batch = chunk_batch
         self.max_tool_rounds = max_tool_rounds
         self.runtime: Runtime = runtime or LocalRuntime()
@@ -145,7 +153,8 @@ class Agent:
         model_settings: ModelSettings | dict[str, Any] | None = None,
         deadline: float | None = None,
     ) -> ChatCompletion:
-        """Run one request to its end; raises the HookError that aborted it.
+        """Run one request to its end; raises the error that ended it: the `HookError` a hook
+        aborted it with, or the `ServiceError` of what failed around the hooks.
 
         `tools` are the caller's own (client) tools, offered to the model with the agent's
         (a client tool overrides an agent tool of the same name). When the model calls one,
@@ -186,7 +195,7 @@ class Agent:
         these as SSE comments). The other options are `run`'s.
         """
         return self._stream(
-            messages, auth, session_id, completion_id, metadata,
+            functools.partial(self._begin, messages, auth, session_id, completion_id, metadata, stream=True),
             (tools, model_settings, deadline, on_progress),
         )
 
@@ -207,7 +216,7 @@ class Agent:
         messages: Sequence[dict[str, Any]] | str,
         *,
         completion_id: str,
-        error: HookError,
+        error: HookbusError,
         auth: AuthInfo | dict[str, Any] | None = None,
         session_id: str | None = None,
         metadata: dict[str, Any] | None = None,
@@ -267,14 +276,14 @@ class Agent:
 
         `messages` is never changed; keep `outcome.messages` when `outcome.stage != "none"`.
         """
-        return await self._compactor.between_turns(messages, tokens_of_next_message, self.runtime)
+        return await self._compactor.between_turns(messages, tokens_of_next_message)
 
     async def compact(
         self, messages: Sequence[Mapping[str, Any]], focus: str | None = None
     ) -> Compaction:
         """Compact now, whatever the size: everything before the latest exchange becomes one
         summary, steered by `focus`. `messages` is never changed."""
-        return await self._compactor.now(messages, focus, self.runtime)
+        return await self._compactor.now(messages, focus)
 
     def plan(self) -> HookPlan:
         """The merged hook order; rebuilt only when the runtime's remote set changed."""
@@ -291,8 +300,11 @@ class Agent:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _stream(self, messages, auth, session_id, completion_id, metadata, options):  # type: ignore[no-untyped-def]
-        state = await self._begin(messages, auth, session_id, completion_id, metadata, stream=True)
+    async def _stream(
+        self, begin: Callable[[], Awaitable[RunState]], options: tuple[Any, ...]
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """The request `begin` starts, streamed; begun only when the caller first reads."""
+        state = await begin()
         self._request_options(state, *options)
         async with contextlib.aclosing(self._lifecycle(state)) as chunks:
             async for chunk in chunks:
@@ -372,7 +384,7 @@ class Agent:
                 for chunk in turn.finish(self._finish_reason(state), state.client_calls):
                     yield chunk
                 yield self._usage_chunk(state)
-        except HookError as exc:
+        except HookbusError as exc:
             state.error = exc
             raise
         except asyncio.CancelledError:
@@ -385,7 +397,7 @@ class Agent:
             state.error = Cancelled("the client stopped reading", code="client_closed")
             raise
         except Exception as exc:
-            state.error = as_hook_error(exc)
+            state.error = as_hookbus_error(exc)
             log.exception("run_failed", completion_id=state.completion_id)
             raise state.error from exc
         finally:
@@ -393,7 +405,7 @@ class Agent:
 
     async def _on_connection(self, state: RunState) -> None:
         data = HookData.model_construct(
-            lifecycle="on_connection", messages=state.conversation, stream=state.stream
+            lifecycle=Lifecycle.ON_CONNECTION, messages=state.conversation, stream=state.stream
         )
         data = await self._stage(state, data)
         state.conversation = list(data.messages or [])
@@ -412,14 +424,14 @@ class Agent:
         if iteration > 0 and settings.forces_tool:
             settings.tool_choice = "auto"  # forcing every round would loop to the round cap
         data = HookData.model_construct(
-            lifecycle="before_llm_call", messages=messages, tools=tools, iteration=iteration,
+            lifecycle=Lifecycle.BEFORE_LLM_CALL, messages=messages, tools=tools, iteration=iteration,
             model_settings=settings,
         )
         data = await self._stage(state, data, f"before_llm_call#{iteration}")
         settings = data.model_settings or ModelSettings()
         messages = list(data.messages or [])
         if self._compactor.past_hard(messages):  # the in-run safety stop
-            outcome = await self._compactor.in_run(messages, state.ctx, self.runtime)
+            outcome = await self._compactor.in_run(messages, state.ctx)
             if outcome is not None:
                 messages = _adopt(state, outcome, final_round)
         return messages, data.tools or None, settings
@@ -453,9 +465,7 @@ class Agent:
                 if retried or state.chunks_seen != chunks_before:
                     raise
                 retried = True
-                outcome = await self._compactor.after_refusal(
-                    messages, refusal, state.ctx, self.runtime
-                )
+                outcome = await self._compactor.after_refusal(messages, refusal, state.ctx)
                 if outcome is None:
                     raise
                 messages = _adopt(state, outcome, final_round)
@@ -497,26 +507,26 @@ class Agent:
         self, state: RunState, chunk: ChatCompletionChunk, content: str, index: int, full: str
     ) -> ChatCompletionChunk | None:
         data = HookData.model_construct(
-            lifecycle="on_chunk", chunk=chunk, content=content, chunk_index=index, full_content=full
+            lifecycle=Lifecycle.ON_CHUNK, chunk=chunk, content=content, chunk_index=index, full_content=full
         )
         data = await self._stage(state, data, f"on_chunk#{index}")
         return _visible_chunk(data, content)
 
     async def _on_chunks(
         self, state: RunState, chunks: Sequence[ChunkIn]
-    ) -> tuple[list[ChatCompletionChunk | None], HookError | None]:
+    ) -> tuple[list[ChatCompletionChunk | None], HookbusError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
-        (segment,) = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+        (segment,) = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
         began = time.time()
-        with tracing.stage_span("on_chunk", f"on_chunk#{chunks[0].index}"):
+        with tracing.stage_span(Lifecycle.ON_CHUNK, f"on_chunk#{chunks[0].index}"):
             started = time.perf_counter()
             result = await self.runtime.hop_chunks(segment, chunks, state.ctx)
             self.runtime.record_stage(
-                state.completion_id, "on_chunk", segment.group, result.outcomes,
+                state.completion_id, Lifecycle.ON_CHUNK, segment.group, result.outcomes,
                 (time.perf_counter() - started) * 1000,
             )
         shown = result.data[:-1] if result.abort is not None else result.data
-        observers = state.plan.observers("on_chunk", state.ctx.auth.scopes)
+        observers = state.plan.observers(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
         if observers and state.observations is not None:
             for d, c in zip(shown, chunks, strict=False):
                 state.observations.record(observers, c.data() if d is None else d, f"on_chunk#{c.index}", began)
@@ -529,7 +539,7 @@ class Agent:
         assert response is not None
         state.usage = add_usage(state.usage, response.usage)
         data = HookData.model_construct(
-            lifecycle="after_llm_call", response=response, usage=response.usage, iteration=iteration
+            lifecycle=Lifecycle.AFTER_LLM_CALL, response=response, usage=response.usage, iteration=iteration
         )
         data = await self._stage(state, data, f"after_llm_call#{iteration}")
         state.last_response = data.response or response
@@ -574,7 +584,7 @@ class Agent:
         self, state: RunState, tool_call: dict[str, Any], tool_id: str, *, client: bool
     ) -> HookData:
         before = HookData.model_construct(
-            lifecycle="before_toolcall", tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
+            lifecycle=Lifecycle.BEFORE_TOOLCALL, tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
             tool_skipped=False, client_tool=client,
         )
         return await self._stage(state, before, f"before_toolcall#{tool_id}")
@@ -593,7 +603,7 @@ class Agent:
 
     async def _after_toolcall(self, state: RunState, before: HookData, tool_id: str, result: str) -> None:
         after = HookData.model_construct(
-            lifecycle="after_toolcall", tool_call=before.tool_call, tool_id=tool_id,
+            lifecycle=Lifecycle.AFTER_TOOLCALL, tool_call=before.tool_call, tool_id=tool_id,
             tool_result=result, tool_skipped=before.tool_skipped, client_tool=before.client_tool,
         )
         after = await self._stage(state, after, f"after_toolcall#{tool_id}")
@@ -635,7 +645,7 @@ class Agent:
         return await self.runtime.call_tool(tool, arguments, state.ctx)
 
     async def _on_message(self, state: RunState) -> None:
-        data = HookData.model_construct(lifecycle="on_message", messages=state.conversation)
+        data = HookData.model_construct(lifecycle=Lifecycle.ON_MESSAGE, messages=state.conversation)
         data = await self._stage(state, data)
         state.conversation = list(data.messages or [])
         state.result = self._final_completion(state)
@@ -657,7 +667,7 @@ class Agent:
             log.warning("finalize_skipped_lost_request", completion_id=state.completion_id)
             return
         data = HookData.model_construct(
-            lifecycle="finalize_connection",
+            lifecycle=Lifecycle.FINALIZE_CONNECTION,
             messages=state.conversation,
             usage=state.usage,
             error=state.error,
@@ -699,23 +709,41 @@ class Agent:
 
     # ---------------------------------------------------------------- machinery
 
+    async def _on_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
+        """The on_compaction stage, run like any other (hooks in-process and in worker groups
+        in one priority order, the runner's rules; at a notification point a failure is
+        recorded, never raised). Between turns (`ctx` None) the hooks get a context of no
+        request, named after the compaction."""
+        between_turns = ctx is None
+        if ctx is None:
+            ctx = Context(metadata=Metadata(
+                completion_id=f"compaction-{outcome.id}", model=self.model, agent_name=self.name
+            ))
+        data = HookData.model_construct(
+            lifecycle=Lifecycle.ON_COMPACTION, compaction=outcome, between_turns=between_turns
+        )
+        try:
+            await self._run_stage(self.plan(), ctx, data, f"{Lifecycle.ON_COMPACTION}:{outcome.id}")
+        except Exception:  # noqa: BLE001 - telling hooks never breaks the run or the caller
+            log.exception("on_compaction_failed", completion_id=ctx.completion_id)
+
     async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
-        """Run the stage's hooks (`_hooks`), then hand its end to its observers, if it has
+        """Run the stage's hooks (`_run_stage`), then hand its end to its observers, if it has
         any (hookbus.services.orchestrator.observations: they run off the request's path)."""
         observers = state.plan.observers(data.lifecycle, state.ctx.auth.scopes)
         if not observers or state.observations is None:
-            return await self._hooks(state, data, stage_key)
+            return await self._run_stage(state.plan, state.ctx, data, stage_key)
         started = time.time()
-        data = await self._hooks(state, data, stage_key)
+        data = await self._run_stage(state.plan, state.ctx, data, stage_key)
         state.observations.record(observers, data, stage_key or data.lifecycle, started)
         return data
 
-    async def _hooks(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
+    async def _run_stage(self, plan: HookPlan, ctx: Context, data: HookData, stage_key: str = "") -> HookData:
         """Run every hook of data.lifecycle in order, segment by segment; consecutive
         remote segments through the runtime's `hop_segments`, so that a worker can send the
         stage on to the next group itself (hookbus.bus.hops.send_on)."""
         lifecycle = data.lifecycle
-        segments = state.plan.segments(lifecycle, state.ctx.auth.scopes)
+        segments = plan.segments(lifecycle, ctx.auth.scopes)
         if not segments:
             return data
         key = stage_key or lifecycle
@@ -725,11 +753,11 @@ class Agent:
                 batch = tuple(run)
                 started = time.perf_counter()
                 if len(batch) > 1:
-                    async with contextlib.aclosing(self.runtime.hop_segments(batch, data, state.ctx, key)) as results:
+                    async with contextlib.aclosing(self.runtime.hop_segments(batch, data, ctx, key)) as results:
                         position = 0
                         async for result in results:
                             data = result.data
-                            if not self._goes_on(state, batch[position], result, started):
+                            if not self._goes_on(ctx, batch[position], result, started):
                                 return data
                             position += 1
                             started = time.perf_counter()
@@ -737,25 +765,25 @@ class Agent:
                 segment = batch[0]
                 if segment.group is None:
                     result = await run_hooks(
-                        segment.local_hooks(), data, state.ctx, stage_key=key, observe=tracing.hook_observer()
+                        segment.local_hooks(), data, ctx, stage_key=key, observe=tracing.hook_observer()
                     )
                 else:  # nothing to send on to: a plain hop, without the generator
-                    result = await self.runtime.hop(segment, data, state.ctx, key)
+                    result = await self.runtime.hop(segment, data, ctx, key)
                 data = result.data
-                if not self._goes_on(state, segment, result, started):
+                if not self._goes_on(ctx, segment, result, started):
                     return data
         return data
 
-    def _goes_on(self, state: RunState, segment: Segment, result: ChainResult, started: float) -> bool:
+    def _goes_on(self, ctx: Context, segment: Segment, result: ChainResult, started: float) -> bool:
         """Record a segment's outcomes; whether the stage goes on after it (raises the
         abort that ends the run)."""
         lifecycle = result.data.lifecycle
         self.runtime.record_stage(
-            state.completion_id, lifecycle, segment.group, result.outcomes, (time.perf_counter() - started) * 1000
+            ctx.completion_id, lifecycle, segment.group, result.outcomes, (time.perf_counter() - started) * 1000
         )
         if stage_goes_on(lifecycle, result.abort is not None, result.blocked):
             return True
-        if result.abort is not None and lifecycle != "finalize_connection":
+        if result.abort is not None and lifecycle not in NOTIFICATIONS:
             raise result.abort
         return False
 
@@ -763,7 +791,7 @@ class Agent:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         conversation = [
-            copy.deepcopy(m if isinstance(m, dict) else m.model_dump(exclude_none=True))  # type: ignore[attr-defined]
+            copy.deepcopy(m if isinstance(m, dict) else m.model_dump(exclude_none=True))
             for m in messages
         ]
         if self.instructions:

@@ -22,7 +22,6 @@ from hookbus.bus.store.events import EventWriter
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.chunk_batch import ChunkIn, dump_chunks, load_results
 from hookbus.bus.wire.envelopes import (
-    COMPACTION_LIFECYCLE,
     HookRef,
     HopEvent,
     HopReply,
@@ -34,8 +33,8 @@ from hookbus.bus.wire.envelopes import (
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
-from hookbus.skills import Context, HookData, HookError
-from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills import Context, HookbusError, HookData
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
 
 log = structlog.get_logger("hookbus.bus_runtime")
@@ -73,7 +72,7 @@ class BusRuntime:
         self.send_on = send_on
         self.epoch = 0
         self.hops = 0
-        """Hook, tool and compaction hops, those that workers sent on included."""
+        """Hook and tool hops, those that workers sent on included."""
         self.forwarded = 0
         """Hops a worker sent on along a route (hookbus.bus.hops.send_on) instead of this runtime."""
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
@@ -178,7 +177,7 @@ class BusRuntime:
         """One hop for several chunks (hookbus.bus.wire.chunk_batch); its timeout allows every
         chunk its hooks' timeouts, as one hop per chunk would."""
         result, _ = await self._hook_hop(
-            segment, ctx, "on_chunk", f"on_chunk#{chunks[0].index}", dump_chunks(chunks),
+            segment, ctx, Lifecycle.ON_CHUNK, f"on_chunk#{chunks[0].index}", dump_chunks(chunks),
             self._segment_timeout(segment) * len(chunks), count=len(chunks),
             apply=lambda reply: self._apply_chunks(reply, len(chunks), ctx),
             fail=lambda reason, outcome: _batch_unanswered(segment, chunks, reason, outcome),
@@ -186,7 +185,7 @@ class BusRuntime:
         return result
 
     async def _hook_hop(
-        self, segment: Segment, ctx: Context, lifecycle: str, stage_key: str, data_json: bytes,
+        self, segment: Segment, ctx: Context, lifecycle: Lifecycle, stage_key: str, data_json: bytes,
         timeout: float, *, apply: Callable[[HopReply], R], fail: Callable[[str, Outcome], R], count: int = 0,
         route: Sequence[RouteStep] = (), sent: str | None = None,
     ) -> tuple[R, bool]:
@@ -307,62 +306,6 @@ class BusRuntime:
         ctx.session.data = reply.session
         return reply.tool_result or ""
 
-    # ---------------------------------------------------------------- compaction
-
-    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
-        """One `on_compaction` hop to each live group announcing skills that handle it, in
-        registry order, awaited. Each group's outcomes are recorded like a stage's (a
-        group without a live replica: `skipped`; no reply in time: `timeout`); a failure is
-        logged, never raised. Inside a run, the reply's state and session are applied to
-        `ctx` as after any hop."""
-        groups = [(g, a.compaction) for g, a in self.registry.groups.items() if a.compaction]
-        completion_id = ctx.completion_id if ctx is not None else f"compaction-{outcome.id}"
-        for group, skills in groups:
-            started = time.perf_counter()
-            outcomes = await self._compaction_hop(group, skills, outcome, completion_id, ctx)
-            bad = next((o for o in outcomes if o.outcome != Outcome.OK), None)
-            if bad is not None:
-                log.warning(
-                    "on_compaction_failed", group=group, hooks=[o.hook for o in outcomes],
-                    completion_id=completion_id, error=bad.error,
-                )
-            self.record_stage(
-                completion_id, COMPACTION_LIFECYCLE, group, outcomes, (time.perf_counter() - started) * 1000
-            )
-
-    async def _compaction_hop(
-        self, group: str, skills: list[str], outcome: Compaction, completion_id: str, ctx: Context | None
-    ) -> list[HookOutcome]:
-        hooks = [f"{skill}.{COMPACTION_LIFECYCLE}" for skill in skills]
-
-        def unanswered(reason: str, kind: Outcome) -> list[HookOutcome]:
-            return [HookOutcome(hook, 0.0, kind, reason) for hook in hooks]
-
-        if not self.registry.is_live(group):
-            return unanswered(f"no live replica in worker group {group!r}", Outcome.SKIPPED)
-        event = HopEvent(
-            hop_id=self.router.new_hop_id(),
-            completion_id=completion_id,
-            lifecycle=COMPACTION_LIFECYCLE,
-            stage_key=f"{COMPACTION_LIFECYCLE}:{outcome.id}",
-            hooks=[HookRef(skill=skill, method=COMPACTION_LIFECYCLE) for skill in skills],
-            data=outcome.model_dump(mode="json"),
-            ctx=ctx.model_dump(mode="json") if ctx is not None else {},
-            reply_to=self.router.reply_stream,
-            deadline=time.time() + self.default_timeout,
-            epoch=self.epoch,
-        )
-        try:
-            reply = await self._call(group, event, self.default_timeout, hooks)
-        except HopTimeout as exc:
-            return unanswered(str(exc), Outcome.TIMEOUT)
-        if reply.failure:
-            return unanswered(f"worker group {group!r}: {reply.failure}", Outcome.HOP_FAILED)
-        if ctx is not None:
-            ctx.state = reply.state
-            ctx.session.data = reply.session
-        return [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes]
-
     # -------------------------------------------------------------- observations
 
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
@@ -383,7 +326,7 @@ class BusRuntime:
             log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
 
     def record_observed(
-        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+        self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         """An `observe` record, as a worker replica writes for its group's observers
         (group None: this process)."""
@@ -415,7 +358,7 @@ class BusRuntime:
     def record_stage(
         self,
         completion_id: str,
-        lifecycle: str,
+        lifecycle: Lifecycle,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
@@ -441,12 +384,12 @@ def _hook_refs(segment: Segment) -> list[HookRef]:
     return [HookRef(skill=h.descriptor.skill, method=h.descriptor.method) for h in segment.hooks]
 
 
-def _taken(reply: HopReply, ctx: Context) -> tuple[list[HookOutcome], HookError | None]:
+def _taken(reply: HopReply, ctx: Context) -> tuple[list[HookOutcome], HookbusError | None]:
     """A usable reply's state and session into `ctx`; its outcomes and abort."""
     ctx.state = reply.state
     ctx.session.data = reply.session
     outcomes = [HookOutcome(o.hook, o.duration_ms, o.outcome, o.error) for o in reply.outcomes]
-    return outcomes, HookError.from_dict(reply.abort) if reply.abort else None
+    return outcomes, HookbusError.from_dict(reply.abort) if reply.abort else None
 
 
 def _unanswered(segment: Segment, data: HookData, reason: str, outcome: Outcome) -> ChainResult:

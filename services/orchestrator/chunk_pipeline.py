@@ -24,14 +24,15 @@ from openai.types.chat import ChatCompletionChunk
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.assemble import ChunkAssembler
 from hookbus.services.orchestrator.run_state import RunState
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
+from hookbus.skills.lifecycle import Lifecycle
 
 OnChunk = Callable[[RunState, ChatCompletionChunk, str, int, str], Awaitable[ChatCompletionChunk | None]]
 """Runs one chunk through the on_chunk stage: (state, chunk, content, index, full_content)."""
 
 
 OnChunks = Callable[
-    [RunState, Sequence[ChunkIn]], Awaitable[tuple[list[ChatCompletionChunk | None], HookError | None]]
+    [RunState, Sequence[ChunkIn]], Awaitable[tuple[list[ChatCompletionChunk | None], HookbusError | None]]
 ]
 """Runs several chunks through a one-segment remote on_chunk stage in one hop: the
 visible result of each chunk before the HookError that stopped the chain, and that error."""
@@ -47,11 +48,11 @@ async def stream_chunks(
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
     """The chunks of `source` (one LLM stream) as the client sees them; sets
     `state.last_response` to the assembled completion at the end."""
-    segments = state.plan.segments("on_chunk", state.ctx.auth.scopes)
+    segments = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
     if batch > 1 and len(segments) == 1 and segments[0].group is not None:
         chunks = _batched(state, source, model, on_chunks, batch)
     else:
-        observed = bool(state.plan.observers("on_chunk", state.ctx.auth.scopes))
+        observed = bool(state.plan.observers(Lifecycle.ON_CHUNK, state.ctx.auth.scopes))
         chunks = _sequential(state, source, model, on_chunk if segments or observed else None)
     async with contextlib.aclosing(chunks) as visible_chunks:
         async for chunk in visible_chunks:

@@ -4,30 +4,26 @@ after a "context too long" refusal, and telling the skills that listen.
 The rules of compacting live in hookbus.services.orchestrator.compaction (pure functions of
 messages and a policy); this module binds them to one agent's model, LLM and skills. The
 summary is one plain LLM call (`policy.model` or the agent's model): no hooks, not streamed,
-not a tool round, and its usage is not added to the request's. Every skill defining
-`on_compaction(outcome, ctx)` (in-process, or hosted by a worker group through the runtime)
-hears of each compaction that changed something; `ctx` is None between turns.
+not a tool round, and its usage is not added to the request's. Each compaction that
+changed something is announced through `announce`: the agent runs its `on_compaction` stage
+(hooks in-process and in worker groups alike); `ctx` is None between turns.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from hookbus.bus.settings import get_settings
-from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
 from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.runtime import Runtime
 from hookbus.services.orchestrator.tokens import context_window, count_messages
-from hookbus.skills import Context, ContextTooLong, Skill
-from hookbus.skills.runner import run_listeners
+from hookbus.skills import Context, ContextTooLong
 
 log = structlog.get_logger("hookbus.agent")
 
@@ -35,6 +31,9 @@ _REFUSAL_NUMBERS = re.compile(
     r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens",
     re.IGNORECASE | re.DOTALL,
 )
+Announce = Callable[[Compaction, Context | None], Awaitable[None]]
+"""Tells the hooks of a compaction that changed something (ctx None: between turns); never raises."""
+
 _REFUSAL_SHRINK = 0.9
 """Assumed ratio of the endpoint's window to our count when its refusal names no numbers."""
 
@@ -48,11 +47,11 @@ class Compactor:
     """
 
     def __init__(
-        self, llm: LLM, model: str, skills: Sequence[Skill], policy: CompactionPolicy | None
+        self, llm: LLM, model: str, announce: Announce, policy: CompactionPolicy | None
     ) -> None:
         self._llm = llm
         self._model = model
-        self._listeners = [skill for skill in skills if skill.handles_compaction()]
+        self._tell_hooks = announce
         self.configured_window = get_settings().context_window
         self.endpoint_window: int | None = None
         self._asked_endpoint = False
@@ -110,7 +109,7 @@ class Compactor:
             log.info("context_window_from_endpoint", model=self._model, window=self.endpoint_window)
 
     async def between_turns(
-        self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int, runtime: Runtime
+        self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int
     ) -> Compaction:
         await self.ask_endpoint()
         policy = self._policy
@@ -119,11 +118,11 @@ class Compactor:
                 _plain(messages), tokens_of_next_message, policy, self.budget, self._summarizer(policy)
             )
             span.outcome(outcome)
-            await self._announce(outcome, None, runtime)
+            await self._announce(outcome, None)
         return outcome
 
     async def now(
-        self, messages: Sequence[Mapping[str, Any]], focus: str | None, runtime: Runtime
+        self, messages: Sequence[Mapping[str, Any]], focus: str | None
     ) -> Compaction:
         await self.ask_endpoint()
         policy = self._policy
@@ -132,7 +131,7 @@ class Compactor:
                 _plain(messages), policy, self.budget, self._summarizer(policy), focus=focus
             )
             span.outcome(outcome)
-            await self._announce(outcome, None, runtime)
+            await self._announce(outcome, None)
         return outcome
 
     def past_hard(self, messages: Sequence[Mapping[str, Any]]) -> bool:
@@ -143,7 +142,6 @@ class Compactor:
         self,
         messages: list[dict[str, Any]],
         ctx: Context,
-        runtime: Runtime,
         policy: CompactionPolicy | None = None,
         window: int | None = None,
     ) -> Compaction | None:
@@ -157,11 +155,11 @@ class Compactor:
             span.outcome(outcome)
             if outcome.stage == "none":
                 return None
-            await self._announce(outcome, ctx, runtime)
+            await self._announce(outcome, ctx)
         return outcome
 
     async def after_refusal(
-        self, messages: list[dict[str, Any]], refusal: ContextTooLong, ctx: Context, runtime: Runtime
+        self, messages: list[dict[str, Any]], refusal: ContextTooLong, ctx: Context
     ) -> Compaction | None:
         """The endpoint said the prompt is too long although our count said it fits: compact
         against the window the refusal implies (scaled to our count), once."""
@@ -190,7 +188,7 @@ class Compactor:
             "context_too_long_compacting", completion_id=ctx.completion_id,
             counted=ours, window=window,
         )
-        return await self.in_run(messages, ctx, runtime, tighter, window)
+        return await self.in_run(messages, ctx, tighter, window)
 
     def _summarizer(self, policy: CompactionPolicy) -> Summarizer:
         model = policy.model or self._model
@@ -202,32 +200,16 @@ class Compactor:
 
         return summarize
 
-    async def _announce(self, outcome: Compaction, ctx: Context | None, runtime: Runtime) -> None:
-        """Record a compaction and tell every skill that handles it, in-process through the
-        runner's listener rules and in worker groups through the runtime; each round's
-        outcomes are recorded like a stage's, failures are logged, never raised."""
+    async def _announce(self, outcome: Compaction, ctx: Context | None) -> None:
+        """Record a compaction that changed something and tell the hooks."""
         if outcome.stage == "none":
             return
         self.last = outcome
-        completion_id = ctx.completion_id if ctx is not None else f"compaction-{outcome.id}"
         log.info(
-            "compacted", completion_id=completion_id, stage=outcome.stage,
-            before=outcome.before, after=outcome.after, window=outcome.window,
+            "compacted", completion_id=ctx.completion_id if ctx is not None else f"compaction-{outcome.id}",
+            stage=outcome.stage, before=outcome.before, after=outcome.after, window=outcome.window,
         )
-        if self._listeners:
-            started = time.perf_counter()
-            outcomes = await run_listeners(
-                [(f"{skill.name}.{COMPACTION_LIFECYCLE}", skill.on_compaction) for skill in self._listeners],  # type: ignore[attr-defined]
-                (outcome, ctx),
-                completion_id=completion_id,
-            )
-            runtime.record_stage(
-                completion_id, COMPACTION_LIFECYCLE, None, outcomes, (time.perf_counter() - started) * 1000
-            )
-        try:
-            await runtime.notify_compaction(outcome, ctx)
-        except Exception:  # noqa: BLE001 - a listener never breaks the run
-            log.exception("on_compaction_failed", group="*", completion_id=completion_id)
+        await self._tell_hooks(outcome, ctx)
 
 
 def _turn_start(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -1,8 +1,9 @@
 """The demo agent `make run` and the deploy manifests start: `hookbus.services.orchestrator.demo:agent`.
 
 It carries one in-process skill with two small tools; the built-in skills run in worker
-groups. With no OPENAI_BASE_URL it talks to the built-in offline model, which calls a
-tool when the message says `[[tool:NAME {json}]]` (see services/orchestrator/offline_model.py).
+groups. `hookbus run` starts it on the built-in offline model (HOOKBUS_MODEL=offline), which
+calls a tool when the message says `[[tool:NAME {json}]]` (services/testing/offline_model.py);
+the deploy manifests give it a real endpoint (OPENAI_BASE_URL).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 With no endpoint configured, the built-in offline model (hookbus.services.testing.
 offline_model) is started on loopback and reached through the very same client and
-HTTP path, so tests and demos exercise the production code path.
+HTTP path, so tests and demos exercise the production code path. That fallback is for an
+`Agent` used in-process; the orchestrator service asks `require_endpoint` first and refuses
+to start on it unless the offline model was asked for by name (`HOOKBUS_MODEL=offline`).
 
 What it does for every endpoint (OpenAI, vLLM, llama.cpp):
 - sends the messages in the form all of them accept (`upstream_messages`), the request's
@@ -40,12 +42,12 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from hookbus.bus.settings import get_settings
+from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills.errors import ContextTooLong, HookError, UpstreamError
+from hookbus.skills.errors import ContextTooLong, ServiceError, UpstreamError
 from hookbus.skills.model_settings import ModelSettings
 
 log = structlog.get_logger("hookbus.llm")
@@ -96,6 +98,7 @@ class LLM:
 
     @property
     def offline(self) -> bool:
+        """No endpoint configured: calls go to the built-in offline model."""
         return self._base_url is None
 
     @property
@@ -292,6 +295,26 @@ class LLM:
             yield chunk
 
 
+class NoEndpoint(RuntimeError):
+    """A service that must answer with a real model has no LLM endpoint configured."""
+
+
+def require_endpoint(llm: LLM) -> None:
+    """Refuse to serve with the offline stand-in model unless it was asked for by name.
+
+    The orchestrator service (`hookbus orchestrator`) calls this before it starts: a
+    deployment that forgot `OPENAI_BASE_URL` must fail at once, not answer its users with a
+    test double. `HOOKBUS_MODEL=offline` asks for the offline model on purpose (`hookbus run`
+    sets it). An `Agent` used in-process does not ask: it falls back.
+    """
+    if llm.offline and get_settings().model != OFFLINE_MODEL:
+        raise NoEndpoint(
+            "no LLM endpoint: set OPENAI_BASE_URL to an OpenAI-compatible endpoint (with "
+            f"OPENAI_API_KEY and HOOKBUS_MODEL), or set HOOKBUS_MODEL={OFFLINE_MODEL} to run the "
+            "built-in offline stand-in model on purpose"
+        )
+
+
 async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:
     """What `client.chat.completions.create(**arguments)` does, minus its transform.
 
@@ -331,6 +354,7 @@ class StreamedChunk:
             return ChatCompletionChunk.model_validate(data)
         except ValidationError:
             return ChatCompletionChunk.construct(**data)
+
 
 
 def json_body(arguments: dict[str, Any]) -> bytes:
@@ -485,7 +509,7 @@ _STATUS_SEEN = {400: 400, 404: 404, 408: 504, 413: 400, 422: 400, 429: 429, 503:
 is a 502, the endpoint having failed us."""
 
 
-def llm_error(exc: openai.APIError) -> HookError:
+def llm_error(exc: openai.APIError) -> ServiceError:
     """Turn what the endpoint said into the error the client will see, keeping its message,
     code and param (and Retry-After of a 429, in `details.retry_after`)."""
     if isinstance(exc, openai.APIStatusError):

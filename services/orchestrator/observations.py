@@ -33,6 +33,7 @@ from hookbus.bus.wire.observations import BatchWriter
 from hookbus.services.orchestrator.plan import PlannedHook
 from hookbus.skills import Context, HookData
 from hookbus.skills.context import HookCall, Session
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.observing import ObserverMemory, StageSeen, observe_stage
 from hookbus.skills.runner import HookOutcome, copy_state
 from hookbus.skills.skill import BoundHook
@@ -53,7 +54,7 @@ class ObservationSink(Protocol):
         """Append each (group, entry) to that group's observer stream, without waiting."""
 
     def record_observed(
-        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+        self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         """Record what the in-process observers of one stage did."""
 

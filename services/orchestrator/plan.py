@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from hookbus.skills import LIFECYCLES
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.skill import BoundHook, BoundTool
 
 
@@ -78,11 +78,11 @@ class HookPlan:
     """Ordered hooks per lifecycle (observers apart) and the tool catalogue; segment and
     observer lists are cached per scope set."""
 
-    by_lifecycle: dict[str, tuple[PlannedHook, ...]]
+    by_lifecycle: dict[Lifecycle, tuple[PlannedHook, ...]]
     tools: dict[str, PlannedTool]
-    observers_by_lifecycle: dict[str, tuple[PlannedHook, ...]] = field(default_factory=dict)
-    _segments: dict[tuple[str, tuple[str, ...]], tuple[Segment, ...]] = field(default_factory=dict)
-    _observers: dict[tuple[str, tuple[str, ...]], tuple[PlannedHook, ...]] = field(default_factory=dict)
+    observers_by_lifecycle: dict[Lifecycle, tuple[PlannedHook, ...]] = field(default_factory=dict)
+    _segments: dict[tuple[Lifecycle, tuple[str, ...]], tuple[Segment, ...]] = field(default_factory=dict)
+    _observers: dict[tuple[Lifecycle, tuple[str, ...]], tuple[PlannedHook, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -101,19 +101,19 @@ class HookPlan:
             ranked.append(((remote.descriptor.priority, 1, index), remote))
         ranked.sort(key=lambda item: item[0])
 
-        def of(name: str, observe: bool) -> tuple[PlannedHook, ...]:
+        def of(point: Lifecycle, observe: bool) -> tuple[PlannedHook, ...]:
             return tuple(
-                p for _, p in ranked if p.descriptor.lifecycle == name and p.descriptor.observe is observe
+                p for _, p in ranked if p.descriptor.lifecycle == point and p.descriptor.observe is observe
             )
 
         tools = {tool.name: tool for tool in remote_tools}
         for bound_tool in local_tools:  # in-process tools win a name clash
             tools[bound_tool.descriptor.name] = PlannedTool(bound_tool.descriptor, None, bound_tool)
         return cls(
-            {name: of(name, False) for name in LIFECYCLES}, tools, {name: of(name, True) for name in LIFECYCLES}
+            {point: of(point, False) for point in Lifecycle}, tools, {point: of(point, True) for point in Lifecycle}
         )
 
-    def segments(self, lifecycle: str, scopes: Sequence[str]) -> tuple[Segment, ...]:
+    def segments(self, lifecycle: Lifecycle, scopes: Sequence[str]) -> tuple[Segment, ...]:
         key = (lifecycle, tuple(scopes))
         cached = self._segments.get(key)
         if cached is None:
@@ -125,7 +125,7 @@ class HookPlan:
             self._segments[key] = cached
         return cached
 
-    def observers(self, lifecycle: str, scopes: Sequence[str]) -> tuple[PlannedHook, ...]:
+    def observers(self, lifecycle: Lifecycle, scopes: Sequence[str]) -> tuple[PlannedHook, ...]:
         """The observers of `lifecycle` that apply to a caller with `scopes`, in order."""
         key = (lifecycle, tuple(scopes))
         cached = self._observers.get(key)
@@ -136,12 +136,12 @@ class HookPlan:
 
     def observes(self, scopes: Sequence[str]) -> bool:
         """Whether any stage has an observer for a caller with `scopes`."""
-        return any(self.observers(name, scopes) for name in LIFECYCLES)
+        return any(self.observers(point, scopes) for point in Lifecycle)
 
     def hold_back(self, scopes: Sequence[str]) -> int:
         """The widest on_chunk window (characters held back from the client) among the
         on_chunk hooks that apply to a caller with `scopes`; 0: none."""
-        return max((h.descriptor.hold_back for h in _allowed(self.by_lifecycle["on_chunk"], scopes)), default=0)
+        return max((h.descriptor.hold_back for h in _allowed(self.by_lifecycle[Lifecycle.ON_CHUNK], scopes)), default=0)
 
     def tool_schemas(self, scopes: Sequence[str]) -> list[dict[str, Any]]:
         allowed = set(scopes)

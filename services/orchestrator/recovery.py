@@ -48,8 +48,9 @@ from hookbus.bus.groups.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
 from hookbus.bus.wire.envelopes import RequestEnvelope
+from hookbus.services.orchestrator.run_mode import RunMode
 from hookbus.services.orchestrator.run_table import Running, RunTable
-from hookbus.skills import DuplicateCompletionId, HookError, OrchestratorLost
+from hookbus.skills import DuplicateCompletionId, HookbusError, OrchestratorLost, ServiceError
 
 log = structlog.get_logger("hookbus.recovery")
 
@@ -74,17 +75,17 @@ class RecoveryHost(Protocol):
     async def admit(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
 
     async def refuse(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookbusError
     ) -> None: ...
 
     async def execute(
         self,
         run: Running,
         request: RequestEnvelope,
-        mode: str,
+        mode: RunMode,
         *,
         first_seq: int = 0,
-        error: HookError | None = None,
+        error: HookbusError | None = None,
     ) -> bool: ...
 
 
@@ -162,10 +163,10 @@ class Recovery:
                 return
             if outcome.outcome == "fresh":
                 log.info("request_resumed", completion_id=cid, previous_owner=entry.previous_owner)
-                if await service.execute(run, request, "run"):
+                if await service.execute(run, request, RunMode.RUN):
                     self.resumed += 1
                 return
-            mode = "end" if outcome.finalized else "recover"
+            mode = RunMode.END if outcome.finalized else RunMode.RECOVER
             log.warning(
                 "request_recovering", completion_id=cid, previous_owner=entry.previous_owner,
                 stage=outcome.stage, epoch=outcome.epoch, mode=mode,
@@ -179,7 +180,7 @@ class Recovery:
 
     async def _give_up(self, entry: Claimed, request: RequestEnvelope, run: Running) -> None:
         service = self.service
-        error = HookError(
+        error = ServiceError(
             500, "request_failed",
             f"the request was delivered {entry.attempt} times and never finished; it was set aside",
         )
@@ -191,7 +192,7 @@ class Recovery:
             )
             await pipe.execute()
         log.error("request_given_up", completion_id=request.completion_id, attempt=entry.attempt)
-        await service.execute(run, request, "end", first_seq=-1, error=error)
+        await service.execute(run, request, RunMode.END, first_seq=-1, error=error)
 
     # ------------------------------------------------------ heartbeat, leases
 
@@ -232,7 +233,7 @@ class Recovery:
         self.trimmed += removed
         gone = await client.zrangebyscore(keys.orchestrators, "-inf", time.time() - forget_after)
         if gone:
-            await client.delete(*(keys.replies(text(g)) for g in gone))  # type: ignore[arg-type]
+            await client.delete(*(keys.replies(text(g)) for g in gone))
         for stream in keys.request_streams:
             await prune_consumers(
                 client, stream, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after

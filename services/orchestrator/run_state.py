@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletion
 
 from hookbus.services.orchestrator.observations import RequestObservations
 from hookbus.services.orchestrator.plan import HookPlan
-from hookbus.skills import Context, HookError
+from hookbus.skills import Context, HookbusError
 from hookbus.skills.model_settings import ModelSettings
 
 
@@ -33,7 +33,7 @@ class RunState:
     chunks_seen: int = 0
     last_response: ChatCompletion | None = None
     result: ChatCompletion | None = None
-    error: HookError | None = None
+    error: HookbusError | None = None
     started: float = field(default_factory=time.perf_counter)
     observations: RequestObservations | None = None
     """Set when any stage has observers for this caller."""

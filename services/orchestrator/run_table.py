@@ -12,6 +12,8 @@ from typing import Any
 
 import structlog
 
+from hookbus.skills.lifecycle import Lifecycle
+
 log = structlog.get_logger("hookbus.orchestrator")
 
 
@@ -64,7 +66,7 @@ class RunTable:
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self._by_entry)
 
-    def note_stage(self, completion_id: str, lifecycle: str) -> None:
+    def note_stage(self, completion_id: str, lifecycle: Lifecycle) -> None:
         run = self._by_cid.get(completion_id)
         if run is not None:
             run.stage = lifecycle

@@ -17,8 +17,8 @@ import structlog
 
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
-from hookbus.skills import Context, HookData, HookError
-from hookbus.skills.compaction_outcome import Compaction
+from hookbus.skills import Context, HookbusError, HookData
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import ChainResult, HookOutcome
 
@@ -34,7 +34,7 @@ class ChunkBatchResult:
 
     data: list[HookData | None]
     outcomes: list[HookOutcome] = field(default_factory=list)
-    abort: HookError | None = None
+    abort: HookbusError | None = None
 
 
 class Runtime(Protocol):
@@ -77,27 +77,24 @@ class Runtime(Protocol):
     def record_stage(
         self,
         completion_id: str,
-        lifecycle: str,
+        lifecycle: Lifecycle,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,
     ) -> None:
-        """A monitor record for one segment of one stage (or one round of on_compaction)."""
+        """A monitor record for one segment of one stage."""
 
     def record_call(self, completion_id: str, lifecycle: str, name: str, duration_ms: float, error: str | None) -> None:
         """A monitor record for one LLM call (`llm_call`, `name` the model) or one tool call
         (`tool_call`, `name` the tool; a remote one has its hop record too), for the console's waterfall."""
 
-    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
-        """Call `on_compaction(outcome, ctx)` of the skills hosted remotely, recording each
-        group's outcomes with `record_stage`. Failures are logged, never raised."""
 
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
         """Append a request's observer entries, one per (group, entry), to the groups'
         observer streams (hookbus.bus.wire.observations) without the request waiting."""
 
     def record_observed(
-        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+        self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         """A record of what the in-process observers of one stage did (hookbus.services.
         orchestrator.observations), like `record_stage`'s."""
@@ -148,14 +145,11 @@ class LocalRuntime:
     async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
         return [copy.deepcopy(self._held.get(key)) for key in keys]
 
-    async def notify_compaction(self, outcome: Compaction, ctx: Context | None) -> None:
-        """No worker groups in-process: the agent calls its own skills directly."""
-
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
         """No worker groups in-process: there are never entries to send."""
 
     def record_observed(
-        self, completion_id: str, lifecycle: str, outcomes: Sequence[HookOutcome], duration_ms: float
+        self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         self.record_stage(completion_id, lifecycle, None, outcomes, duration_ms)
 
@@ -165,7 +159,7 @@ class LocalRuntime:
     def record_stage(
         self,
         completion_id: str,
-        lifecycle: str,
+        lifecycle: Lifecycle,
         group: str | None,
         outcomes: Sequence[HookOutcome],
         duration_ms: float,

@@ -36,7 +36,7 @@ import json
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -82,6 +82,7 @@ from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
 from hookbus.services.orchestrator.recovery import Recovery
+from hookbus.services.orchestrator.run_mode import RunMode
 from hookbus.services.orchestrator.run_table import Running, RunTable
 from hookbus.services.process.bus_app import BusApp
 from hookbus.services.process.defaults import (
@@ -90,9 +91,16 @@ from hookbus.services.process.defaults import (
     ORCHESTRATOR_MAX_DELIVERIES,
 )
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import HookError
-from hookbus.skills.errors import Cancelled, DeadlineExceeded, DuplicateCompletionId, as_hook_error
+from hookbus.skills import HookbusError, ServiceError
+from hookbus.skills.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    DuplicateCompletionId,
+    as_hookbus_error,
+)
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.outcome import Outcome
+from hookbus.skills.runner import HookOutcome
 
 log = structlog.get_logger("hookbus.orchestrator")
 
@@ -111,10 +119,13 @@ class _StageNotingRuntime(BusRuntime):
     """The bus runtime, also telling the service which stage each request reached (for
     its journal; written with the next lease renewal, not on the request's path)."""
 
-    on_stage: Callable[[str, str], None] | None = None
+    on_stage: Callable[[str, Lifecycle], None] | None = None
     owner_check: Callable[[str], Awaitable[bool]] | None = None
 
-    def record_stage(self, completion_id, lifecycle, group, outcomes, duration_ms) -> None:  # type: ignore[no-untyped-def]
+    def record_stage(
+        self, completion_id: str, lifecycle: Lifecycle, group: str | None,
+        outcomes: Sequence[HookOutcome], duration_ms: float,
+    ) -> None:
         super().record_stage(completion_id, lifecycle, group, outcomes, duration_ms)
         if self.on_stage is not None:
             self.on_stage(completion_id, lifecycle)
@@ -313,7 +324,7 @@ class OrchestratorService(BusApp):
             run.epoch = begun.epoch
             if begun.cancelled:
                 run.cancel_reason = "cancelled before it started"
-            await self.execute(run, request, "run")
+            await self.execute(run, request, RunMode.RUN)
         finally:
             self.runs.unregister(run)
 
@@ -335,11 +346,11 @@ class OrchestratorService(BusApp):
         try:
             request = await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
         except DecodeError as exc:
-            error = HookError(400, "invalid_request", f"the request could not be read: {exc}")
+            error = ServiceError(400, "invalid_request", f"the request could not be read: {exc}")
             await self.refuse(stream, entry_id, fields, _peek_completion_id(raw), error)
             return None
         if self.keys.requests_for(request.completion_id) != stream:
-            error = HookError(
+            error = ServiceError(
                 400, "misrouted_request",
                 f"queued on {stream}, but its completion id belongs to {self.keys.requests_for(request.completion_id)}",
             )
@@ -348,7 +359,7 @@ class OrchestratorService(BusApp):
         return request
 
     async def refuse(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookError
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookbusError
     ) -> None:
         def set_aside(pipe: Any) -> None:
             add_dead_letter(
@@ -389,12 +400,12 @@ class OrchestratorService(BusApp):
         self,
         run: Running,
         request: RequestEnvelope,
-        mode: str,
+        mode: RunMode,
         *,
         first_seq: int = 0,
-        error: HookError | None = None,
+        error: HookbusError | None = None,
     ) -> bool:
-        """Run (`run`), finalize only (`recover`), or only end (`end`) one request with the
+        """Run (`RUN`), finalize only (`RECOVER`), or only end (`END`) one request with the
         epoch in `run`, then store its terminal item and ack it. False if fenced out or
         left pending because Redis stayed unreachable."""
         assert self.journal is not None and self.runtime is not None
@@ -405,8 +416,8 @@ class OrchestratorService(BusApp):
             on_fenced=lambda: self.runs.fence_out(run),
             first_seq=first_seq,
         )
-        if run.cancel_reason is not None and mode == "run":
-            mode, error = "cancelled", Cancelled(f"the request was {run.cancel_reason}")
+        if run.cancel_reason is not None and mode == RunMode.RUN:
+            mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
         task = asyncio.create_task(
             self._produce(request, writer, mode, error), name=f"request-{cid}",
             context=_with_run(run),  # its hooks' tasks see which run they belong to
@@ -454,7 +465,7 @@ class OrchestratorService(BusApp):
         self.runtime.events.emit(
             MonitorRecord(
                 kind="request", completion_id=cid,
-                lifecycle="request" if mode == "run" else f"request:{mode}",
+                lifecycle="request" if mode == RunMode.RUN else f"request:{mode}",
                 replica=self.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
                 outcome=Outcome.OK if terminal.kind != "error" else Outcome.FAILED,
                 error=failure.get("message"),
@@ -484,7 +495,7 @@ class OrchestratorService(BusApp):
         return True
 
     async def _produce(
-        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
+        self, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode, error: HookbusError | None
     ) -> ResponseItem:
         """The run itself, in the request's span; returns the terminal item (never raises
         but for cancellation)."""
@@ -496,25 +507,25 @@ class OrchestratorService(BusApp):
             return terminal
 
     async def _terminal_item(
-        self, request: RequestEnvelope, writer: ResponseWriter, mode: str, error: HookError | None
+        self, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode, error: HookbusError | None
     ) -> ResponseItem:
         cid = request.completion_id
         try:
-            if mode == "run":
+            if mode == RunMode.RUN:
                 return await self._run_until_deadline(request, writer)
             assert error is not None
-            if mode in ("recover", "cancelled"):
+            if mode in (RunMode.RECOVER, RunMode.CANCELLED):
                 await self.agent.finalize_only(
                     request.messages, completion_id=cid, error=error, auth=request.auth,
                     session_id=request.session_id, metadata=self._metadata(request),
-                    recovery=mode == "recover",
+                    recovery=mode == RunMode.RECOVER,
                 )
             raise error
-        except HookError as exc:
+        except HookbusError as exc:
             return ResponseItem(kind="error", completion_id=cid, error=exc.to_dict())
         except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever broke
             log.exception("request_crashed", completion_id=cid)
-            return ResponseItem(kind="error", completion_id=cid, error=as_hook_error(exc).to_dict())
+            return ResponseItem(kind="error", completion_id=cid, error=as_hookbus_error(exc).to_dict())
 
     async def _run_until_deadline(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
         remaining = None if request.deadline is None else request.deadline - time.time()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 import threading
 import time
 from types import TracebackType
@@ -39,7 +40,7 @@ class _ReadyServer(uvicorn.Server):
         super().__init__(config)
         self.ready = threading.Event()
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
             self.ready.set()

@@ -14,11 +14,11 @@ import structlog
 
 from hookbus.bus.groups.registry import GroupAnnouncement
 from hookbus.bus.wire.chunk_batch import ChangeCheck, dump_results, load_chunks
-from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE, HookTiming, HopEvent, HopReply
+from hookbus.bus.wire.envelopes import HookTiming, HopEvent, HopReply
 from hookbus.services.observability import tracing
 from hookbus.skills import Context, HookData, Skill
-from hookbus.skills.compaction_outcome import Compaction
-from hookbus.skills.runner import HookOutcome, run_hooks, run_listeners
+from hookbus.skills.lifecycle import Lifecycle
+from hookbus.skills.runner import HookOutcome, run_hooks
 from hookbus.skills.skill import BoundHook, BoundTool
 from hookbus.skills.toolcall import ToolProblem, invoke_tool
 
@@ -41,16 +41,12 @@ class GroupHost:
         self.tools: dict[str, BoundTool] = {
             t.descriptor.name: t for skill in self.skills for t in skill.bound_tools()
         }
-        self.compaction: dict[str, Skill] = {
-            skill.name: skill for skill in self.skills if skill.handles_compaction()
-        }
 
     def announcement(self) -> GroupAnnouncement:
         return GroupAnnouncement(
             group=self.group,
             hooks=[h.descriptor for h in self.hooks.values()],
             tools=[t.descriptor for t in self.tools.values()],
-            compaction=list(self.compaction),
         )
 
     async def answer(
@@ -62,16 +58,14 @@ class GroupHost:
         the reply is then version 2 too, with the data as JSON only if the hooks changed it."""
         started = time.perf_counter()
         data_json: bytes | None = None
+        answer: dict[str, Any]
         try:
-            if event.lifecycle == COMPACTION_LIFECYCLE and event.tool is None:
-                answer = await self._on_compaction(event)
+            ctx = Context.model_validate_json(split[0]) if split is not None else Context.model_validate(event.ctx)
+            if event.tool is not None:
+                answer = {"tool_result": await self._call_tool(event, ctx)}
             else:
-                ctx = Context.model_validate_json(split[0]) if split is not None else Context.model_validate(event.ctx)
-                if event.tool is not None:
-                    answer = {"tool_result": await self._call_tool(event, ctx)}
-                else:
-                    answer, data_json = await self._run_hooks(event, ctx, attempt, split)
-                answer["state"], answer["session"] = ctx.state, ctx.session.data
+                answer, data_json = await self._run_hooks(event, ctx, attempt, split)
+            answer["state"], answer["session"] = ctx.state, ctx.session.data
         except (UnknownHook, ValueError) as exc:
             answer, data_json = {"failure": str(exc)}, None
         # built once, with every field: cheaper than assigning them one by one afterwards
@@ -100,7 +94,7 @@ class GroupHost:
                 raise ValueError("a batched on_chunk hop needs its chunks in the 'd' field")
             return await self._run_chunks(bound, data_json, ctx, attempt)
         if split is not None:
-            data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=event.lifecycle)
+            data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=Lifecycle(event.lifecycle))
         else:
             data = HookData.model_validate(event.data or {"lifecycle": event.lifecycle})
         result = await run_hooks(
@@ -147,27 +141,6 @@ class GroupHost:
                 break
         answer = {"abort": abort, "processed": len(results), "outcomes": _timings(list(timings.values()))}
         return answer, (dump_results(results) if any(r is not None for r in results) else None)
-
-    async def _on_compaction(self, event: HopEvent) -> dict[str, Any]:
-        """Call `on_compaction(outcome, ctx)` of each named skill through the runner's
-        listener rules; one failing is recorded in the reply's `outcomes` (and logged),
-        never fails the hop or stops the others."""
-        listeners = []
-        for ref in event.hooks:
-            skill = self.compaction.get(ref.skill)
-            if skill is None:
-                raise UnknownHook(f"group {self.group!r} has no on_compaction of skill {ref.skill!r}")
-            listeners.append((ref.key, skill.on_compaction))  # type: ignore[attr-defined]
-        outcome = Compaction.model_validate(event.data or {})
-        ctx = Context.model_validate(event.ctx) if event.ctx else None
-        outcomes = await run_listeners(
-            listeners, (outcome, ctx), timeout=max(0.1, event.deadline - time.time()),
-            completion_id=event.completion_id,
-        )
-        answer: dict[str, Any] = {"outcomes": _timings(outcomes)}
-        if ctx is not None:
-            answer["state"], answer["session"] = ctx.state, ctx.session.data
-        return answer
 
     async def _call_tool(self, event: HopEvent, ctx: Context) -> str:
         assert event.tool is not None

@@ -45,6 +45,7 @@ from hookbus.bus.store.events import EventWriter
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, decode
 from hookbus.bus.wire.observations import ObservationBatch
 from hookbus.services.worker.host import GroupHost
+from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.observing import ObserverMemory, observe_stage
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import HookOutcome
@@ -174,11 +175,11 @@ class ObserverConsumer:
             if self._reader is not None:
                 self._reader.wake()
 
-    async def observe(self, batch: ObservationBatch, attempt: int) -> dict[str, list[HookOutcome]]:
+    async def observe(self, batch: ObservationBatch, attempt: int) -> dict[Lifecycle, list[HookOutcome]]:
         """Run each stage's observers in order; the outcomes by lifecycle (also recorded)."""
         memory = ObserverMemory()
-        by_lifecycle: dict[str, list[HookOutcome]] = defaultdict(list)
-        spent: dict[str, float] = defaultdict(float)
+        by_lifecycle: dict[Lifecycle, list[HookOutcome]] = defaultdict(list)
+        spent: dict[Lifecycle, float] = defaultdict(float)
         ctx = batch.ctx
         for keys, stage in batch.seen():
             lifecycle = stage.data.lifecycle

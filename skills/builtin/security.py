@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import re2  # type: ignore[import-untyped]  # linear-time matching (RE2); no type stubs
+import re2  # linear-time matching (RE2); no type stubs
 
 from hookbus.skills.builtin._common import as_list, env_list, logger
 from hookbus.skills.builtin.shell_words import CommandLine, command_name, parse

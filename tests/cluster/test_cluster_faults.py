@@ -16,7 +16,7 @@ import pytest
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.connection.shards import slot_of
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError
 from tests.cluster.skills import Ledger
 from tests.embedded_cluster import EmbeddedCluster
 from tests.integration.stack import Upper, running_stack
@@ -39,7 +39,7 @@ async def one_request(client: HookbusClient) -> tuple[str, str | None]:
     """(text, error code or None); raises nothing: every request must end."""
     try:
         text = "".join([c.choices[0].delta.content or "" async for c in client.stream(PROMPT) if c.choices])
-    except HookError as exc:
+    except HookbusError as exc:
         return "", exc.code
     return text, None
 

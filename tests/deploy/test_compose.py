@@ -4,11 +4,13 @@ the gateway on 8000, configured by environment only."""
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import urlparse
 
 import jsonschema
 import pytest
 
+from tests.deploy.check.stack import CHECK_MODEL_URL
 from tests.deploy.manifests import (
     COMPOSE_FILE,
     COMPOSE_FILES,
@@ -119,7 +121,7 @@ def test_configuration_is_environment_only(services):
         # No config files mounted into hookbus services (the auth override mounts a secret);
         # the check profile's harness is the one mount, read-only, of its own folder.
         if is_harness_service(service):
-            assert all(v.endswith(":ro") and HARNESS_MOUNT in v for v in service["volumes"]), name
+            assert all(v.endswith(":ro") and HARNESS_MOUNT in v for v in service.get("volumes", [])), name
         else:
             assert "volumes" not in service, name
         assert "configs" not in service, name
@@ -159,3 +161,26 @@ def test_the_gateway_always_checks_api_keys_from_a_secret(services):
 def test_the_check_only_group_needs_its_profile(services):
     """worker-billing (the stand-in 402 of `make deploy-check`) never starts by default."""
     assert services["worker-billing"]["profiles"] == ["check"]
+
+
+def test_the_check_only_model_needs_its_profile(services):
+    """The offline stand-in model (the deploy check's LLM endpoint) never starts by default."""
+    assert services["model"]["profiles"] == ["check"]
+
+
+def test_every_hookbus_service_requires_an_llm_endpoint(services):
+    """Unset, compose stops before starting anything, with a message naming the variable."""
+    required = re.compile(r"\$\{OPENAI_BASE_URL:\?[^}]*OPENAI_BASE_URL[^}]*\}")
+    for name in hookbus_service_names():
+        value = compose_environment(services[name])["OPENAI_BASE_URL"] or ""
+        assert required.fullmatch(value), (name, value)
+        assert compose_environment(services[name]).get("HOOKBUS_MODEL") is None, name
+
+
+def test_the_deploy_check_points_the_stack_at_its_offline_model_service(services):
+    endpoint = urlparse(CHECK_MODEL_URL)
+    model = services[endpoint.hostname]
+    assert is_harness_service(model)
+    served = " ".join(model["entrypoint"])
+    assert "offline_model" in served and f"port={endpoint.port}" in served
+    assert f"{endpoint.port}/v1/models" in " ".join(model["healthcheck"]["test"])

@@ -61,7 +61,7 @@ def test_compose_environment_is_settings_only():
     services = compose_services(COMPOSE_FILE)
     for name in hookbus_service_names():
         variables = compose_environment(services[name])
-        if is_harness_service(services[name]):
+        if is_harness_service(services[name]) and "volumes" in services[name]:
             assert variables.pop("PYTHONPATH") == HARNESS_MOUNT, name
         assert not unknown(variables), (name, unknown(variables))
         assert variables.get("REDIS_URL"), name

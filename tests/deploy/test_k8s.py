@@ -249,3 +249,22 @@ def test_every_api_keys_secret_is_one_the_gateway_accepts(directory):
     secrets = [d for d in rendered(directory) if d["kind"] == "Secret" and "api-keys.json" in d.get("stringData", {})]
     for secret in secrets:
         assert parse_api_keys(secret["stringData"]["api-keys.json"], short_name(directory))
+
+
+@overlays
+def test_the_orchestrator_gets_an_llm_endpoint_or_asks_for_the_offline_model_by_name(directory):
+    """The orchestrator refuses to start with neither (hookbus.services.orchestrator.llm.require_endpoint)."""
+    config = by_kind(rendered(directory), "ConfigMap")["hookbus-config"]["data"]
+    assert config.get("OPENAI_BASE_URL") or config.get("HOOKBUS_MODEL") == "offline", config
+
+
+def test_the_base_presents_no_model_as_the_default():
+    config = by_kind(rendered(K8S_BASE), "ConfigMap")["hookbus-config"]["data"]
+    assert not {"OPENAI_BASE_URL", "HOOKBUS_MODEL"} & set(config), config
+
+
+def test_production_names_a_real_endpoint_and_model():
+    prod = next(path for path in K8S_OVERLAYS if path.name == "prod")
+    config = by_kind(rendered(prod), "ConfigMap")["hookbus-config"]["data"]
+    assert config["OPENAI_BASE_URL"].startswith("https://")
+    assert config["HOOKBUS_MODEL"] not in ("", "offline")

@@ -28,7 +28,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import response_items
-from hookbus.skills import HookError
+from hookbus.skills import HookbusError, RedisOutOfMemory
 from tests.gateway.server import running_gateway
 from tests.integration.processes import REPO, Processes
 from tests.waiting import wait_for
@@ -92,7 +92,7 @@ async def test_a_full_redis_answers_503_and_the_services_log_it_once(tmp_path, s
         await asyncio.sleep(4)  # heartbeats, leases, events: every loop meets the OOM
 
         async with HookbusClient(server.url, prefix=PREFIX) as client:
-            with pytest.raises(HookError) as refused:
+            with pytest.raises(RedisOutOfMemory) as refused:
                 await client.complete("hi")
         assert refused.value.status_code == 503 and refused.value.code == "redis_out_of_memory"
 
@@ -155,7 +155,7 @@ async def through_the_client(url: str, started: asyncio.Event) -> Ended:
         started.set()
         try:
             await client.complete(LONG_ANSWER + "one", completion_id="chatcmpl-oom-client")
-        except HookError as exc:
+        except HookbusError as exc:
             return Ended("HookbusClient", exc.status_code, exc.code)
     return Ended("HookbusClient", 200, "answered")
 

@@ -10,7 +10,7 @@ import pytest
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
 from hookbus.services.cli.monitor import recent_events
-from hookbus.skills import Context, HookData, HookError, Skill, hook
+from hookbus.skills import Context, DeadlineExceeded, HookData, HookError, Skill, hook
 from tests.integration.stack import running_stack, wait_for_groups
 from tests.waiting import wait_for
 
@@ -156,7 +156,7 @@ async def test_a_client_deadline_ends_in_a_504_instead_of_a_hang(redis_url, pref
     # nobody consumes the queue: the client gives up at its deadline
     async with HookbusClient(redis_url, prefix=prefix, timeout=0.8) as client:
         started = asyncio.get_running_loop().time()
-        with pytest.raises(HookError) as caught:
+        with pytest.raises(DeadlineExceeded) as caught:
             await client.complete("[[echo]] anyone?")
         assert caught.value.status_code == 504
         assert asyncio.get_running_loop().time() - started < 3
@@ -165,7 +165,7 @@ async def test_a_client_deadline_ends_in_a_504_instead_of_a_hang(redis_url, pref
     agent = Agent("t", skills=[Ledger()])
     async with running_stack(redis_url, prefix, agent) as (client, _, _):
         cid = f"chatcmpl-{uuid.uuid4().hex}"
-        with pytest.raises(HookError) as caught:
+        with pytest.raises(DeadlineExceeded) as caught:
             await client.complete("[[delay:3000]] slow", completion_id=cid, timeout=1.0)
         assert caught.value.status_code == 504
 

@@ -1,7 +1,7 @@
 """The failure rules are one set, wherever a hook runs: the same skills in the agent's own
 process and in a worker group (over real Redis) give the same answers, the same undone
-state, the same blocked tool call, the same 500, and the same recorded on_compaction
-failure."""
+state, the same blocked tool call, the same 500, the same refused return of another
+lifecycle's data, and the same recorded on_compaction failure."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import time
 import pytest
 
 from hookbus import Agent, CompactionPolicy, HookError
-from hookbus.bus.wire.envelopes import COMPACTION_LIFECYCLE
 from hookbus.services.cli.monitor import recent_events
-from hookbus.skills import Context, HookData, Skill, hook, tool
+from hookbus.skills import Context, HookData, Lifecycle, Skill, hook, tool
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
 
@@ -106,6 +105,41 @@ async def test_in_process_and_remote_hooks_fail_by_the_same_rules(redis_url, pre
     ]
 
 
+class Hijack(Skill):
+    """Returns another lifecycle's data from on_connection (the conversation of on_message)."""
+
+    name = "hijack"
+
+    @hook("on_connection", 5)
+    def confused(self, data: HookData, ctx: Context) -> HookData:
+        return HookData(lifecycle="on_message", messages=[{"role": "user", "content": "[[echo]] hijacked"}])
+
+
+class RemoteHijack(Hijack):
+    name = "remote-hijack"
+
+
+async def test_another_lifecycles_data_is_refused_alike_in_process_and_in_a_group(redis_url, prefix):
+    agent = Agent("hijacked", skills=[Hijack()])
+    async with running_stack(redis_url, prefix, agent, {"hijackers": [RemoteHijack()]}) as (client, _, _):
+        completion = await client.complete("[[echo]] untouched", completion_id="chatcmpl-hijack")
+
+        async def records():
+            found = [
+                e for e in await recent_events(client.redis, client.keys)
+                if e.kind == "stage" and e.lifecycle == "on_connection" and e.completion_id == "chatcmpl-hijack"
+            ]
+            return found if len(found) >= 2 else None
+
+        found = await wait_for(records, timeout=5)
+    assert completion.choices[0].message.content == "untouched"
+    refused = "returned the HookData of on_message, expected that of on_connection"
+    assert {e.group: (e.hooks, e.outcome, e.error) for e in found} == {
+        None: (["hijack.confused"], "failed", refused),
+        "hijackers": (["remote-hijack.confused"], "failed", refused),
+    }
+
+
 async def test_an_on_compaction_failure_is_recorded_alike_in_process_and_in_a_group(redis_url, prefix):
     messages = [{"role": "system", "content": "Be brief."}] + [
         {"role": role, "content": f"{role} turn {n}: " + "word " * 80}
@@ -118,7 +152,7 @@ async def test_an_on_compaction_failure_is_recorded_alike_in_process_and_in_a_gr
         async def records():
             found = [
                 e for e in await recent_events(client.redis, client.keys)
-                if e.kind == "stage" and e.lifecycle == COMPACTION_LIFECYCLE
+                if e.kind == "stage" and e.lifecycle == Lifecycle.ON_COMPACTION
                 and e.completion_id == f"compaction-{outcome.id}"
             ]
             return found if len(found) >= 2 else None

@@ -18,7 +18,7 @@ from hookbus import Agent, Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_INSTRUCTION, is_summary
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.tokens import count_messages
-from hookbus.skills import HookError, Skill, hook, tool
+from hookbus.skills import ContextTooLong, Skill, hook, tool
 from tests.conversations import SYSTEM, conversation
 
 TRANSCRIPT_HEAD = "Conversation to summarize: [user] Questi"  # the offline summary's 40 chars
@@ -254,7 +254,7 @@ async def test_a_tool_loop_that_would_overflow_fails_without_compaction() -> Non
         "a", model="offline-small", skills=[Blobs()], max_tool_rounds=30,
         compaction_policy=CompactionPolicy(auto=False),
     )
-    with pytest.raises(HookError) as caught:
+    with pytest.raises(ContextTooLong) as caught:
         await agent.run("[[loop:fetch]] read every blob")
     assert caught.value.code == "context_length_exceeded"
     assert agent.last_compaction is None
@@ -369,7 +369,7 @@ async def test_context_too_long_gives_up_when_compaction_cannot_help() -> None:
     listener = Listener()
     agent = tiny_agent(llm, listener)
     huge = [{"role": "user", "content": "[[echo]] " + " ".join(["gamma"] * 1500)}]
-    with pytest.raises(HookError) as caught:
+    with pytest.raises(ContextTooLong) as caught:
         await agent.run(huge)
     assert caught.value.status_code == 400 and caught.value.code == "context_length_exceeded"
     assert len(llm.calls) == 1 and listener.calls == []  # nothing to compact: no retry
@@ -380,7 +380,7 @@ async def test_context_too_long_is_retried_only_once() -> None:
     listener = Listener()
     agent = tiny_agent(llm, listener)
     request = [*conversation(4), {"role": "user", "content": "[[echo]] " + " ".join(["gamma"] * 1100)}]
-    with pytest.raises(HookError) as caught:
+    with pytest.raises(ContextTooLong) as caught:
         await agent.run(request)
     assert caught.value.code == "context_length_exceeded"
     kinds = ["summary" if _is_summary_request(c["messages"]) else "turn" for c in llm.calls]
@@ -394,6 +394,6 @@ async def test_with_auto_off_a_refusal_is_not_compacted() -> None:
         "a", model="offline-tiny", llm=llm,
         compaction_policy=CompactionPolicy(window=4096, auto=False),
     )
-    with pytest.raises(HookError):
+    with pytest.raises(ContextTooLong):
         await agent.run([*conversation(8), {"role": "user", "content": "hi"}])
     assert len(llm.calls) == 1 and agent.last_compaction is None

@@ -14,7 +14,17 @@ import pytest
 from hookbus import Agent
 from hookbus.services.orchestrator.agent import ROUND_CAP_NOTE
 from hookbus.services.orchestrator.runtime import LocalRuntime
-from hookbus.skills import Context, HookData, HookError, PaymentRequired, Skill, hook, tool
+from hookbus.skills import (
+    Context,
+    HookbusError,
+    HookData,
+    HookError,
+    PaymentRequired,
+    Skill,
+    UpstreamError,
+    hook,
+    tool,
+)
 from tests.waiting import wait_for
 
 
@@ -327,7 +337,7 @@ class Finalizer(Skill):
     name = "final"
 
     def __init__(self) -> None:
-        self.errors: list[HookError | None] = []
+        self.errors: list[HookbusError | None] = []
 
     @hook("finalize_connection")
     async def done(self, data, ctx):
@@ -402,7 +412,7 @@ async def test_a_critical_hook_failure_aborts_as_500_and_finalize_runs_once():
 async def test_an_llm_error_ends_the_run_with_finalize_once():
     final = Finalizer()
     # an upstream 500 is the endpoint failing us: the client sees a 502
-    with pytest.raises(HookError) as caught:
+    with pytest.raises(UpstreamError) as caught:
         await Agent("t", skills=[final]).run("[[error:500]]")
     assert caught.value.status_code == 502
     assert len(final.errors) == 1 and final.errors[0].code == caught.value.code

@@ -181,4 +181,6 @@ def test_the_tools_schemas_ask_the_model_only_for_query_and_limit() -> None:
     search = tools["search_memory"]["function"]["parameters"]
     assert set(search["properties"]) == {"query", "limit"} and search["required"] == ["query"]
     assert set(tools["list_memory"]["function"]["parameters"]["properties"]) == {"limit"}
-    assert MemorySkill.handles_compaction()
+    # its on_compaction(outcome, ctx) method is a hook on on_compaction, by its name alone
+    (listener,) = [h.descriptor for h in MemorySkill(redis_url="redis://x").bound_hooks()]
+    assert (listener.key, listener.lifecycle) == ("memory.on_compaction", "on_compaction")

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = [
     "Skill", "hook", "tool", "HookData", "Context", "AuthInfo", "HookError",
     "PaymentRequired", "Agent", "CompactionPolicy", "Compaction", "HookbusClient",
+    "HookbusError", "ServiceError",
 ]
 
 

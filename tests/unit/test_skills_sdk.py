@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from typing import Optional
 
@@ -12,6 +13,7 @@ from hookbus.skills import (
     Context,
     HookData,
     HookError,
+    Lifecycle,
     PaymentRequired,
     Skill,
     hook,
@@ -177,3 +179,29 @@ def test_one_descriptor_type_from_the_decorator_through_the_announcement_to_the_
     plan = HookPlan.build([], [], [PlannedHook(h, "g") for h in wire.hooks], [PlannedTool(t, "g") for t in wire.tools])
     assert plan.by_lifecycle["on_connection"][0].descriptor is wire.hooks[0]
     assert plan.tool_schemas(["paid"]) == [bound_tool.descriptor.parameters_schema]
+
+
+class Both(Skill):
+    @hook("on_chunk", 20)
+    def by_name(self, data, ctx):
+        return None
+
+    @hook(Lifecycle.ON_CHUNK, 20)
+    def by_member(self, data, ctx):
+        return None
+
+
+def test_a_lifecycle_is_a_string_enum_and_the_wire_keeps_its_strings():
+    by_name, by_member = [h.descriptor for h in Both().bound_hooks()]
+    assert by_name.lifecycle is Lifecycle.ON_CHUNK and by_member.lifecycle is Lifecycle.ON_CHUNK
+    assert by_name.model_dump(mode="json")["lifecycle"] == "on_chunk"
+    data = HookData(lifecycle="on_chunk", content="x")
+    assert data.lifecycle == "on_chunk" and {"on_chunk": 1}[data.lifecycle] == 1
+    # the on_compaction fields stay off the wire at every other point
+    assert json.loads(data.model_dump_json()) == {
+        "lifecycle": "on_chunk", "messages": None, "stream": None, "tools": None,
+        "model_settings": None, "iteration": None, "response": None, "usage": None,
+        "chunk": None, "content": "x", "chunk_index": None, "full_content": None,
+        "tool_call": None, "tool_id": None, "tool_skipped": False, "client_tool": False,
+        "tool_result": None, "error": None,
+    }

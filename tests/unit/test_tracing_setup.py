@@ -11,6 +11,7 @@ from hookbus.bus.wire import tracecontext
 from hookbus.bus.wire.envelopes import HopEvent, RequestEnvelope, encode, encode_hop
 from hookbus.services.observability import tracing
 from hookbus.services.observability.tracing import TracingSettings, configure_tracing
+from hookbus.services.orchestrator.run_mode import RunMode
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 
@@ -75,7 +76,7 @@ def test_off_every_helper_is_the_shared_do_nothing_object_and_envelopes_carry_no
         tracing.hop_span("g", "s", "on_chunk", ["a.b"]),
         tracing.stage_span("on_chunk", "on_chunk#1"),
         tracing.process_span("g", "r", "on_chunk", None, 1),
-        tracing.request_span("agent", "cid", None, "run"),
+        tracing.request_span("agent", "cid", None, RunMode.RUN),
         tracing.tool_span("t", "call_1", "{}"),
         tracing.compaction_span("in_run"),
         tracing.chat_span("m", object(), [], None, stream=True),  # type: ignore[arg-type]

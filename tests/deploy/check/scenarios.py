@@ -20,7 +20,10 @@ from tests.deploy.check.traffic import Outcome, ask, client, load, served_models
 SLOW = "[[delay:150]] [[words:12]] a slow answer"
 FINALIZE_TIMEOUT = 90.0
 RECOVERY_TIMEOUT = 120.0
-SERVICES = {"redis": 1, "orchestrator": 2, "worker-guard": 1, "worker-telemetry": 1, "worker-billing": 1, "gateway": 1}
+SERVICES = {
+    "redis": 1, "model": 1, "orchestrator": 2, "worker-guard": 1, "worker-telemetry": 1,
+    "worker-billing": 1, "gateway": 1,
+}
 
 
 def expect(condition: object, message: str) -> None:

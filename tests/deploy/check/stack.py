@@ -22,6 +22,8 @@ PROJECT = "hookbus-check"
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 CONTAINER_UID = 10001
 HEALTH_TIMEOUT = 180
+CHECK_MODEL_URL = "http://model:8080/v1"
+"""The LLM endpoint of the checked stack: the `model` service of the compose `check` profile."""
 
 
 class Caller(BaseModel):
@@ -62,6 +64,9 @@ class Stack:
                 f"HOOKBUS_GATEWAY_PORT={self.port}",
                 f"HOOKBUS_IMAGE={HOOKBUS_IMAGE}",
                 f"REDIS_IMAGE={REDIS_IMAGE}",
+                # The check profile's `model` service: the offline stand-in, asked for by name.
+                f"OPENAI_BASE_URL={CHECK_MODEL_URL}",
+                "HOOKBUS_MODEL=offline",
                 "HOOKBUS_NO_CREDIT_PEERS=" + ",".join(c.peer_user_id for c in self.callers if not c.has_credit),
             ]) + "\n"
         )
