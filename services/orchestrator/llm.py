@@ -13,7 +13,10 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
   and retrying here too multiplied the calls; a generation is never sent twice for being
   slow (`HOOKBUS_LLM_TIMEOUT`, default 600 s);
 - maps the endpoint's errors to what the client should see (`llm_error`);
-- treats a stream that ends with no chunk and no finish_reason as an upstream error;
+- treats a stream that ends with no chunk as an upstream error, and one with chunks but no
+  finish_reason (cut off: its text unfinished, a tool call's arguments perhaps half a JSON)
+  as a 502 `upstream_stream_truncated`; a finish_reason without the closing `[DONE]` is a
+  complete answer;
 - counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
 
 The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
@@ -263,6 +266,12 @@ class LLM:
                     self.unstreamed_tool_rounds = True
                     log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
                 return
+            if finish_reason is None:
+                raise UpstreamError(
+                    502, "upstream_stream_truncated",
+                    "the LLM endpoint's stream ended before the answer did (no finish_reason): "
+                    "what came is incomplete, and no tool call of it was made",
+                )
             if not produced and not saw_call:
                 raise empty_answer(finish_reason)
             if not saw_usage:
