@@ -195,8 +195,9 @@ def _error_type(status_code: int) -> str:
 
 
 def as_hook_error(exc: BaseException, status_code: int = 500, code: str = "internal_error") -> HookError:
-    """Wrap anything that went wrong as the HookError finalize hooks and clients see."""
+    """Wrap anything that went wrong as the HookError finalize hooks and clients see: in
+    words, with no Python class name or text in it (those are for the log, which the
+    caller writes with the exception)."""
     if isinstance(exc, HookError):
         return exc
-    message = str(exc) or type(exc).__name__
-    return HookError(status_code, code, message, {"exception": type(exc).__name__})
+    return HookError(status_code, code, "the request failed inside hookbus; its log has the cause")

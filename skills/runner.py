@@ -165,7 +165,8 @@ def _fail(result: ChainResult, descriptor: HookDescriptor, reason: str, *, calle
         result.abort = GuardUnavailable(descriptor.key, reason)
     elif effect == "abort":
         status, code = (500, "hook_failed") if called else (503, "no_worker")
-        result.abort = HookError(status, code, f"critical hook {descriptor.key} failed: {reason}")
+        # the reason (an exception's class and text) goes to the events and the log, not the client
+        result.abort = HookError(status, code, f"critical hook {descriptor.key} failed; the request's events say why")
     elif effect == "block":
         block_tool_call(result.data, descriptor.key, reason)
         result.blocked = True

@@ -140,3 +140,33 @@ async def test_a_stream_with_its_finish_but_no_done_is_a_complete_answer(gateway
     assert status == 200 and not [e for e in events if "error" in e]
     assert finishes(events) == ["stop"]
     assert await finalized_with(finals, asked) is None
+
+
+def _sse(*lines: bytes) -> up.Raw:
+    return up.Raw(b"".join(b"data: " + line + b"\n\n" for line in lines), "text/event-stream")
+
+
+_FIRST_CHUNK = json.dumps(up.chunk({"role": "assistant", "content": "one"})).encode()
+GARBAGE = {
+    "a line that is not JSON mid-stream": (True, _sse(_FIRST_CHUNK, b"{not json")),
+    "a JSON array for a chunk": (True, _sse(_FIRST_CHUNK, b"[1, 2, 3]")),
+    "a JSON object that is no chunk": (True, _sse(_FIRST_CHUNK, b'{"choices": "many"}')),
+    "HTML for a stream": (True, up.Raw(b"<html><body>Bad gateway</body></html>", "text/html")),
+    "HTML for an answer": (False, up.Raw(b"<html><body>Bad gateway</body></html>", "text/html")),
+    "HTML labelled JSON": (False, up.Raw(b"<html><body>Bad gateway</body></html>")),
+    "a JSON array for an answer": (False, up.Raw(b"[1, 2, 3]")),
+    "a JSON object that is no completion": (False, up.Raw(b'{"choices": [{"message": 5}]}')),
+}
+
+
+@pytest.mark.parametrize("case", list(GARBAGE))
+async def test_garbage_from_the_upstream_is_a_502_in_words_and_finalize_sees_it(gateway, recording, finals, case):
+    stream, answer = GARBAGE[case]
+    recording.answer(answer)
+    status, asked, events = await post(gateway, stream=stream)
+    error = the_error(events) if status == 200 else events[0]["error"]
+    assert status in ((200, 502) if stream else (502,))
+    assert error["type"] == "server_error" and error["code"].startswith(("upstream_", "empty_response"))
+    assert not PYTHON_NAMES.search(json.dumps(error)), error
+    assert "details" not in error or "exception" not in error["details"]
+    assert (await finalized_with(finals, asked) or (0, ""))[0] == 502
