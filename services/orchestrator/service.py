@@ -112,6 +112,7 @@ class _StageNotingRuntime(BusRuntime):
 
     on_stage: Callable[[str, str], None] | None = None
     owner_check: Callable[[str], Awaitable[bool]] | None = None
+    stopped_by: Callable[[str], HookError | None] | None = None
 
     def record_stage(self, completion_id, lifecycle, group, outcomes, duration_ms) -> None:  # type: ignore[no-untyped-def]
         super().record_stage(completion_id, lifecycle, group, outcomes, duration_ms)
@@ -121,6 +122,11 @@ class _StageNotingRuntime(BusRuntime):
     async def still_owner(self, ctx: Any) -> bool:
         """Asked by the agent right before finalize_connection (see OrchestratorService.still_owner)."""
         return True if self.owner_check is None else await self.owner_check(ctx.completion_id)
+
+    def stop_error(self, ctx: Any) -> HookError | None:
+        """Asked by the agent when its run is cancelled: the error this service stopped it
+        with, if the service did (hookbus.services.orchestrator.run_table.RunTable.lose)."""
+        return None if self.stopped_by is None else self.stopped_by(ctx.completion_id)
 
 
 class OrchestratorService(BusApp):
@@ -211,6 +217,7 @@ class OrchestratorService(BusApp):
         )
         runtime.on_stage = self.runs.note_stage
         runtime.owner_check = self.still_owner
+        runtime.stopped_by = self.runs.stop_error
         self.runtime = runtime
         self.journal = Journal(client, self.keys)
         await router.start()
@@ -400,6 +407,7 @@ class OrchestratorService(BusApp):
             self.client, self.keys.responses(cid),
             fence=Fence(self.journal, cid, run.epoch),
             on_fenced=lambda: self.runs.fence_out(run),
+            on_lost=lambda: self.runs.lose(run),
             first_seq=first_seq,
         )
         if run.cancel_reason is not None and mode == "run":
@@ -425,7 +433,7 @@ class OrchestratorService(BusApp):
             reason = run.cancel_reason or "cancelled"
             terminal = ResponseItem(
                 kind="error", completion_id=cid,
-                error=Cancelled(f"the request was {reason}").to_dict(),
+                error=(run.stop_error or Cancelled(f"the request was {reason}")).to_dict(),
             )
         else:
             terminal = task.result()
