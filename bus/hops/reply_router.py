@@ -34,13 +34,15 @@ from typing import Any
 
 import redis.asyncio as aredis
 import structlog
+from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.batched_appends import StreamAppender
-from hookbus.bus.connection.retrying import RECONNECT_ERRORS
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, out_of_memory
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.dead_letters import send_dead_letter
 from hookbus.bus.hops.pipelined_read import LINGER, RideOffer, ride
 from hookbus.bus.wire.envelopes import DecodeError, HopEvent, HopReply, decode, encode
+from hookbus.skills.errors import RedisOutOfMemory
 
 log = structlog.get_logger("hookbus.router")
 
@@ -172,8 +174,9 @@ class ReplyRouter:
         self, stream: str, event: HopEvent, timeout: float, fields: dict[bytes, bytes] | None = None
     ) -> HopReply:
         """Send one hop and wait for its reply; HopTimeout when none comes within
-        `timeout` seconds of the call (sending included). `fields`: the entry already
-        encoded (hookbus.bus.wire.envelopes.encode_hop), else `encode(event)`."""
+        `timeout` seconds of the call (sending included); RedisOutOfMemory (a 503 that
+        ends the request) when Redis refuses the hop at `maxmemory`. `fields`: the entry
+        already encoded (hookbus.bus.wire.envelopes.encode_hop), else `encode(event)`."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[HopReply] = loop.create_future()
         hop_id = event.hop_id
@@ -185,6 +188,10 @@ class ReplyRouter:
                 await self._appender.add(stream, fields or encode(event))
             except RECONNECT_ERRORS as exc:
                 raise HopUnsent(f"could not send to {stream}: {exc}") from exc
+            except ResponseError as exc:
+                if out_of_memory(exc):  # the request cannot go on: the 503 every path gives
+                    raise RedisOutOfMemory() from exc
+                raise
             return await future
         except HopUnsent:
             raise

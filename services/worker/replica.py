@@ -50,7 +50,9 @@ from hookbus.bus.connection.retrying import (
     RECONNECT_ERRORS,
     ensure_group,
     instance_name,
+    out_of_memory,
     raw_entry_parser,
+    retryable,
 )
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.claims import (
@@ -89,6 +91,8 @@ log = structlog.get_logger("hookbus.worker")
 
 DRAIN_SECONDS = 30.0
 REPLY_RETRY_GRACE = 5.0
+_REPLY_ERRORS = (*RECONNECT_ERRORS, ResponseError)
+"""What sending a reply may fail with: those worth a retry are sorted out by `retryable`."""
 READ_BLOCK_MS = 1000
 ACK_DELAY = 0.02
 """How long an answered hop waits for its ack, so that the acks of all the hops answered
@@ -420,9 +424,9 @@ class WorkerReplica(BusApp):
         self, entry: EntryRef, event: HopEvent, fields: dict[bytes, bytes], onward: Onward | None = None
     ) -> None:
         """Reply (batched with the other replies of this loop turn; the ack follows, see
-        ReplyBatcher), after sending the stage on (`onward`); through an outage, both and
-        the ack alone while the caller may still wait. Given up, the entry stays pending
-        (and expires when claimed again)."""
+        ReplyBatcher), after sending the stage on (`onward`); through an outage, or while
+        Redis refuses writes for want of memory, both and the ack alone while the caller
+        may still wait. Given up, the entry stays pending (and expires when claimed again)."""
         client = self._client
         assert client is not None
         if self._batcher is not None:
@@ -431,9 +435,11 @@ class WorkerReplica(BusApp):
                 return
             except RECONNECT_ERRORS:
                 pass
-            except ResponseError as exc:  # this reply_to cannot take a reply: nobody will get it
-                log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
-                return  # the batcher acks its entry
+            except ResponseError as exc:
+                if not out_of_memory(exc):  # this reply_to cannot take a reply: nobody will get it
+                    log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
+                    return  # the batcher acks its entry
+                log.warning("reply_waiting_for_memory", hop_id=event.hop_id, completion_id=event.completion_id)
 
         def send(pipe: Any) -> None:
             if onward is not None:
@@ -451,8 +457,8 @@ class WorkerReplica(BusApp):
                     raise replied
                 await self._sent_on(event, onward, sent_on)
                 return
-            except RECONNECT_ERRORS as exc:
-                if time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
+            except _REPLY_ERRORS as exc:
+                if not retryable(exc) or time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
                     log.error("reply_not_sent", entry_id=entry[1], hop_id=event.hop_id, error=str(exc))
                     raise
                 await asyncio.sleep(backoff)
