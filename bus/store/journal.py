@@ -170,9 +170,9 @@ return written
 
 # KEYS: requests, then (journal, cancel marker) per request. ARGV: group, consumer, ttl,
 # then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries, lost
-# entries (their journal is gone)}.
+# entries (their journal is gone), cancelled entries whose client stalled}.
 _RENEW = """
-local fenced, cancelled, lost = {}, {}, {}
+local fenced, cancelled, lost, stalled = {}, {}, {}, {}
 local n = (#KEYS - 1) / 2
 for i = 1, n do
   local journal, marker = KEYS[2 * i], KEYS[2 * i + 1]
@@ -187,10 +187,12 @@ for i = 1, n do
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry, 'JUSTID')
     redis.call('EXPIRE', journal, ARGV[3])
     if stage ~= '' then redis.call('HSET', journal, 'stage', stage) end
-    if redis.call('EXISTS', marker) == 1 then cancelled[#cancelled + 1] = entry end
+    local why = redis.call('GET', marker)
+    if why then cancelled[#cancelled + 1] = entry end
+    if why == 'client_stalled' then stalled[#stalled + 1] = entry end
   end
 end
-return {fenced, cancelled, lost}
+return {fenced, cancelled, lost, stalled}
 """
 
 
@@ -240,6 +242,8 @@ class Renewal:
     fenced: list[Lease] = field(default_factory=list)
     cancelled: list[Lease] = field(default_factory=list)
     lost: list[Lease] = field(default_factory=list)
+    stalled: list[Lease] = field(default_factory=list)
+    """Of the cancelled, those whose client stopped reading (the marker says `client_stalled`)."""
 
 
 class Leases:
@@ -268,11 +272,12 @@ class Leases:
             for lease in batch:
                 keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]
                 args += [lease.entry_id, lease.epoch, lease.stage]
-            shard_fenced, shard_cancelled, shard_lost = self._renew(keys=keys, args=args)
+            shard_fenced, shard_cancelled, shard_lost, shard_stalled = self._renew(keys=keys, args=args)
             by_entry = {lease.entry_id: lease for lease in batch}
             renewal.fenced += [by_entry[text(e)] for e in shard_fenced]
             renewal.cancelled += [by_entry[text(e)] for e in shard_cancelled]
             renewal.lost += [by_entry[text(e)] for e in shard_lost]
+            renewal.stalled += [by_entry[text(e)] for e in shard_stalled]
         return renewal
 
 

@@ -109,7 +109,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     configure_tracing("gateway", instance_name("gateway"))
     try:
         edge = EdgeOptions(
-            header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+            header_timeout=args.header_timeout, body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
             max_connections=args.max_connections,
             **({"allowed_hosts": args.allowed_hosts.split(",")} if args.allowed_hosts is not None else {}),
         )

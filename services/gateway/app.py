@@ -35,7 +35,7 @@ from hookbus.bus.store.stored_responses import STORED_RESPONSE_TTL, StoredRespon
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
-from hookbus.services.gateway.edge_options import BODY_TIMEOUT
+from hookbus.services.gateway.edge_options import BODY_TIMEOUT, STALL_TIMEOUT
 from hookbus.services.gateway.errors import (
     GatewayError,
     on_hook_error,
@@ -80,6 +80,7 @@ def create_app(
     body_timeout: float = BODY_TIMEOUT,
     allowed_hosts: Sequence[str] = (),
     stored_response_ttl: int = STORED_RESPONSE_TTL,
+    stall_timeout: float = STALL_TIMEOUT,
 ) -> Starlette:
     """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start).
 
@@ -87,7 +88,9 @@ def create_app(
     client may take to send one. Without keys, the app answers only JSON bodies and
     loopback or `allowed_hosts` Host names (hookbus.services.gateway.cross_site); with
     keys, it holds each key to its own limits (hookbus.services.gateway.key_limits).
-    Stored Responses API responses expire after `stored_response_ttl` seconds."""
+    Stored Responses API responses expire after `stored_response_ttl` seconds. A streamed
+    answer whose client takes no write for `stall_timeout` seconds (at most the client's
+    timeout, the request deadline) is ended (hookbus.services.gateway.sse)."""
     keys = normalize_keys(api_keys)
     metrics = GatewayMetrics()
     reader: aredis.Redis = getattr(client, "_reader", client.redis)  # the client's retry-free connection
@@ -98,6 +101,7 @@ def create_app(
         models=list(models) if models else default_models(),
         limits=limits or RequestLimits(),
         body_timeout=body_timeout,
+        stall_timeout=min(stall_timeout, client.timeout),
         metrics=metrics,
         probe=reader,
         responses=StoredResponses(client.redis, client.keys, stored_response_ttl),

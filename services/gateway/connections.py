@@ -7,6 +7,10 @@ costs one log line per episode, not a traceback per failed accept.
   connection whose request headers are not complete `header_timeout` seconds after the
   connection opened or its previous response ended. The body has its own timeout
   (hookbus.services.gateway.request_body).
+- A connection closed with data its client does not take (a streamed answer ended because
+  its client stopped reading: hookbus.services.gateway.sse) would stay open as long as
+  the client wishes, asyncio's close() waiting to flush: `HeaderTimeoutH11` aborts it
+  when its buffer has not drained `ABORT_AFTER` seconds after the close.
 - With every descriptor in use, asyncio reports each failed `accept()` to the loop's
   exception handler, with a traceback, and schedules one retry per failure (up to the
   listen backlog per wake-up), each of which fails again once the server has closed. `AcceptErrorLog` turns them into one warning when
@@ -38,6 +42,30 @@ _TIMEOUT_RESPONSE = (
     b"content-length: %d\r\n\r\n" % len(_TIMEOUT_BODY)
 ) + _TIMEOUT_BODY
 _ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ABORT_AFTER = 1.0
+"""Seconds a closed connection may take to hand its client what is left, then it is aborted."""
+
+
+class _AbortingClose:
+    """The connection's transport, whose close() aborts it if what is left to send is not
+    taken within ABORT_AFTER seconds (every other call goes to the transport as is)."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._transport.close()
+        if self._transport.get_write_buffer_size():
+            self._loop.call_later(ABORT_AFTER, self._abort_if_stuck)
+
+    def _abort_if_stuck(self) -> None:
+        if self._transport.get_write_buffer_size():
+            log.info("gateway_connection_aborted", reason="the client took nothing for a second after the close")
+            self._transport.abort()
 
 
 def header_timeout_protocol(header_timeout: float) -> type[H11Protocol]:
@@ -50,7 +78,7 @@ class HeaderTimeoutH11(H11Protocol):
     _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_AbortingClose(transport, self.loop))  # type: ignore[arg-type]
         self._arm()
 
     def data_received(self, data: bytes) -> None:

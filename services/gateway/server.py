@@ -85,7 +85,7 @@ async def _serve(
     try:
         app = create_app(
             client, api_keys=api_keys, models=models, limits=limits, body_timeout=edge.body_timeout,
-            allowed_hosts=edge.allowed_hosts,
+            allowed_hosts=edge.allowed_hosts, stall_timeout=edge.stall_timeout,
         )
         config = uvicorn.Config(
             app,

@@ -215,13 +215,16 @@ class Recovery:
             fenced, cancelled, lost = (
                 [run_of[id(x)] for x in found] for found in (renewal.fenced, renewal.cancelled, renewal.lost)
             )
-            self._loop.call_soon_threadsafe(self._apply_renewal, fenced, cancelled, lost)
+            stalled = {run_of[id(x)].completion_id for x in renewal.stalled}
+            self._loop.call_soon_threadsafe(self._apply_renewal, fenced, cancelled, lost, stalled)
 
-    def _apply_renewal(self, fenced: list[Running], cancelled: list[Running], lost: list[Running]) -> None:
+    def _apply_renewal(
+        self, fenced: list[Running], cancelled: list[Running], lost: list[Running], stalled: set[str]
+    ) -> None:
         for run in fenced:
             self.service.runs.fence_out(run)
         for run in cancelled:
-            self.service.runs.cancel(run.completion_id)
+            self.service.runs.cancel(run.completion_id, stalled=run.completion_id in stalled)
         for run in lost:
             self.service.runs.lose(run)
 

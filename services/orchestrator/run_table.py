@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from hookbus.skills import HookError
+from hookbus.skills import Cancelled, HookError
 
 log = structlog.get_logger("hookbus.orchestrator")
 
@@ -101,11 +101,15 @@ class RunTable:
         run = self._by_cid.get(completion_id)
         return None if run is None else run.stop_error
 
-    def cancel(self, completion_id: str, reason: str = "cancelled by the client") -> bool:
-        """Cancel the run of `completion_id`; False when this process does not run it."""
+    def cancel(self, completion_id: str, reason: str = "cancelled by the client", *, stalled: bool = False) -> bool:
+        """Cancel the run of `completion_id`; False when this process does not run it.
+        `stalled`: its client stopped reading the stream (the gateway said so), which
+        finalize and the terminal item say with the code `client_stalled`."""
         run = self._by_cid.get(completion_id)
         if run is None or run.fenced:
             return False
+        if stalled and run.stop_error is None:
+            run.stop_error = Cancelled("the client stopped reading the streamed answer", code="client_stalled")
         if run.cancel_reason is None:
             run.cancel_reason = reason
             log.info("request_cancel_received", completion_id=completion_id)

@@ -77,6 +77,7 @@ from hookbus.bus.wire.envelopes import (
     decode,
     encode,
 )
+from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
@@ -449,6 +450,10 @@ class OrchestratorService(BusApp):
             self.fenced += 1
             log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
             return False
+        if run.stop_error is not None and run.stop_error.code == CLIENT_STALLED:
+            # its client stopped reading and the gateway gave up on it: nobody reads this stream
+            with contextlib.suppress(*RECONNECT_ERRORS):
+                await self.client.delete(writer.stream)
         self.served += 1
         self.runtime.events.emit(
             MonitorRecord(
@@ -564,8 +569,11 @@ class OrchestratorService(BusApp):
                     while True:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if message and message.get("type") == "message":
-                            data = message["data"]
-                            self.runs.cancel(text(data))
+                            cid = text(message["data"])
+                            # why, from the marker (one read, on a rare path): a stalled client's
+                            # run is finalized with that code
+                            why = await self.client.get(self.keys.cancel(cid))
+                            self.runs.cancel(cid, stalled=why is not None and text(why) == CLIENT_STALLED)
                 except RECONNECT_ERRORS as exc:
                     log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
                     await forget_topology(reader)  # that node may be gone (failover)

@@ -8,30 +8,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import Counter
 
 import pytest
 import redis.asyncio as aredis
 
-from hookbus import Agent, Context, HookData, Skill, hook
+from hookbus import Agent
 from hookbus.bus.keys import Keys
 from tests.faults.helpers import read_until_terminal, submit
+from tests.finals import Finals
 from tests.integration.stack import running_stack
-
-
-class Finals(Skill):
-    """Counts finalize_connection runs per request in this process (Redis forgets)."""
-
-    name = "finals"
-
-    def __init__(self) -> None:
-        self.runs: Counter[str] = Counter()
-        self.errors: dict[str, str | None] = {}
-
-    @hook("finalize_connection")
-    async def record(self, data: HookData, ctx: Context) -> None:
-        self.runs[ctx.metadata.completion_id] += 1
-        self.errors[ctx.metadata.completion_id] = data.error.code if data.error else None
 
 
 @pytest.mark.parametrize("own_redis", [False], indirect=True, ids=["no-persistence"])
@@ -58,5 +43,5 @@ async def test_requests_in_flight_when_redis_comes_back_empty_end_at_once_and_fi
     assert all(o.error is not None and o.error["code"] == "request_state_lost" for o in outcomes), [o.error for o in outcomes]
     assert max(ended_after) < 8, ended_after  # seconds, not the 60 s deadline nor the 20 s call
     assert dict(finals.runs) == {cid: 1 for cid in cids}
-    assert set(finals.errors.values()) == {"request_state_lost"}
+    assert set(finals.codes.values()) == {"request_state_lost"}
     print(f"redis came back empty: {len(cids)} requests ended {min(ended_after)}-{max(ended_after)} s after the restart")

@@ -45,11 +45,16 @@ async def running_gateway(
     models: Sequence[str] | None = None,
     limits: RequestLimits | None = None,
     timeout: float = 30.0,
+    send_buffer: int | None = None,
     **app_options: Any,
 ) -> AsyncIterator[RunningGateway]:
-    """A gateway on a free loopback port; `app_options` go to create_app."""
+    """A gateway on a free loopback port; `app_options` go to create_app. `send_buffer`:
+    the kernel's send buffer of every connection (the listening socket's SO_SNDBUF, which
+    accepted ones inherit), small to have a client that stops reading fill it at once."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     holder: dict[str, Any] = {}
