@@ -53,8 +53,7 @@ from hookbus.services.gateway.models import MODEL_CREATED, Health, ModelCard, Mo
 from hookbus.services.gateway.openapi import openapi_document
 from hookbus.services.gateway.responses_api import (
     create_response,
-    delete_response,
-    retrieve_response,
+    stored_response,
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.observability import tracing
@@ -137,8 +136,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
-            Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
-            Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

@@ -102,6 +102,14 @@ async def create_response(request: Request) -> Response:
     return JSONResponse(wire(finished), headers={COMPLETION_ID_HEADER: response_id})
 
 
+async def stored_response(request: Request) -> Response:
+    """`/v1/responses/{id}`: GET or DELETE. One route for both methods, so that a request
+    with any other method (OPTIONS) is answered 405 with `Allow` naming both."""
+    if request.method == "DELETE":
+        return await delete_response(request)
+    return await retrieve_response(request)
+
+
 async def retrieve_response(request: Request) -> Response:
     gw = gateway_of(request)
     response_id = request.path_params["response_id"]
