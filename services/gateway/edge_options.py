@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 HEADER_TIMEOUT = 10.0
 BODY_TIMEOUT = 60.0
 MAX_CONNECTIONS = 1000
+MAX_CONNECTIONS_PER_ADDRESS = 100
 STALL_TIMEOUT = 15.0
 ALLOWED_HOSTS_ENV = "HOOKBUS_ALLOWED_HOSTS"
 
@@ -36,6 +37,11 @@ class EdgeOptions(BaseModel):
     )
     max_connections: int = Field(
         default=MAX_CONNECTIONS, gt=0, description="Connections served at once; beyond them a request gets 503."
+    )
+    max_connections_per_address: int = Field(
+        default=MAX_CONNECTIONS_PER_ADDRESS, ge=0,
+        description="Connections one client address may hold at once; beyond them a connection gets "
+        "503 and is closed (0: no bound; behind a proxy every client has the proxy's address).",
     )
     allowed_hosts: list[str] = Field(
         default_factory=allowed_hosts_from_env,

@@ -96,7 +96,7 @@ async def _serve(
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SECONDS,
             proxy_headers=True,
-            http=header_timeout_protocol(edge.header_timeout),
+            http=header_timeout_protocol(edge.header_timeout, edge.max_connections_per_address),
             limit_concurrency=edge.max_connections,
         )
         log.info("gateway_listening", host=host, port=port, url=f"http://{host}:{port}/v1")
