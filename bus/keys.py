@@ -226,6 +226,10 @@ class Keys:
         same id under another principal names another (absent) key."""
         return f"{self.prefix}stored-response:{owner}:{response_id}"
 
+    def stored_bytes(self, owner: str) -> str:
+        """Hash of the sizes (and expiry times) of one principal's stored responses."""
+        return f"{self.prefix}stored-bytes:{owner}"
+
     def held_tool_results(self, key: str) -> str:
         """Server calls and results held for a client's next request ({peer}:{call id})."""
         return f"{self.prefix}held:{key}"

@@ -159,3 +159,21 @@ def check_shape(document: Any, limits: RequestLimits) -> None:
                 400, "too_many_values", f"the request holds more than {limits.max_values} JSON values"
             )
         stack.extend((child, depth + 1) for child in children)
+
+
+def over_hop_limits(hop_bytes: int, state_bytes: int | None, max_hop_bytes: int, max_state_bytes: int) -> str | None:
+    """Why a hop's payload may not travel (None when it may): over the bytes one hop may
+    carry (HOOKBUS_MAX_HOP_BYTES) or the bytes of ctx.state a request carries from hop to
+    hop (HOOKBUS_MAX_STATE_BYTES). Large payloads stay in Redis (a hop, its reply) until
+    trimmed; these bound what one request can put there. `state_bytes` None: not known."""
+    if state_bytes is not None and state_bytes > max_state_bytes:
+        return (
+            f"ctx.state is {state_bytes:,} bytes as JSON, over its limit of {max_state_bytes:,} "
+            "(HOOKBUS_MAX_STATE_BYTES): keep large data elsewhere and put a key in the state"
+        )
+    if hop_bytes > max_hop_bytes:
+        return (
+            f"the hooks' results are {hop_bytes:,} bytes, over a hop's limit of {max_hop_bytes:,} "
+            "(HOOKBUS_MAX_HOP_BYTES)"
+        )
+    return None

@@ -87,6 +87,18 @@ class Settings(BaseSettings):
             "false: the orchestrator sends every hop itself."
         ),
     )
+    max_hop_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        alias="HOOKBUS_MAX_HOP_BYTES",
+        description="Bytes one worker's hop reply may hold (hook data, ctx.state, session); over it the hop fails.",
+    )
+    max_state_bytes: int = Field(
+        default=1024 * 1024,
+        gt=0,
+        alias="HOOKBUS_MAX_STATE_BYTES",
+        description="Bytes of ctx.state (as JSON) a request may carry from hop to hop; over it the hop fails.",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",
         alias="HOOKBUS_EVENT_LOOP",

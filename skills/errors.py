@@ -222,9 +222,10 @@ def _error_type(status_code: int) -> str:
 def as_hookbus_error(
     exc: BaseException, status_code: int = 500, code: str = "internal_error"
 ) -> HookbusError:
-    """Wrap anything that went wrong as the structured error finalize hooks and clients see
-    (a plain exception in hookbus's own code becomes a `ServiceError`)."""
+    """Wrap anything that went wrong as the structured error finalize hooks and clients see:
+    in words, with no Python class name or text in it (those are for the log, which the
+    caller writes with the exception); a plain exception in hookbus's own code becomes a
+    `ServiceError`."""
     if isinstance(exc, HookbusError):
         return exc
-    message = str(exc) or type(exc).__name__
-    return ServiceError(status_code, code, message, {"exception": type(exc).__name__})
+    return ServiceError(status_code, code, "the request failed inside hookbus; its log has the cause")

@@ -130,7 +130,7 @@ async def run_hooks(
             message = _describe(exc, bound.descriptor.timeout)
             log.warning("hook_failed", hook=bound.key, lifecycle=lifecycle, error=message, completion_id=ctx.completion_id)
             kind = Outcome.TIMEOUT if isinstance(exc, TimeoutError) else Outcome.FAILED
-            if _fail(result, bound.descriptor, message) == "unchanged":
+            if _fail(result, bound.descriptor, message, shown=_in_words(exc, bound.descriptor.timeout)) == "unchanged":
                 result.outcomes.append(_outcome(bound.key, started, kind, message))
                 continue
             result.outcomes.append(
@@ -159,13 +159,18 @@ def fail_unanswered(
     return result
 
 
-def _fail(result: ChainResult, descriptor: HookDescriptor, reason: str, *, called: bool = True) -> Effect:
+def _fail(
+    result: ChainResult, descriptor: HookDescriptor, reason: str, *, called: bool = True, shown: str | None = None
+) -> Effect:
+    """Apply a failed hook's rule. `reason` goes to the model (a blocked tool call) and the
+    events; `shown` (default `reason`) is what a client may read: no exception's class."""
     effect = failure_effect(descriptor)
     if effect == "refuse":
-        result.abort = GuardUnavailable(descriptor.key, reason)
+        result.abort = GuardUnavailable(descriptor.key, shown or reason)
     elif effect == "abort":
         status, code = (500, "hook_failed") if called else (503, "no_worker")
-        result.abort = HookError(status, code, f"critical hook {descriptor.key} failed: {reason}")
+        # the reason (an exception's class and text) goes to the events and the log, not the client
+        result.abort = HookError(status, code, f"critical hook {descriptor.key} failed; the request's events say why")
     elif effect == "block":
         block_tool_call(result.data, descriptor.key, reason)
         result.blocked = True
@@ -262,6 +267,13 @@ def _restore(data: HookData, saved: dict[str, Any], ctx: Context, saved_state: d
     data.__dict__.update(saved)
     ctx.state.clear()
     ctx.state.update(saved_state)
+
+
+def _in_words(exc: BaseException, timeout: float | None) -> str:
+    """Why a hook failed, as a client may read it (the exception itself stays in the log)."""
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {timeout}s"
+    return "it failed; the request's events say why"
 
 
 def _describe(exc: BaseException, timeout: float | None) -> str:

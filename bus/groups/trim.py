@@ -11,7 +11,9 @@
   client once it read the terminal item; `journal:{completion_id}` expire
   (hookbus.bus.store.journal).
 - `events` and `dead-letter` are capped by MAXLEN on every write.
-- `replies:{instance}` are trimmed by their reader (hookbus.bus.hops.reply_router); the janitor deletes
+- `replies:{instance}` are trimmed by their reader (hookbus.bus.hops.reply_router) of what
+  it read: every 256 replies or 1 MiB of them, and once no hop waited for a second, so an
+  idle orchestrator keeps no reply, however large; the janitor deletes
   those of orchestrators gone for `FORGET_AFTER`, and forgets their heartbeats and their
   consumer names once they hold no pending entry (`prune_consumers`).
 """

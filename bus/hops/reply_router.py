@@ -16,6 +16,10 @@ reply of a hop whose worker sent the stage on (hookbus.bus.hops.send_on) leads t
 only such replies the next read goes at once, as the next group's reply may already be
 there.
 
+The replies read are trimmed away by the reader (no one else reads this stream): every
+TRIM_EVERY replies or TRIM_BYTES of them while hops keep coming, and once no hop waited
+for IDLE_TRIM seconds, so large hook data does not outlive its request in Redis.
+
 Per hop the caller pays for little more than the round trip: its hop id is a counter
 after a random prefix (`new_hop_id`, no uuid4 per hop), and the deadlines of all waiting
 hops share one timer (`_Deadlines`), not a wait_for with its own timer and futures each.
@@ -34,17 +38,26 @@ from typing import Any
 
 import redis.asyncio as aredis
 import structlog
+from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.batched_appends import StreamAppender
-from hookbus.bus.connection.retrying import RECONNECT_ERRORS
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, out_of_memory
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.dead_letters import send_dead_letter
 from hookbus.bus.hops.pipelined_read import LINGER, RideOffer, ride
 from hookbus.bus.wire.envelopes import DecodeError, HopEvent, HopReply, decode, encode
+from hookbus.skills.errors import RedisOutOfMemory
 
 log = structlog.get_logger("hookbus.router")
 
 TRIM_EVERY = 256
+"""Replies read between two trims of the reply stream while hops keep coming."""
+IDLE_TRIM = 1.0
+"""Seconds with no hop waiting after which the replies read are trimmed (not at once: the
+next hop of a request usually follows its reply within milliseconds, and its read rides
+with it)."""
+TRIM_BYTES = 1024 * 1024
+"""Bytes of replies read that trim the stream at once (large hook data must not linger)."""
 COMPACT_AT = 1024
 """Deadlines kept before the answered ones are swept out of the heap (when most are)."""
 
@@ -129,6 +142,8 @@ class ReplyRouter:
         self._waiting: dict[str, asyncio.Future[HopReply]] = {}
         self._last_id: bytes | str = "0-0"
         self._since_trim = 0
+        self._bytes_since_trim = 0
+        self._idle_trim: asyncio.TimerHandle | None = None
         self._deadlines = _Deadlines(self._waiting)
         self._hop_prefix = uuid.uuid4().hex[:16]
         self._hop_numbers = itertools.count()
@@ -156,6 +171,9 @@ class ReplyRouter:
             except (TimeoutError, asyncio.CancelledError):
                 self._reader.cancel()
             self._reader = None
+        if self._idle_trim is not None:
+            self._idle_trim.cancel()
+            self._idle_trim = None
         await self._reader_client.aclose()
         self._deadlines.cancel()
         for future in self._waiting.values():
@@ -172,8 +190,9 @@ class ReplyRouter:
         self, stream: str, event: HopEvent, timeout: float, fields: dict[bytes, bytes] | None = None
     ) -> HopReply:
         """Send one hop and wait for its reply; HopTimeout when none comes within
-        `timeout` seconds of the call (sending included). `fields`: the entry already
-        encoded (hookbus.bus.wire.envelopes.encode_hop), else `encode(event)`."""
+        `timeout` seconds of the call (sending included); RedisOutOfMemory (a 503 that
+        ends the request) when Redis refuses the hop at `maxmemory`. `fields`: the entry
+        already encoded (hookbus.bus.wire.envelopes.encode_hop), else `encode(event)`."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[HopReply] = loop.create_future()
         hop_id = event.hop_id
@@ -185,6 +204,10 @@ class ReplyRouter:
                 await self._appender.add(stream, fields or encode(event))
             except RECONNECT_ERRORS as exc:
                 raise HopUnsent(f"could not send to {stream}: {exc}") from exc
+            except ResponseError as exc:
+                if out_of_memory(exc):  # the request cannot go on: the 503 every path gives
+                    raise RedisOutOfMemory() from exc
+                raise
             return await future
         except HopUnsent:
             raise
@@ -234,8 +257,11 @@ class ReplyRouter:
         writes_coming = False
         while not self._stopping:
             if not any(not future.done() for future in self._waiting.values()):
-                # nobody waits for a reply: no read until a hop is sent, and then with it
+                # nobody waits for a reply: no read until a hop is sent, and then with it;
+                # idle for IDLE_TRIM, the replies read go, so an idle process keeps none
                 self._wanted.clear()
+                if self._since_trim and self._idle_trim is None:
+                    self._idle_trim = asyncio.get_running_loop().call_later(IDLE_TRIM, self._trim_if_idle)
                 await self._wanted.wait()
                 writes_coming = True
                 continue
@@ -250,10 +276,21 @@ class ReplyRouter:
                 backoff = min(backoff * 2, 2.0)
                 writes_coming = False
                 continue
-            if self._since_trim >= TRIM_EVERY:
-                self._since_trim = 0
-                with contextlib.suppress(*RECONNECT_ERRORS):
-                    await self._reader_client.xtrim(self.reply_stream, minid=self._last_id)
+            if self._since_trim >= TRIM_EVERY or self._bytes_since_trim >= TRIM_BYTES:
+                await self._trim(_after(self._last_id))
+
+    def _trim_if_idle(self) -> None:
+        self._idle_trim = None
+        if self._since_trim and not any(not future.done() for future in self._waiting.values()):
+            task = asyncio.create_task(self._trim(_after(self._last_id)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _trim(self, minid: str) -> None:
+        """Drop the replies before `minid` (read: nobody else reads this stream)."""
+        self._since_trim = self._bytes_since_trim = 0
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await self._reader_client.xtrim(self.reply_stream, minid=minid)
 
     async def _read_once(self, after_replies: bool) -> bool:
         """One read of replies, riding with the next hops if replies were just resolved
@@ -282,6 +319,7 @@ class ReplyRouter:
                 self._last_id = entry_id
                 writes_coming |= self._resolve(entry_id, fields)
                 self._since_trim += 1
+                self._bytes_since_trim += sum(len(value) for value in fields.values())
         return writes_coming
 
     def _resolve(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> bool:
@@ -313,3 +351,9 @@ class ReplyRouter:
                 self._client, self.dead_letter, source=self.reply_stream, entry_id=entry_id,
                 reason=reason, fields=fields, consumer=self.reply_stream,
             )
+
+
+def _after(entry_id: bytes | str) -> str:
+    """The smallest stream id after `entry_id` (XTRIM MINID keeps ids from it on)."""
+    ms, seq = text(entry_id).split("-")
+    return f"{ms}-{int(seq) + 1}"

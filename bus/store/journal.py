@@ -36,8 +36,15 @@ entries, so upgrade gateways and clients before orchestrators.
 Fencing: every response write and the final ack go through a script that first checks
 that the journal's `epoch` is still the writer's. An owner that stalled and lost the
 request (another orchestrator claimed it and bumped the epoch) finds out at its next
-write or lease renewal and stops; it never writes after the claim. A journal that is
-gone (expired) fences everybody out.
+write or lease renewal and stops; it never writes after the claim.
+
+A journal that is gone is not another owner's claim: a claim bumps the epoch of a journal
+that exists (or makes a fresh one). It is gone when Redis lost its data (restarted without
+persistence, or the journal's write fell in the AOF's last second) under a request that
+still runs: `write` and the lease renewal say LOST (-2) rather than FENCED, so the owner
+ends the run with an error and finalizes it itself (its request entry, if Redis lost that
+too, is on no other orchestrator's list), and `finish` stores the terminal item and marks
+a new journal done (`lost`), so a copy of the entry delivered again is refused, not run.
 
 Cost on a request's path: `begin` is one round trip at the start (it also reads the
 cancel marker: one EXISTS of both keys, then HSET and EXPIRE); `finish` replaces the two
@@ -52,7 +59,7 @@ every few seconds, for all its requests together.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio as aredis
@@ -67,6 +74,8 @@ DONE_TTL = 600
 """After the request was acked: long enough to refuse a late duplicate and to inspect."""
 
 FENCED = -1
+LOST = -2
+"""What `write` returns when the journal is gone: Redis lost the request's state."""
 
 _BEGIN = """
 local cancelled = 0
@@ -109,6 +118,7 @@ return {'claimed', tostring(epoch), j[3] or '0', j[4] or '', j[5] or '0'}
 # is already stored (a script runs whole or not at all).
 _WRITE = """
 local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+if not j[1] then return -2 end
 if j[1] ~= ARGV[1] or j[3] == '1' then return -1 end
 local written = tonumber(j[2] or '0')
 local first = tonumber(ARGV[3])
@@ -127,9 +137,20 @@ return written
 
 # KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
 # item count, renew the TTL ("1" or "0"), batch entry (its last item terminal).
-# Idempotent: a retry after a lost reply only acks again.
+# Idempotent: a retry after a lost reply only acks again. A journal that is gone (Redis
+# lost it): the terminal item is stored, the entry acked if Redis still has it, and a done
+# journal written in its place.
 _FINISH = """
 local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+if not j[1] then
+  redis.call('XADD', KEYS[2], '*', 'e', ARGV[9])
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  redis.pcall('XACK', KEYS[3], ARGV[4], ARGV[5])
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'entry', ARGV[5], 'written', ARGV[7], 'terminal', '1',
+    'finalized', '1', 'done', '1', 'stage', 'done', 'lost', '1')
+  redis.call('EXPIRE', KEYS[1], ARGV[6])
+  return tonumber(ARGV[7])
+end
 if j[1] ~= ARGV[1] then return -1 end
 local written = tonumber(j[2] or '0')
 if j[3] ~= '1' then
@@ -148,25 +169,30 @@ return written
 """
 
 # KEYS: requests, then (journal, cancel marker) per request. ARGV: group, consumer, ttl,
-# then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries}.
+# then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries, lost
+# entries (their journal is gone), cancelled entries whose client stalled}.
 _RENEW = """
-local fenced, cancelled = {}, {}
+local fenced, cancelled, lost, stalled = {}, {}, {}, {}
 local n = (#KEYS - 1) / 2
 for i = 1, n do
   local journal, marker = KEYS[2 * i], KEYS[2 * i + 1]
   local base = 4 + (i - 1) * 3
   local entry, epoch, stage = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local j = redis.call('HMGET', journal, 'epoch', 'done')
-  if j[1] ~= epoch then
+  if not j[1] then
+    lost[#lost + 1] = entry
+  elseif j[1] ~= epoch then
     fenced[#fenced + 1] = entry
   elseif j[2] ~= '1' then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry, 'JUSTID')
     redis.call('EXPIRE', journal, ARGV[3])
     if stage ~= '' then redis.call('HSET', journal, 'stage', stage) end
-    if redis.call('EXISTS', marker) == 1 then cancelled[#cancelled + 1] = entry end
+    local why = redis.call('GET', marker)
+    if why then cancelled[#cancelled + 1] = entry end
+    if why == 'client_stalled' then stalled[#stalled + 1] = entry end
   end
 end
-return {fenced, cancelled}
+return {fenced, cancelled, lost, stalled}
 """
 
 
@@ -208,6 +234,18 @@ class Lease:
     stage: str = ""
 
 
+@dataclass
+class Renewal:
+    """What one lease renewal found: leases fenced out (a peer claimed them), cancelled
+    (a cancel marker), and lost (the journal is gone: Redis lost the request's state)."""
+
+    fenced: list[Lease] = field(default_factory=list)
+    cancelled: list[Lease] = field(default_factory=list)
+    lost: list[Lease] = field(default_factory=list)
+    stalled: list[Lease] = field(default_factory=list)
+    """Of the cancelled, those whose client stopped reading (the marker says `client_stalled`)."""
+
+
 class Leases:
     """Lease renewal through a synchronous client, for the liveness thread
     (bus/liveness.py): a busy event loop cannot hold it up, so a busy owner keeps its
@@ -218,27 +256,29 @@ class Leases:
         self.ttl = ttl
         self._renew = client.register_script(_RENEW)
 
-    def renew(self, group: str, consumer: str, leases: Sequence[Lease]) -> tuple[list[Lease], list[Lease]]:
+    def renew(self, group: str, consumer: str, leases: Sequence[Lease]) -> Renewal:
         """Renew the claim on every running request still ours (XCLAIM JUSTID), refresh
-        their journals' TTL and stage; returns (leases fenced out, leases cancelled).
+        their journals' TTL and stage; says which leases were fenced out, cancelled, or
+        lost (their journal gone with Redis's data).
 
         One script per requests shard (a script touches one slot)."""
         by_shard: dict[int, list[Lease]] = {}
         for lease in leases:
             by_shard.setdefault(self.keys.shard_of(lease.completion_id), []).append(lease)
-        fenced: list[Lease] = []
-        cancelled: list[Lease] = []
+        renewal = Renewal()
         for shard, batch in by_shard.items():
             keys: list[str] = [self.keys.requests_shard(shard)]
             args: list[str | int] = [group, consumer, self.ttl]
             for lease in batch:
                 keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]
                 args += [lease.entry_id, lease.epoch, lease.stage]
-            shard_fenced, shard_cancelled = self._renew(keys=keys, args=args)
+            shard_fenced, shard_cancelled, shard_lost, shard_stalled = self._renew(keys=keys, args=args)
             by_entry = {lease.entry_id: lease for lease in batch}
-            fenced += [by_entry[text(e)] for e in shard_fenced]
-            cancelled += [by_entry[text(e)] for e in shard_cancelled]
-        return fenced, cancelled
+            renewal.fenced += [by_entry[text(e)] for e in shard_fenced]
+            renewal.cancelled += [by_entry[text(e)] for e in shard_cancelled]
+            renewal.lost += [by_entry[text(e)] for e in shard_lost]
+            renewal.stalled += [by_entry[text(e)] for e in shard_stalled]
+        return renewal
 
 
 class Journal:
@@ -295,7 +335,7 @@ class Journal:
         stage: str = "",
     ) -> int:
         """Append response items, as one batch entry, if `epoch` still owns the request;
-        FENCED (-1) if not.
+        FENCED (-1) if not, LOST (-2) if the journal is gone.
 
         Returns the journal's count of written items."""
         return int(
@@ -321,7 +361,8 @@ class Journal:
     ) -> int:
         """Store the last items as one batch entry (the terminal one last, unless a
         terminal item is already stored), ack the request entry and mark the journal
-        done, if `epoch` still owns the request; FENCED (-1) if not.
+        done, if `epoch` still owns the request; FENCED (-1) if not. A journal that is gone
+        is rewritten as done (see the module docstring: LOST).
 
         `renew_ttl=False` leaves the response stream's TTL as it is: only for a caller
         that knows its first batch set it recently (hookbus.bus.store.response_stream)."""

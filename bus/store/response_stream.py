@@ -8,7 +8,9 @@ one XADD too; readers unpack it (hookbus.bus.wire.envelopes.response_items).
 With a `Fence` (the orchestrator always gives one), each batch is one journal script
 (hookbus.bus.store.journal) that writes only while the request's epoch is still the writer's, and
 the terminal item goes with the request's ack in one script (`finish`). A fenced-out
-writer drops what it holds, calls `on_fenced` and writes nothing more. A batch that
+writer drops what it holds, calls `on_fenced` and writes nothing more. A writer whose
+journal is gone (Redis lost its data: hookbus.bus.store.journal, LOST) drops its chunks,
+calls `on_lost`, and stores only the terminal item. A batch that
 failed because Redis was unreachable is retried with backoff, in order; the journal's
 item count makes a retried batch idempotent, so no chunk is stored twice.
 
@@ -33,7 +35,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS, out_of_memory, retryable
-from hookbus.bus.store.journal import FENCED, Journal
+from hookbus.bus.store.journal import FENCED, LOST, Journal
 from hookbus.bus.wire.envelopes import FIELD, ResponseItem, encode_response_batch
 
 log = structlog.get_logger("hookbus.responses")
@@ -76,6 +78,7 @@ class ResponseWriter:
         *,
         fence: Fence | None = None,
         on_fenced: Callable[[], None] | None = None,
+        on_lost: Callable[[], None] | None = None,
         first_seq: int = 0,
     ) -> None:
         """`first_seq` is the journal's item count when this writer starts (0 for a new
@@ -85,6 +88,7 @@ class ResponseWriter:
         self._ttl = ttl
         self._fence = fence
         self._on_fenced = on_fenced
+        self._on_lost = on_lost
         self._seq = first_seq
         self._ttl_set_at: float | None = None
         """Monotonic time this writer's first batch set the stream's TTL (None: not set)."""
@@ -92,12 +96,13 @@ class ResponseWriter:
         self._drain: asyncio.Task[None] | None = None
         self.written = 0
         self.fenced = False
+        self.lost = False
         self.stage = ""
         self.refused_since: float | None = None
         """Monotonic time Redis started refusing this writer's writes for want of memory."""
 
     def add(self, item: ResponseItem) -> None:
-        if self.fenced:
+        if self.fenced or self.lost:
             return
         self._pending.append(item)
         if self._drain is None or self._drain.done():
@@ -179,7 +184,7 @@ class ResponseWriter:
 
     async def _write_pending(self) -> None:
         backoff = 0.05
-        while self._pending and not self.fenced:
+        while self._pending and not (self.fenced or self.lost):
             batch = self._pending[:]
             try:
                 if self._fence is None:
@@ -193,7 +198,7 @@ class ResponseWriter:
                 continue
             self._stored()
             backoff = 0.05
-            if self.fenced:
+            if self.fenced or self.lost:
                 return
             del self._pending[: len(batch)]
             self.written += len(batch)
@@ -241,10 +246,20 @@ class ResponseWriter:
         if result == FENCED:
             self._fenced_out()
             return
+        if result == LOST:
+            self._lost()
+            return
         if self._seq == 0:  # the first batch: the script set the stream's TTL
             self._ttl_set_at = sent_at
         if self._seq >= 0:
             self._seq = result
+
+    def _lost(self) -> None:
+        self.lost = True
+        self._pending.clear()
+        log.warning("response_writer_lost_its_journal", stream=self.stream)
+        if self._on_lost is not None:
+            self._on_lost()
 
     def _fenced_out(self) -> None:
         if self.fenced:

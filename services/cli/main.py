@@ -112,8 +112,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     configure_tracing("gateway", instance_name("gateway"))
     try:
         edge = EdgeOptions(
-            header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-            max_connections=args.max_connections,
+            header_timeout=args.header_timeout, body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,
+            max_connections=args.max_connections, max_connections_per_address=args.max_connections_per_address,
             **({"allowed_hosts": args.allowed_hosts.split(",")} if args.allowed_hosts is not None else {}),
         )
         serve(

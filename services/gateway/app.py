@@ -37,7 +37,7 @@ from hookbus.services.console.routes import attach_console, console_mount
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
-from hookbus.services.gateway.edge_options import BODY_TIMEOUT
+from hookbus.services.gateway.edge_options import BODY_TIMEOUT, STALL_TIMEOUT
 from hookbus.services.gateway.errors import (
     GatewayError,
     on_hook_error,
@@ -55,8 +55,7 @@ from hookbus.services.gateway.models import MODEL_CREATED, Health, ModelCard, Mo
 from hookbus.services.gateway.openapi import openapi_document
 from hookbus.services.gateway.responses_api import (
     create_response,
-    delete_response,
-    retrieve_response,
+    stored_response,
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.observability import tracing
@@ -82,6 +81,7 @@ def create_app(
     body_timeout: float = BODY_TIMEOUT,
     allowed_hosts: Sequence[str] = (),
     stored_response_ttl: int = STORED_RESPONSE_TTL,
+    stall_timeout: float = STALL_TIMEOUT,
 ) -> Starlette:
     """The ASGI app; `api_keys=None` turns auth off (logged as a warning at start).
 
@@ -89,7 +89,9 @@ def create_app(
     client may take to send one. Without keys, the app answers only JSON bodies and
     loopback or `allowed_hosts` Host names (hookbus.services.gateway.cross_site); with
     keys, it holds each key to its own limits (hookbus.services.gateway.key_limits).
-    Stored Responses API responses expire after `stored_response_ttl` seconds."""
+    Stored Responses API responses expire after `stored_response_ttl` seconds. A streamed
+    answer whose client takes no write for `stall_timeout` seconds (at most the client's
+    timeout, the request deadline) is ended (hookbus.services.gateway.sse)."""
     keys = normalize_keys(api_keys)
     metrics = GatewayMetrics()
     reader: aredis.Redis = getattr(client, "_reader", client.redis)  # the client's retry-free connection
@@ -100,6 +102,7 @@ def create_app(
         models=list(models) if models else default_models(),
         limits=limits or RequestLimits(),
         body_timeout=body_timeout,
+        stall_timeout=min(stall_timeout, client.timeout),
         metrics=metrics,
         probe=reader,
         responses=StoredResponses(client.redis, client.keys, stored_response_ttl),
@@ -136,8 +139,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
-            Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
-            Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

@@ -42,6 +42,11 @@ class ApiKey(BaseModel):
     scopes: list[str] = Field(default_factory=list)
     max_parallel_requests: int | None = Field(default=None, gt=0, description="Requests in flight at most.")
     rpm_limit: int | None = Field(default=None, gt=0, description="Requests per minute at most.")
+    max_stored_bytes: int | None = Field(
+        default=None, gt=0,
+        description="Bytes of stored Responses API responses the key's principal may hold "
+        "(default: hookbus.bus.store.stored_responses.MAX_STORED_BYTES).",
+    )
 
 
 _KEYS = TypeAdapter(dict[str, ApiKey])

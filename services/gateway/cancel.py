@@ -13,8 +13,9 @@ still takes the PUBLISH, so the request is cancelled all the same if it is runni
 
 The orchestrator that runs the request cancels its agent task on either signal;
 `finalize_connection` then runs once with a 499 error. The reason is
-`client_disconnected` (the client closed the connection) or `gateway_stopped` (the
-gateway was shut down with the request still open).
+`client_disconnected` (the client closed the connection), `client_stalled` (it stopped
+reading a streamed answer: hookbus.services.gateway.sse; finalize's error has that code)
+or `gateway_stopped` (the gateway was shut down with the request still open).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ log = structlog.get_logger("hookbus.gateway")
 CANCEL_TTL = 3600
 CLIENT_DISCONNECTED = "client_disconnected"
 GATEWAY_STOPPED = "gateway_stopped"
+CLIENT_STALLED = "client_stalled"
 
 
 async def request_cancel(

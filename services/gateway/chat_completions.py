@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.wire.envelopes import RequestEnvelope, ResponseItem
-from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, request_cancel
+from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, CLIENT_STALLED, request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
 from hookbus.services.gateway.request_body import is_large_document, read_json_body
@@ -267,7 +267,9 @@ def relay_response(
         if not relay.ended:
             await client_gone(request, gw, completion_id, reason)
 
-    return SSEResponse(frames, relay.watcher, on_gone, headers={COMPLETION_ID_HEADER: completion_id})
+    return SSEResponse(
+        frames, relay.watcher, on_gone, headers={COMPLETION_ID_HEADER: completion_id}, stall_timeout=gw.stall_timeout
+    )
 
 
 async def _streamed(
@@ -321,3 +323,6 @@ async def client_gone(request: Request, gw: Gateway, completion_id: str, reason:
     request.state.final_status = 499
     gw.metrics.disconnects.inc()
     await request_cancel(gw.client.redis, gw.keys, completion_id, reason)
+    if reason == CLIENT_STALLED:  # nobody will read it: what the run wrote goes now, not at its TTL
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await gw.client.redis.delete(gw.keys.responses(completion_id))

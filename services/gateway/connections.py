@@ -7,6 +7,13 @@ costs one log line per episode, not a traceback per failed accept.
   connection whose request headers are not complete `header_timeout` seconds after the
   connection opened or its previous response ended. The body has its own timeout
   (hookbus.services.gateway.request_body).
+- A connection closed with data its client does not take (a streamed answer ended because
+  its client stopped reading: hookbus.services.gateway.sse) would stay open as long as
+  the client wishes, asyncio's close() waiting to flush: `HeaderTimeoutH11` aborts it
+  when its buffer has not drained `ABORT_AFTER` seconds after the close.
+- One client address holds at most `max_connections_per_address` connections at once
+  (`HeaderTimeoutH11`): one more is answered 503 and closed at once, so a flood from one
+  address leaves the rest of `--max-connections` to other callers.
 - With every descriptor in use, asyncio reports each failed `accept()` to the loop's
   exception handler, with a traceback, and schedules one retry per failure (up to the
   listen backlog per wake-up), each of which fails again once the server has closed. `AcceptErrorLog` turns them into one warning when
@@ -19,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
+from collections import Counter
 from typing import Any
 
 import h11
@@ -37,20 +45,67 @@ _TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
     b"content-length: %d\r\n\r\n" % len(_TIMEOUT_BODY)
 ) + _TIMEOUT_BODY
+_BUSY_BODY = (
+    b'{"error":{"message":"too many connections from this address; close some and retry",'
+    b'"type":"server_error","code":"too_many_connections","param":null}}'
+)
+_BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"retry-after: 1\r\ncontent-length: %d\r\n\r\n" % len(_BUSY_BODY)
+) + _BUSY_BODY
 _ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ABORT_AFTER = 1.0
+"""Seconds a closed connection may take to hand its client what is left, then it is aborted."""
 
 
-def header_timeout_protocol(header_timeout: float) -> type[H11Protocol]:
-    """uvicorn's `http` protocol class with this header timeout."""
-    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout": header_timeout})
+class _AbortingClose:
+    """The connection's transport, whose close() aborts it if what is left to send is not
+    taken within ABORT_AFTER seconds (every other call goes to the transport as is)."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._transport.close()
+        if self._transport.get_write_buffer_size():
+            self._loop.call_later(ABORT_AFTER, self._abort_if_stuck)
+
+    def _abort_if_stuck(self) -> None:
+        if self._transport.get_write_buffer_size():
+            log.info("gateway_connection_aborted", reason="the client took nothing for a second after the close")
+            self._transport.abort()
+
+
+def header_timeout_protocol(header_timeout: float, per_address: int = 0) -> type[H11Protocol]:
+    """uvicorn's `http` protocol class with this header timeout and bound on connections per
+    client address (0: none), counted over the connections of this class."""
+    return type(
+        "HeaderTimeoutH11", (HeaderTimeoutH11,),
+        {"header_timeout": header_timeout, "per_address": per_address, "open_by_address": Counter()},
+    )
 
 
 class HeaderTimeoutH11(H11Protocol):
     header_timeout: float = HEADER_TIMEOUT
+    per_address: int = 0
+    open_by_address: Counter[str] = Counter()
     _header_timer: asyncio.TimerHandle | None = None
+    _counted: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_AbortingClose(transport, self.loop))  # type: ignore[arg-type]
+        address = self.client[0] if self.client else None
+        if address is not None and self.per_address:
+            if self.open_by_address[address] >= self.per_address:
+                self.transport.write(_BUSY_RESPONSE)
+                self.transport.close()
+                return
+            self.open_by_address[address] += 1
+            self._counted = address
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -65,6 +120,11 @@ class HeaderTimeoutH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._counted is not None:
+            self.open_by_address[self._counted] -= 1
+            if not self.open_by_address[self._counted]:
+                del self.open_by_address[self._counted]
+            self._counted = None
         super().connection_lost(exc)
 
     def _arm(self) -> None:

@@ -16,8 +16,12 @@ log = structlog.get_logger("hookbus.gateway")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 _STATUS_HEADERS = {
-    401: {"WWW-Authenticate": "Bearer"},
+    401: {"WWW-Authenticate": "Bearer", "Connection": "close"},
     408: {"Connection": "close"},  # the rest of a late body would be read as the next request
+    # a refused caller does not keep its connection for the next try: a flood of them would
+    # hold the gateway's connections until their keep-alive ran out
+    429: {"Connection": "close"},
+    503: {"Connection": "close"},
 }
 
 

@@ -55,6 +55,26 @@ def _json(ref: str, description: str) -> dict[str, Any]:
     }
 
 
+def _as_the_server_checks(components: dict[str, Any]) -> None:
+    """What the request models let through but the server refuses, said in the schemas:
+    a tool message answers a tool call (it has a `tool_call_id`, and it is never the first
+    message); a Responses request has something to answer (an `input` that is not null or
+    empty, a `previous_response_id` or `instructions`)."""
+    tool_message = {"properties": {"role": {"const": "tool"}}, "required": ["role"]}
+    components["Message"]["if"] = tool_message
+    components["Message"]["then"] = {"required": ["tool_call_id"]}
+    messages = components["ChatCompletionRequest"]["properties"]["messages"]
+    messages["prefixItems"] = [{"$ref": messages["items"]["$ref"], "not": tool_message}]
+    request = components["ResponsesRequest"]
+    given = request["properties"]["input"]
+    given["anyOf"] = [
+        {**kind, "minItems": 1} if kind.get("type") == "array" else kind
+        for kind in given["anyOf"] if kind.get("type") != "null"
+    ]
+    given.pop("default", None)
+    request["anyOf"] = [{"required": [name]} for name in ("input", "previous_response_id", "instructions")]
+
+
 def openapi_document(
     models: list[str] | None = None, *, auth: bool = True, version: str = "0.1.0"
 ) -> dict[str, Any]:
@@ -76,6 +96,7 @@ def openapi_document(
         ref_template=REF,
     )
     components: dict[str, Any] = copy.deepcopy(schemas.get("$defs", {}))
+    _as_the_server_checks(components)
     if models:
         for name in ("ChatCompletionRequest", "ResponsesRequest"):
             request_schema = components[name]

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
-from hookbus.bus.store.stored_responses import StoredResponse, StoredResponses
+from hookbus.bus.store.stored_responses import MAX_STORED_BYTES, StoredResponse, StoredResponses
 from hookbus.services.gateway.chat_completions import (
     COMPLETION_ID_HEADER,
     Relay,
@@ -81,6 +81,8 @@ async def create_response(request: Request) -> Response:
     payload = await read_payload(request, gw, ResponsesRequest)
     if payload is None:
         return Response(status_code=499)
+    if payload.store is not False:
+        await _within_quota(gw, request, auth)
     history = await _history(gw.responses, auth, payload.previous_response_id)
     new_input = input_messages(payload)
     chat = chat_request(payload, history, new_input)
@@ -100,6 +102,14 @@ async def create_response(request: Request) -> Response:
     finished = from_completion(response, completion)
     await keep(finished)
     return JSONResponse(wire(finished), headers={COMPLETION_ID_HEADER: response_id})
+
+
+async def stored_response(request: Request) -> Response:
+    """`/v1/responses/{id}`: GET or DELETE. One route for both methods, so that a request
+    with any other method (OPTIONS) is answered 405 with `Allow` naming both."""
+    if request.method == "DELETE":
+        return await delete_response(request)
+    return await retrieve_response(request)
 
 
 async def retrieve_response(request: Request) -> Response:
@@ -139,7 +149,29 @@ async def _history(store: StoredResponses, auth: AuthInfo, previous_id: str | No
     """The conversation `previous_response_id` continues from (none without one)."""
     if previous_id is None:
         return []
-    return (await _stored(store, auth, previous_id, "previous_response_id")).messages
+    stored = await _stored(store, auth, previous_id, "previous_response_id")
+    if not stored.answer_apart:
+        return stored.messages
+    answer = assistant_message(ResponseObject.model_validate(stored.response))
+    return stored.messages + ([answer] if answer else [])
+
+
+async def _within_quota(gw: Gateway, request: Request, auth: AuthInfo) -> None:
+    """Refuse a request to store while its principal's stored responses are at its quota."""
+    found = gw.authenticate.lookup(request.headers)
+    quota = (found[1].max_stored_bytes if found else None) or MAX_STORED_BYTES
+    try:
+        used = await gw.responses.used(auth)
+    except RECONNECT_ERRORS as exc:
+        raise GatewayError(503, "bus_unavailable", f"the response store is unreachable: {exc}") from exc
+    if used >= quota:
+        raise GatewayError(
+            429, "stored_responses_quota_exceeded",
+            f"this caller's stored responses hold {used:,} bytes, at its quota of {quota:,} "
+            "(max_stored_bytes in the keys file): delete some (DELETE /v1/responses/{id}), "
+            "wait for them to expire, or send store: false",
+            param="store",
+        )
 
 
 def _not_found(response_id: str, param: str) -> GatewayError:
@@ -155,8 +187,7 @@ def _keeper(store: StoredResponses, auth: AuthInfo, messages: list[dict[str, Any
     async def keep(response: ResponseObject) -> None:
         if not enabled:
             return
-        answer = assistant_message(response)
-        stored = StoredResponse(response=wire(response), messages=messages + ([answer] if answer else []))
+        stored = StoredResponse(response=wire(response), messages=messages, answer_apart=True)
         try:
             await store.save(auth, response.id, stored)
         except RECONNECT_ERRORS as exc:

@@ -85,7 +85,7 @@ async def _serve(
     try:
         app = create_app(
             client, api_keys=api_keys, models=models, limits=limits, body_timeout=edge.body_timeout,
-            allowed_hosts=edge.allowed_hosts,
+            allowed_hosts=edge.allowed_hosts, stall_timeout=edge.stall_timeout,
         )
         config = uvicorn.Config(
             app,
@@ -96,7 +96,7 @@ async def _serve(
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SECONDS,
             proxy_headers=True,
-            http=header_timeout_protocol(edge.header_timeout),
+            http=header_timeout_protocol(edge.header_timeout, edge.max_connections_per_address),
             limit_concurrency=edge.max_connections,
         )
         log.info("gateway_listening", host=host, port=port, url=f"http://{host}:{port}/v1")

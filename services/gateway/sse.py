@@ -4,6 +4,11 @@
 message a server sends there is `http.disconnect`. Waiting on it, rather than only
 noticing failed writes, catches a client that leaves while the stream is quiet (a slow
 hook, a long tool call) or before the first chunk.
+
+A client that stays connected but stops reading makes a write wait (the server's buffers
+are full); a write that waits `stall_timeout` seconds ends the response as if the client
+had left (`client_stalled`): its run is cancelled, its key's slot freed, its connection
+closed. Time the stream waits for the model is not a stall: only a write counts.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, GATEWAY_STOPPED
+from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, CLIENT_STALLED, GATEWAY_STOPPED
+from hookbus.services.gateway.edge_options import STALL_TIMEOUT
 
 T = TypeVar("T")
 
@@ -96,10 +102,15 @@ class SSEResponse(Response):
         watcher: DisconnectWatcher,
         on_gone: Callable[[str], Awaitable[None]],
         headers: dict[str, str] | None = None,
+        *,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self.frames = frames
         self.watcher = watcher
         self.on_gone = on_gone
+        self.stall_timeout = stall_timeout
+        self._writing_since: float | None = None
+        """Loop time the write under way started (None: no write waits)."""
         self.status_code = 200
         self.background = None
         self.body = b""
@@ -112,8 +123,11 @@ class SSEResponse(Response):
         reason = CLIENT_DISCONNECTED
         pump = asyncio.create_task(self._pump(send), name="hookbus-gateway-sse")
         gone = asyncio.ensure_future(self.watcher.gone.wait())
+        stalled = asyncio.ensure_future(self._stalled())
         try:
-            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({pump, gone, stalled}, return_when=asyncio.FIRST_COMPLETED)
+            if stalled.done() and not pump.done():
+                reason = CLIENT_STALLED
             if pump.done():
                 exc = pump.exception()
                 if exc is None:
@@ -125,6 +139,7 @@ class SSEResponse(Response):
             raise
         finally:
             gone.cancel()
+            stalled.cancel()
             if not pump.done():
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -136,6 +151,19 @@ class SSEResponse(Response):
             await self.watcher.close()
             if not finished:
                 await asyncio.shield(self.on_gone(reason))
+
+    async def _stalled(self) -> None:
+        """Returns once a write has waited `stall_timeout` seconds for the client: a look
+        every quarter of it at when the write under way began (a timer, not an event per
+        write, keeps writes as cheap as they were)."""
+        loop = asyncio.get_running_loop()
+        while self._writing_since is None or loop.time() - self._writing_since < self.stall_timeout:  # noqa: ASYNC110
+            await asyncio.sleep(self.stall_timeout / 4)
+
+    async def _send(self, send: Send, message: Message) -> None:
+        self._writing_since = asyncio.get_running_loop().time()
+        await send(message)
+        self._writing_since = None
 
     async def _pump(self, send: Send) -> None:
         """The frames that are ready together (the items of one read of the response
@@ -167,11 +195,11 @@ class SSEResponse(Response):
                     body = b"".join(ready)
                     ready.clear()
                     room.set()
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    await self._send(send, {"type": "http.response.body", "body": body, "more_body": True})
             await reader  # what made the frames fail, if anything
         finally:
             if not reader.done():
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})

@@ -26,6 +26,7 @@ class Gateway:
     models: list[str]
     limits: RequestLimits
     body_timeout: float
+    stall_timeout: float
     metrics: GatewayMetrics
     probe: aredis.Redis  # no retries: a probe or a scrape answers at once when Redis is down
     responses: StoredResponses

@@ -391,7 +391,7 @@ class Agent:
             if state.deadline is not None and time.time() >= state.deadline - DEADLINE_SLACK:
                 state.error = DeadlineExceeded()
             else:
-                state.error = Cancelled()
+                state.error = self._stop_error(state) or Cancelled()
             raise
         except GeneratorExit:
             state.error = Cancelled("the client stopped reading", code="client_closed")
@@ -691,6 +691,12 @@ class Agent:
             error=state.error.code if state.error else None,
             ms=round((time.perf_counter() - state.started) * 1000, 2),
         )
+
+    def _stop_error(self, state: RunState) -> HookbusError | None:
+        """Why the runtime stopped this run, when it did and not for the client (an
+        orchestrator whose Redis lost the request's state); None for an in-process run."""
+        check = getattr(self.runtime, "stop_error", None)
+        return None if check is None else check(state.ctx)
 
     async def _still_ours(self, state: RunState) -> bool:
         """Whether this process may still finalize the request: an orchestrator that

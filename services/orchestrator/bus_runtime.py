@@ -12,12 +12,15 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, TypeVar
 
+import pydantic_core
 import structlog
 from pydantic import ValidationError
 
 from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.hops.reply_router import HopTimeout, ReplyRouter
 from hookbus.bus.keys import Keys
+from hookbus.bus.limits import over_hop_limits
+from hookbus.bus.settings import get_settings
 from hookbus.bus.store.events import EventWriter
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.chunk_batch import ChunkIn, dump_chunks, load_results
@@ -70,6 +73,9 @@ class BusRuntime:
         self.instance = instance
         self.default_timeout = default_timeout
         self.send_on = send_on
+        settings = get_settings()
+        self.max_hop_bytes = settings.max_hop_bytes
+        self.max_state_bytes = settings.max_state_bytes
         self.epoch = 0
         self.hops = 0
         """Hook and tool hops, those that workers sent on included."""
@@ -204,6 +210,10 @@ class BusRuntime:
             elif (unavailable := self.registry.unavailable(group)) is not None:
                 return fail(unavailable, Outcome.SKIPPED), False
             else:
+                ctx_json = ctx.model_dump_json().encode()
+                over = self._state_over_limit(ctx_json, ctx)
+                if over is not None:
+                    return fail(over, Outcome.HOP_FAILED), False
                 event = HopEvent(
                     hop_id=self.router.new_hop_id(),
                     completion_id=ctx.completion_id,
@@ -218,7 +228,7 @@ class BusRuntime:
                     route=list(route) or None,
                 )
                 self.router.expect([step.hop_id for step in route])
-                reply = await self._call(group, event, timeout + HOP_GRACE, keys, (data_json, ctx.model_dump_json().encode()))
+                reply = await self._call(group, event, timeout + HOP_GRACE, keys, (data_json, ctx_json))
         except HopTimeout as exc:
             return fail(str(exc), Outcome.TIMEOUT), False
         if reply.failure:
@@ -229,6 +239,15 @@ class BusRuntime:
             log.warning("bad_hop_reply", group=group, hooks=keys, error=str(exc), completion_id=ctx.completion_id)
             return fail(f"reply in the wrong shape: {exc}", Outcome.HOP_FAILED), False
         return result, bool(route) and reply.forwarded == route[0].hop_id
+
+    def _state_over_limit(self, ctx_json: bytes, ctx: Context) -> str | None:
+        """Why the request's context may not ride this hop (its ctx.state over the limit,
+        hookbus.bus.limits.over_hop_limits), None when it may; the state is measured only
+        when the whole context is that large."""
+        if len(ctx_json) <= self.max_state_bytes:
+            return None
+        state_bytes = len(pydantic_core.to_json(ctx.state))
+        return over_hop_limits(0, state_bytes, self.max_hop_bytes, self.max_state_bytes)
 
     async def _call(
         self, group: str, event: HopEvent, timeout: float, hooks: Sequence[str],

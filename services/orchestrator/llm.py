@@ -14,8 +14,13 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
   answer (429, 5xx) or a timeout goes straight back, since the client retries those itself
   and retrying here too multiplied the calls; a generation is never sent twice for being
   slow (`HOOKBUS_LLM_TIMEOUT`, default 600 s);
-- maps the endpoint's errors to what the client should see (`llm_error`);
-- treats a stream that ends with no chunk and no finish_reason as an upstream error;
+- maps the endpoint's errors to what the client should see (`llm_error`), and an answer
+  that is no OpenAI answer (HTML, a line that is not JSON, an array) to a 502
+  `upstream_bad_response` in words (`unreadable_answer`);
+- treats a stream that ends with no chunk as an upstream error, and one with chunks but no
+  finish_reason (cut off: its text unfinished, a tool call's arguments perhaps half a JSON)
+  as a 502 `upstream_stream_truncated`; a finish_reason without the closing `[DONE]` is a
+  complete answer;
 - counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
 
 The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
@@ -39,7 +44,7 @@ import httpx
 import openai
 import structlog
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
 from pydantic import ValidationError
 
 from hookbus.bus.settings import OFFLINE_MODEL, get_settings
@@ -219,6 +224,10 @@ class LLM:
                 )
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
+            except json.JSONDecodeError as exc:
+                raise unreadable_answer("its body is not JSON") from exc
+            if not _is_completion(response):
+                raise unreadable_answer("it is not a chat completion")
             if not response.choices or _said_nothing(response.choices[0].message):
                 raise empty_answer(response.choices[0].finish_reason if response.choices else None)
             if response.usage is None:
@@ -263,6 +272,8 @@ class LLM:
                         yield chunk
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
+            except json.JSONDecodeError as exc:
+                raise unreadable_answer("an event of its stream is not JSON") from exc
             if not saw_choice:
                 # Nothing was generated, so asking again unstreamed sends no generation twice,
                 # and its answer says what the empty stream did not: the real error (a prompt
@@ -275,6 +286,12 @@ class LLM:
                     self.unstreamed_tool_rounds = True
                     log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
                 return
+            if finish_reason is None:
+                raise UpstreamError(
+                    502, "upstream_stream_truncated",
+                    "the LLM endpoint's stream ended before the answer did (no finish_reason): "
+                    "what came is incomplete, and no tool call of it was made",
+                )
             if not produced and not saw_call:
                 raise empty_answer(finish_reason)
             if not saw_usage:
@@ -342,19 +359,45 @@ class StreamedChunk:
     pydantic-core in one call, about 30 times cheaper than the client's lenient
     recursive construct (10 vs 316 us a chunk; it was 8% of the orchestrator's CPU
     under the cost bench). A chunk the model refuses (an endpoint's odd field) is built
-    leniently, as the client builds every chunk; anything but an object is left as is,
-    as the client leaves it. The SSE reading, the `error` event and the HTTP errors stay
-    the client's."""
+    leniently, as the client builds every chunk, when its choices still have the shape
+    of a chunk's; anything else (an array, `{"choices": "many"}`) is the endpoint's
+    garbage: a 502 `upstream_bad_response`. The SSE reading, the `error` event and the
+    HTTP errors stay the client's."""
 
     @classmethod
     def build(cls, *, response: object, data: object) -> ChatCompletionChunk:
         if not isinstance(data, dict):
-            return data  # type: ignore[return-value]  # what the client does with it
+            raise unreadable_answer("an event of its stream is not a chunk")
         try:
             return ChatCompletionChunk.model_validate(data)
         except ValidationError:
+            if not _choices_hold(data, "delta"):
+                raise unreadable_answer("an event of its stream is not a chunk") from None
             return ChatCompletionChunk.construct(**data)
 
+
+def unreadable_answer(what: str) -> UpstreamError:
+    """The 502 for an answer that is no OpenAI answer (HTML, a broken line, an array):
+    the endpoint failed us, whatever Python made of its bytes."""
+    return UpstreamError(502, "upstream_bad_response", f"the LLM endpoint's answer could not be read: {what}")
+
+
+def _choices_hold(data: dict[str, Any], part: str) -> bool:
+    """Whether `data["choices"]` (absent: none) is a list of objects whose `part` (the
+    chunk's `delta`, the completion's `message`), where present, is an object."""
+    choices = data.get("choices", [])
+    return isinstance(choices, list) and all(
+        isinstance(choice, dict) and isinstance(choice.get(part, {}), dict) for choice in choices
+    )
+
+
+def _is_completion(response: object) -> bool:
+    """Whether the client's (lenient) completion has the shape the agent reads: a list
+    of choices, each with a message."""
+    choices = getattr(response, "choices", None)
+    return isinstance(response, ChatCompletion) and isinstance(choices, list) and all(
+        isinstance(getattr(choice, "message", None), ChatCompletionMessage) for choice in choices
+    )
 
 
 def json_body(arguments: dict[str, Any]) -> bytes:

@@ -23,7 +23,9 @@ them:
 - **leases** (every `claim_idle / 3` s, on the liveness thread, bus/liveness.py): one
   script renews the claim of every request this process runs (XCLAIM JUSTID) if the
   journal's epoch is still ours, refreshes their journals' TTL and stage, and reports
-  those fenced out (stopped at once) and those with a cancel marker (cancelled).
+  those fenced out (stopped at once), those with a cancel marker (cancelled), and those
+  whose journal is gone (Redis lost its data: ended at once with a 503
+  `request_state_lost`, finalized here, since no other orchestrator knows of them).
 - **janitor** (every `trim_every` s): trims `requests` up to what was acked, deletes the
   reply streams of orchestrators gone for long and forgets them (bus/trim.py).
 """
@@ -208,18 +210,24 @@ class Recovery:
         if not runs:
             return
         leases = [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs]
-        fenced, cancelled = Leases(client, service.keys).renew(ORCHESTRATOR_GROUP, service.instance, leases)
-        if (fenced or cancelled) and self._loop is not None:
+        renewal = Leases(client, service.keys).renew(ORCHESTRATOR_GROUP, service.instance, leases)
+        if (renewal.fenced or renewal.cancelled or renewal.lost) and self._loop is not None:
             run_of = {id(lease): run for lease, run in zip(leases, runs, strict=True)}
-            self._loop.call_soon_threadsafe(
-                self._apply_renewal, [run_of[id(x)] for x in fenced], [run_of[id(x)] for x in cancelled]
+            fenced, cancelled, lost = (
+                [run_of[id(x)] for x in found] for found in (renewal.fenced, renewal.cancelled, renewal.lost)
             )
+            stalled = {run_of[id(x)].completion_id for x in renewal.stalled}
+            self._loop.call_soon_threadsafe(self._apply_renewal, fenced, cancelled, lost, stalled)
 
-    def _apply_renewal(self, fenced: list[Running], cancelled: list[Running]) -> None:
+    def _apply_renewal(
+        self, fenced: list[Running], cancelled: list[Running], lost: list[Running], stalled: set[str]
+    ) -> None:
         for run in fenced:
             self.service.runs.fence_out(run)
         for run in cancelled:
-            self.service.runs.cancel(run.completion_id)
+            self.service.runs.cancel(run.completion_id, stalled=run.completion_id in stalled)
+        for run in lost:
+            self.service.runs.lose(run)
 
     # ----------------------------------------------------------------- janitor
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from hookbus.skills import Cancelled, HookbusError, ServiceError
 from hookbus.skills.lifecycle import Lifecycle
 
 log = structlog.get_logger("hookbus.orchestrator")
@@ -30,6 +31,8 @@ class Running:
     task: asyncio.Task[Any] | None = None
     fenced: bool = False
     cancel_reason: str | None = None
+    stop_error: HookbusError | None = None
+    """Why this process stopped the run itself, when not for its client (Redis lost its state)."""
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -80,11 +83,34 @@ class RunTable:
         if run.task is not None and not run.task.done():
             run.task.cancel()
 
-    def cancel(self, completion_id: str, reason: str = "cancelled by the client") -> bool:
-        """Cancel the run of `completion_id`; False when this process does not run it."""
+    def lose(self, run: Running) -> None:
+        """Redis lost this request's state (its journal is gone with the data): end the
+        run with a 503 now, rather than at its deadline; this process still finalizes it,
+        since no other orchestrator knows of it."""
+        if run.fenced or run.stop_error is not None:
+            return
+        run.stop_error = ServiceError(
+            503, "request_state_lost",
+            "Redis lost this request's state (it restarted without its data); the request was stopped",
+        )
+        log.warning("request_state_lost", completion_id=run.completion_id, epoch=run.epoch)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+
+    def stop_error(self, completion_id: str) -> HookbusError | None:
+        """Why this process stopped the run of `completion_id` itself, if it did."""
+        run = self._by_cid.get(completion_id)
+        return None if run is None else run.stop_error
+
+    def cancel(self, completion_id: str, reason: str = "cancelled by the client", *, stalled: bool = False) -> bool:
+        """Cancel the run of `completion_id`; False when this process does not run it.
+        `stalled`: its client stopped reading the stream (the gateway said so), which
+        finalize and the terminal item say with the code `client_stalled`."""
         run = self._by_cid.get(completion_id)
         if run is None or run.fenced:
             return False
+        if stalled and run.stop_error is None:
+            run.stop_error = Cancelled("the client stopped reading the streamed answer", code="client_stalled")
         if run.cancel_reason is None:
             run.cancel_reason = reason
             log.info("request_cancel_received", completion_id=completion_id)

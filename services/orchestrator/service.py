@@ -78,6 +78,7 @@ from hookbus.bus.wire.envelopes import (
     encode,
 )
 from hookbus.services.console import request_link
+from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
@@ -121,6 +122,7 @@ class _StageNotingRuntime(BusRuntime):
 
     on_stage: Callable[[str, Lifecycle], None] | None = None
     owner_check: Callable[[str], Awaitable[bool]] | None = None
+    stopped_by: Callable[[str], HookbusError | None] | None = None
 
     def record_stage(
         self, completion_id: str, lifecycle: Lifecycle, group: str | None,
@@ -133,6 +135,11 @@ class _StageNotingRuntime(BusRuntime):
     async def still_owner(self, ctx: Any) -> bool:
         """Asked by the agent right before finalize_connection (see OrchestratorService.still_owner)."""
         return True if self.owner_check is None else await self.owner_check(ctx.completion_id)
+
+    def stop_error(self, ctx: Any) -> HookbusError | None:
+        """Asked by the agent when its run is cancelled: the error this service stopped it
+        with, if the service did (hookbus.services.orchestrator.run_table.RunTable.lose)."""
+        return None if self.stopped_by is None else self.stopped_by(ctx.completion_id)
 
 
 class OrchestratorService(BusApp):
@@ -223,6 +230,7 @@ class OrchestratorService(BusApp):
         )
         runtime.on_stage = self.runs.note_stage
         runtime.owner_check = self.still_owner
+        runtime.stopped_by = self.runs.stop_error
         self.runtime = runtime
         self.journal = Journal(client, self.keys)
         await router.start()
@@ -414,6 +422,7 @@ class OrchestratorService(BusApp):
             self.client, self.keys.responses(cid),
             fence=Fence(self.journal, cid, run.epoch),
             on_fenced=lambda: self.runs.fence_out(run),
+            on_lost=lambda: self.runs.lose(run),
             first_seq=first_seq,
         )
         if run.cancel_reason is not None and mode == RunMode.RUN:
@@ -439,7 +448,7 @@ class OrchestratorService(BusApp):
             reason = run.cancel_reason or "cancelled"
             terminal = ResponseItem(
                 kind="error", completion_id=cid,
-                error=Cancelled(f"the request was {reason}").to_dict(),
+                error=(run.stop_error or Cancelled(f"the request was {reason}")).to_dict(),
             )
         else:
             terminal = task.result()
@@ -455,6 +464,10 @@ class OrchestratorService(BusApp):
             self.fenced += 1
             log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
             return False
+        if run.stop_error is not None and run.stop_error.code == CLIENT_STALLED:
+            # its client stopped reading and the gateway gave up on it: nobody reads this stream
+            with contextlib.suppress(*RECONNECT_ERRORS):
+                await self.client.delete(writer.stream)
         self.served += 1
         failure = terminal.error or {}
         if terminal.kind == "error":
@@ -578,8 +591,11 @@ class OrchestratorService(BusApp):
                     while True:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if message and message.get("type") == "message":
-                            data = message["data"]
-                            self.runs.cancel(text(data))
+                            cid = text(message["data"])
+                            # why, from the marker (one read, on a rare path): a stalled client's
+                            # run is finalized with that code
+                            why = await self.client.get(self.keys.cancel(cid))
+                            self.runs.cancel(cid, stalled=why is not None and text(why) == CLIENT_STALLED)
                 except RECONNECT_ERRORS as exc:
                     log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
                     await forget_topology(reader)  # that node may be gone (failover)

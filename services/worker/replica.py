@@ -37,6 +37,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
+import pydantic_core
 import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
@@ -50,7 +51,9 @@ from hookbus.bus.connection.retrying import (
     RECONNECT_ERRORS,
     ensure_group,
     instance_name,
+    out_of_memory,
     raw_entry_parser,
+    retryable,
 )
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.claims import (
@@ -64,6 +67,8 @@ from hookbus.bus.groups.shard_reader import ShardedGroupReader
 from hookbus.bus.groups.trim import TRIM_EVERY, prune_consumers, trim_acked
 from hookbus.bus.hops.pipelined_read import RideOffer, RideSlot
 from hookbus.bus.hops.send_on import Onward, send_on
+from hookbus.bus.limits import over_hop_limits
+from hookbus.bus.settings import get_settings
 from hookbus.bus.store.events import EventWriter
 from hookbus.bus.wire.envelopes import (
     DecodeError,
@@ -90,6 +95,8 @@ log = structlog.get_logger("hookbus.worker")
 
 DRAIN_SECONDS = 30.0
 REPLY_RETRY_GRACE = 5.0
+_REPLY_ERRORS = (*RECONNECT_ERRORS, ResponseError)
+"""What sending a reply may fail with: those worth a retry are sorted out by `retryable`."""
 READ_BLOCK_MS = 1000
 ACK_DELAY = 0.02
 """How long an answered hop waits for its ack, so that the acks of all the hops answered
@@ -261,6 +268,9 @@ class WorkerReplica(BusApp):
         self.max_deliveries = max_deliveries
         self.trim_every = trim_every
         self.ack_delay = ack_delay
+        settings = get_settings()
+        self.max_hop_bytes = settings.max_hop_bytes
+        self.max_state_bytes = settings.max_state_bytes
         self._in_flight: dict[EntryRef, float] = {}
         self._hop_tasks: set[asyncio.Task[Any]] = set()
         self._reader: ShardedGroupReader | None = None
@@ -417,27 +427,36 @@ class WorkerReplica(BusApp):
 
     def _encoded(self, reply: HopReply) -> tuple[HopReply, dict[bytes, bytes]]:
         """The reply and its entry; if it cannot be encoded (a hook left a value in
-        `ctx.state` or the session that is not JSON), a failure reply instead. Left
+        `ctx.state` or the session that is not JSON) or is over the size limits
+        (hookbus.bus.limits.over_hop_limits), a failure reply instead. Left
         unanswered, the hop would be claimed and run again until dead-lettered, the
         caller waiting meanwhile: its hooks would run `max_deliveries` times for one
         failure."""
         try:
-            return reply, encode_reply(reply)
+            fields = encode_reply(reply)
         except ValueError as exc:  # PydanticSerializationError, a circular reference
-            failure = HopReply(
-                hop_id=reply.hop_id, completion_id=reply.completion_id, replica=self.replica,
-                duration_ms=reply.duration_ms, failure=f"the hooks' results are not JSON: {exc}",
-            )
-            log.error("reply_not_encodable", hop_id=reply.hop_id, completion_id=reply.completion_id, error=str(exc))
-            return failure, encode_reply(failure)
+            return self._failed(reply, f"the hooks' results are not JSON: {exc}")
+        size = sum(len(value) for value in fields.values())
+        state_bytes = len(pydantic_core.to_json(reply.state)) if size > self.max_state_bytes else None
+        over = over_hop_limits(size, state_bytes, self.max_hop_bytes, self.max_state_bytes)
+        return (reply, fields) if over is None else self._failed(reply, over)
+
+    def _failed(self, reply: HopReply, why: str) -> tuple[HopReply, dict[bytes, bytes]]:
+        """A failure reply in place of `reply`, which cannot be sent: its hooks failed."""
+        failure = HopReply(
+            hop_id=reply.hop_id, completion_id=reply.completion_id, replica=self.replica,
+            duration_ms=reply.duration_ms, failure=why,
+        )
+        log.error("reply_not_sendable", hop_id=reply.hop_id, completion_id=reply.completion_id, error=why)
+        return failure, encode_reply(failure)
 
     async def _reply(
         self, entry: EntryRef, event: HopEvent, fields: dict[bytes, bytes], onward: Onward | None = None
     ) -> None:
         """Reply (batched with the other replies of this loop turn; the ack follows, see
-        ReplyBatcher), after sending the stage on (`onward`); through an outage, both and
-        the ack alone while the caller may still wait. Given up, the entry stays pending
-        (and expires when claimed again)."""
+        ReplyBatcher), after sending the stage on (`onward`); through an outage, or while
+        Redis refuses writes for want of memory, both and the ack alone while the caller
+        may still wait. Given up, the entry stays pending (and expires when claimed again)."""
         client = self._client
         assert client is not None
         if self._batcher is not None:
@@ -446,9 +465,11 @@ class WorkerReplica(BusApp):
                 return
             except RECONNECT_ERRORS:
                 pass
-            except ResponseError as exc:  # this reply_to cannot take a reply: nobody will get it
-                log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
-                return  # the batcher acks its entry
+            except ResponseError as exc:
+                if not out_of_memory(exc):  # this reply_to cannot take a reply: nobody will get it
+                    log.error("reply_refused", entry_id=entry[1], hop_id=event.hop_id, reply_to=event.reply_to, error=str(exc))
+                    return  # the batcher acks its entry
+                log.warning("reply_waiting_for_memory", hop_id=event.hop_id, completion_id=event.completion_id)
 
         def send(pipe: Any) -> None:
             if onward is not None:
@@ -466,8 +487,8 @@ class WorkerReplica(BusApp):
                     raise replied
                 await self._sent_on(event, onward, sent_on)
                 return
-            except RECONNECT_ERRORS as exc:
-                if time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
+            except _REPLY_ERRORS as exc:
+                if not retryable(exc) or time.time() + backoff > event.deadline + REPLY_RETRY_GRACE:
                     log.error("reply_not_sent", entry_id=entry[1], hop_id=event.hop_id, error=str(exc))
                     raise
                 await asyncio.sleep(backoff)

@@ -37,6 +37,16 @@ class Stream:
     done: bool = True
 
 
+@dataclass
+class Raw:
+    """Bytes as they are, with this status and content type, then the connection closes: an
+    upstream that sends what no OpenAI endpoint should (HTML, a broken SSE line)."""
+
+    body: bytes
+    content_type: str = "application/json"
+    status: int = 200
+
+
 def completion(text: str | None = DEFAULT_TEXT, tool_calls: list[dict[str, Any]] | None = None,
                usage: bool = True) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -91,7 +101,7 @@ class RecordingUpstream:
         that many tokens per character; other paths than chat completions answer 404."""
         self.received: list[dict[str, Any]] = []
         self.paths: list[str] = []
-        self.script: deque[Reply | Stream] = deque()
+        self.script: deque[Reply | Stream | Raw] = deque()
         self.props = props
         self.models = models
         self.tokens_per_char = tokens_per_char
@@ -132,6 +142,9 @@ class RecordingUpstream:
                 if isinstance(answer, Stream):
                     self._stream(answer)
                     return
+                if isinstance(answer, Raw):
+                    self._raw(answer)
+                    return
                 if answer.delay:
                     time.sleep(answer.delay)
                 self._json(answer.status, answer.body, answer.headers)
@@ -145,6 +158,15 @@ class RecordingUpstream:
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(raw)
+
+            def _raw(self, answer: Raw) -> None:
+                self.send_response(answer.status)
+                self.send_header("content-type", answer.content_type)
+                self.send_header("connection", "close")
+                self.end_headers()
+                self.wfile.write(answer.body)
+                self.wfile.flush()
+                self.close_connection = True
 
             def _stream(self, answer: Stream) -> None:
                 self.send_response(200)
@@ -166,7 +188,7 @@ class RecordingUpstream:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def answer(self, *answers: Reply | Stream) -> None:
+    def answer(self, *answers: Reply | Stream | Raw) -> None:
         """Queue scripted answers for the next requests."""
         with self._lock:
             self.script.extend(answers)

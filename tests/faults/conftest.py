@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aredis
 
+from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.bus.keys import Keys
 from tests.integration.processes import Processes
 
@@ -20,6 +21,16 @@ def procs(service_env: dict[str, str], tmp_path, request) -> Iterator[Processes]
     if failed is not None and failed.failed:
         print(processes.logs(lines=60))
     processes.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path, request) -> Iterator[EmbeddedRedis]:
+    """A redis-server of the test's own, to restart: with AOF, or without persistence
+    when parametrized (indirect) with False."""
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=getattr(request, "param", True))
+    server.start()
+    yield server
+    server.cleanup()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import uuid
 import pytest
 import redis.asyncio as aredis
 
-from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import pending, read_until_terminal, submit
@@ -20,14 +19,6 @@ AGENT = "tests.faults.fault_skills:agent"
 GROUP_SKILLS = ("tests.faults.fault_skills:Ledger", "tests.faults.fault_skills:Touch")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_redis(tmp_path):
-    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=True)
-    server.start()
-    yield server
-    server.cleanup()
 
 
 async def test_services_ride_out_a_redis_restart_and_every_request_ends(own_redis, service_env, tmp_path, prefix):

@@ -20,6 +20,8 @@ import uvicorn
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.limits import RequestLimits
 from hookbus.services.gateway import create_app
+from hookbus.services.gateway.connections import header_timeout_protocol
+from hookbus.services.gateway.edge_options import EdgeOptions
 from tests.waiting import wait_for
 
 
@@ -46,12 +48,20 @@ async def running_gateway(
     limits: RequestLimits | None = None,
     timeout: float = 30.0,
     host: str = "127.0.0.1",
+    send_buffer: int | None = None,
+    edge: EdgeOptions | None = None,
     **app_options: Any,
 ) -> AsyncIterator[RunningGateway]:
     """A gateway on a free port of `host` (loopback by default; "0.0.0.0" for every
-    address); `app_options` go to create_app."""
+    address); `app_options` go to create_app. `send_buffer`: the kernel's send buffer of
+    every connection (the listening socket's SO_SNDBUF, which accepted ones inherit), small
+    to have a client that stops reading fill it at once. `edge`: serve with `hookbus
+    gateway`'s own connection handling (header timeout, bound per address:
+    hookbus.services.gateway.connections) and its max_connections."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     holder: dict[str, Any] = {}
@@ -61,8 +71,12 @@ async def running_gateway(
         client = HookbusClient(redis_url, prefix=prefix, timeout=timeout)
         try:
             app = create_app(client, api_keys=api_keys, models=models, limits=limits, **app_options)
+            at_the_edge: dict[str, Any] = {} if edge is None else {
+                "http": header_timeout_protocol(edge.header_timeout, edge.max_connections_per_address),
+                "limit_concurrency": edge.max_connections,
+            }
             config = uvicorn.Config(
-                app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+                app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5, **at_the_edge
             )
             server = uvicorn.Server(config)
             holder.update(server=server, app=app)

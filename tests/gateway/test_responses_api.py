@@ -339,9 +339,9 @@ async def test_a_stored_response_expires_and_belongs_to_its_principal_in_redis(g
     assert 0 < await client.redis.ttl(key) <= 30 * 24 * 3600
     stored = json.loads(await client.redis.get(key))
     assert stored["response"]["id"] == created.id
-    assert stored["messages"] == [
-        {"role": "user", "content": "[[echo]] ttl"}, {"role": "assistant", "content": "ttl"},
-    ]
+    # the answer is kept once, in the response; the conversation is what came before it
+    assert stored["messages"] == [{"role": "user", "content": "[[echo]] ttl"}] and stored["answer_apart"]
+    assert stored["response"]["output"][0]["content"][0]["text"] == "ttl"
 
 
 async def test_responses_are_counted_by_route_template_not_by_id(gateway):

@@ -110,6 +110,7 @@ async def test_a_guard_that_raises_refuses_the_request_in_process_too():
     with pytest.raises(HookError) as refused:
         await Agent("g", skills=[Broken()]).run("hi")
     assert refused.value.status_code == 503 and refused.value.code == "guard_unavailable"
+    assert "RuntimeError" not in refused.value.message  # the exception is the log's, not the client's
 
 
 def test_a_guard_on_finalize_connection_is_refused_at_definition():
