@@ -19,6 +19,14 @@ offers its next XREADGROUP to ride with their replies (hookbus.bus.hops.pipeline
 flow of hops costs the worker one socket write per hop. A ride reads as many entries as
 are free plus the replies it carries, whose slots free as it returns: in flight +
 prefetched may exceed the capacity by those replies for the moment between the two.
+
+A reader whose entries nobody waits for (a group's observers) may `linger`: after a read
+that delivered entries, but fewer than it asked for (the stream had no more), it waits
+that long before it reads again, and the next read takes everything that arrived
+meanwhile in one command (their acks then go in one XACK too). A read that came back full
+is followed at once, so a backlog drains at the consumer's pace.
+Nothing changes for delivery: what is not read yet waits in the stream, what was read is
+pending until acked.
 """
 
 from __future__ import annotations
@@ -59,15 +67,17 @@ class ShardedGroupReader:
         deliver: Deliver,
         block_ms: int = 1000,
         rider: Rider | None = None,
+        linger: float = 0.0,
     ) -> None:
-        """`free()`: how many more entries the consumer can take now; `rider`: see the
-        module docstring (used with a single shard only)."""
+        """`free()`: how many more entries the consumer can take now; `rider`, `linger`
+        (seconds): see the module docstring (`rider` is used with a single shard only)."""
         self.streams = list(streams)
         self.group = group
         self.consumer = consumer
         self._free = free
         self._deliver = deliver
         self._block_ms = block_ms
+        self._linger = linger
         self._client = connect(redis_url, max_connections=len(self.streams) + 4, retries=0)
         self._slot = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,6 +88,10 @@ class ShardedGroupReader:
         self.errors = 0
         self.rides = 0
         """Reads that went out with replies."""
+        self.deliveries = 0
+        """Reads that brought entries."""
+        self.delivered = 0
+        """Entries those reads brought."""
 
     def start(self) -> None:
         self._stopping = False
@@ -116,9 +130,12 @@ class ShardedGroupReader:
 
     async def _read(self, stream: str) -> None:
         backoff = BACKOFF_START
-        delivered = False
+        delivered = caught_up = False
         while not self._stopping:
             try:
+                if caught_up and self._linger:
+                    caught_up = False
+                    await asyncio.sleep(self._linger)
                 if delivered:
                     delivered = False
                     rode = await self._rode(stream)
@@ -131,9 +148,9 @@ class ShardedGroupReader:
                     self._slot.clear()
                     await self._slot.wait()
                     continue
+                count = -(-free // len(self.streams))
                 response: Any = await self._client.xreadgroup(
-                    self.group, self.consumer, {stream: ">"},
-                    count=-(-free // len(self.streams)), block=self._block_ms,
+                    self.group, self.consumer, {stream: ">"}, count=count, block=self._block_ms,
                 )
                 backoff = BACKOFF_START
             except RECONNECT_ERRORS as exc:
@@ -155,7 +172,9 @@ class ShardedGroupReader:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_CAP)
                 continue
+            before = self.delivered
             delivered = self._deliver_response(stream, response)
+            caught_up = delivered and self.delivered - before < count
 
     async def _rode(self, stream: str) -> bool | None:
         """The next read offered to the rider: None if no reply flush took it within the
@@ -179,5 +198,7 @@ class ShardedGroupReader:
         for _stream, entries in response or ():
             for raw_id, fields in entries:
                 self._deliver(stream, text(raw_id), fields)
+                self.delivered += 1
                 delivered = True
+        self.deliveries += delivered
         return delivered

@@ -32,11 +32,16 @@ class ChunkIn:
     index: int
     full: str
     """The model's text so far, this chunk's included."""
+    held: str | None = None
+    """The text held back from the client before this chunk (None: no hold-back window).
+    A batch carries it on its first chunk only; the worker follows it through the batch
+    (`HeldText`)."""
 
     def data(self) -> HookData:
         """This chunk as the on_chunk stage's data."""
         return HookData.model_construct(
-            lifecycle=Lifecycle.ON_CHUNK, chunk=self.chunk, content=self.content, chunk_index=self.index, full_content=self.full
+            lifecycle=Lifecycle.ON_CHUNK, chunk=self.chunk, content=self.content, chunk_index=self.index,
+            full_content=self.full, held=self.held,
         )
 
 
@@ -48,6 +53,7 @@ class _ChunkWire(TypedDict):
     content: str
     chunk_index: int
     full_content: NotRequired[str]
+    held: NotRequired[str]
 
 
 CHUNK_BATCH: TypeAdapter[list[_ChunkWire]] = TypeAdapter(list[_ChunkWire])
@@ -59,11 +65,13 @@ _SKIP_FULL = {"full_content"}
 
 
 def dump_chunks(chunks: Sequence[ChunkIn]) -> bytes:
-    """The `d` field of a batch: `full_content` only on the first chunk."""
+    """The `d` field of a batch: `full_content` and `held` (with a window) only on the first chunk."""
     items: list[_ChunkWire] = [
         {"lifecycle": "on_chunk", "chunk": c.chunk, "content": c.content, "chunk_index": c.index} for c in chunks
     ]
     items[0]["full_content"] = chunks[0].full
+    if chunks[0].held is not None:
+        items[0]["held"] = chunks[0].held
     return CHUNK_BATCH.dump_json(items, exclude_defaults=True)
 
 
@@ -82,6 +90,37 @@ def load_chunks(raw: bytes) -> list[HookData]:
         full += chunk.content or ""
         chunk.set_internal(full_content=full)
     return chunks
+
+
+class HeldText:
+    """The held text through one batch, on the worker's side: the first chunk brings what
+    the orchestrator holds; each later chunk's hooks see that, as the earlier chunks' hooks
+    left it, followed by those chunks' text (the orchestrator releases nothing of a batch
+    before its reply, so that is what it holds when it applies a rewrite). A later chunk's
+    `held` goes back only when its hooks changed it (else `ChangeCheck` would see every
+    chunk changed). Inactive when the batch has no window (no `held` on its first chunk)."""
+
+    def __init__(self) -> None:
+        self._text: str | None = None
+        self._first = True
+
+    def give(self, chunk: HookData) -> None:
+        """Before the chunk's hooks run (after `ChangeCheck.before`)."""
+        if self._first:
+            self._text = chunk.held
+        elif self._text is not None:
+            chunk.set_internal(held=self._text)
+
+    def took(self, data: HookData) -> None:
+        """After the chunk's hooks ran (before `ChangeCheck.after`)."""
+        first, self._first = self._first, False
+        if self._text is None:
+            return
+        held = self._text if data.held is None else data.held
+        if not first and held == self._text:
+            data.set_internal(held=None)
+        shown = data.chunk is not None and bool(data.chunk.choices)
+        self._text = held + (data.content or "" if shown else "")
 
 
 class ChangeCheck:

@@ -47,10 +47,9 @@ from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
-from hookbus.services.orchestrator.chunk_pipeline import stream_chunks
+from hookbus.services.orchestrator.chunk_pipeline import Judged, stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
-from hookbus.services.orchestrator.hold_back import held_back
 from hookbus.services.orchestrator.instructions import with_instructions
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.observations import LocalObservers, RequestObservations
@@ -496,25 +495,17 @@ class Agent:
             state, self.llm.stream(self.model, messages, tools, settings), self.model,
             self._on_chunk, self._on_chunks, self._chunk_batch,
         )
-        window = state.plan.hold_back(state.ctx.auth.scopes)
-        if window:
-            chunks = held_back(chunks, window)
         async with contextlib.aclosing(chunks) as visible:
             async for chunk in visible:
                 yield chunk
 
-    async def _on_chunk(
-        self, state: RunState, chunk: ChatCompletionChunk, content: str, index: int, full: str
-    ) -> ChatCompletionChunk | None:
-        data = HookData.model_construct(
-            lifecycle=Lifecycle.ON_CHUNK, chunk=chunk, content=content, chunk_index=index, full_content=full
-        )
-        data = await self._stage(state, data, f"on_chunk#{index}")
-        return _visible_chunk(data, content)
+    async def _on_chunk(self, state: RunState, given: ChunkIn) -> Judged:
+        data = await self._stage(state, given.data(), f"on_chunk#{given.index}")
+        return _judged(data, given.content)
 
     async def _on_chunks(
         self, state: RunState, chunks: Sequence[ChunkIn]
-    ) -> tuple[list[ChatCompletionChunk | None], HookbusError | None]:
+    ) -> tuple[list[Judged], HookbusError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
         (segment,) = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
         began = time.time()
@@ -531,7 +522,7 @@ class Agent:
             for d, c in zip(shown, chunks, strict=False):
                 state.observations.record(observers, c.data() if d is None else d, f"on_chunk#{c.index}", began)
         return [
-            c.chunk if d is None else _visible_chunk(d, c.content) for d, c in zip(shown, chunks, strict=False)
+            Judged(c.chunk) if d is None else _judged(d, c.content) for d, c in zip(shown, chunks, strict=False)
         ], result.abort
 
     async def _after_llm_call(self, state: RunState, iteration: int) -> dict[str, Any]:
@@ -843,11 +834,12 @@ class Agent:
         )
 
 
-def _visible_chunk(data: HookData, content: str) -> ChatCompletionChunk | None:
-    """The chunk the client gets after on_chunk: hooks that changed `content` change its text."""
+def _judged(data: HookData, content: str) -> Judged:
+    """The chunk the client gets after on_chunk (hooks that changed `content` change its
+    text), and the held text as the hooks left it."""
     if data.chunk is not None and data.content != content and data.chunk.choices:
         data.chunk.choices[0].delta.content = data.content
-    return data.chunk
+    return Judged(data.chunk, data.held)
 
 
 def _round_cap_message() -> dict[str, Any]:

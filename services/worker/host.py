@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from hookbus.bus.groups.registry import GroupAnnouncement
-from hookbus.bus.wire.chunk_batch import ChangeCheck, dump_results, load_chunks
+from hookbus.bus.wire.chunk_batch import ChangeCheck, HeldText, dump_results, load_chunks
 from hookbus.bus.wire.envelopes import HookTiming, HopEvent, HopReply
 from hookbus.services.observability import tracing
 from hookbus.skills import Context, HookData, Skill
@@ -120,13 +120,15 @@ class GroupHost:
         results: list[bytes | None] = []
         timings: dict[str, HookOutcome] = {}
         abort: dict[str, Any] | None = None
-        changes = ChangeCheck(raw)
+        changes, held = ChangeCheck(raw), HeldText()
         observe = tracing.hook_observer()  # one span for the hop: the same for each chunk
         for chunk in load_chunks(raw):
             changes.before(chunk)
+            held.give(chunk)
             result = await run_hooks(
                 bound, chunk, ctx, stage_key=f"on_chunk#{chunk.chunk_index}", attempt=attempt, observe=observe
             )
+            held.took(result.data)
             results.append(changes.after(result.data))
             for o in result.outcomes:
                 timing = timings.get(o.hook)

@@ -9,10 +9,13 @@ observations never delays a hop of the same group's blocking hooks:
 - an entry is one request's stages, run in order by one replica (that is what keeps a
   request's observations in order); several entries (requests) run at once, up to
   `concurrency`;
+- the reader lingers `LINGER` seconds after a read that delivered entries, so one
+  XREADGROUP takes every request that ended meanwhile (no request waits for it: an
+  observation only comes later);
 - ack after the run: a replica killed mid-entry leaves it pending, a sibling claims it
   once the killed one's heartbeat is `claim_idle` old and runs the whole entry again, so
   delivery is at least once (observers see `ctx.call.attempt` > 1 then); acks of entries
-  finished within `ACK_DELAY` of each other go in one XACK;
+  finished within `ACK_DELAY` of each other (those read together, as a rule) go in one XACK;
 - an entry that cannot be decoded, or that was delivered more than `max_deliveries`
   times, goes to the dead-letter stream;
 - the janitor trims the stream up to what every group acked (never what is pending).
@@ -52,7 +55,10 @@ from hookbus.skills.runner import HookOutcome
 
 log = structlog.get_logger("hookbus.worker.observer")
 
-ACK_DELAY = 0.02
+ACK_DELAY = 0.05
+LINGER = 0.5
+"""Seconds between two reads of the observer stream that deliver: the observations of the
+requests that end in that time cost one XREADGROUP and one XACK together."""
 READ_BLOCK_MS = 1000
 
 EntryRef = tuple[str, str]
@@ -105,11 +111,18 @@ class ObserverConsumer:
         self.observed = 0
         """Entries run to their end (each one request's stages)."""
         self.dead_lettered = 0
+        self.acks = 0
+        """XACK commands sent (each acks every entry finished since the one before)."""
 
     @staticmethod
     def wanted(host: GroupHost) -> bool:
         """Whether the group hosts any observer (else a replica reads no observer stream)."""
         return any(h.descriptor.observe for h in host.hooks.values())
+
+    @property
+    def reads(self) -> int:
+        """Reads of the observer stream that brought entries."""
+        return self._reader.deliveries if self._reader is not None else 0
 
     async def start(self) -> None:
         for stream in self.streams:
@@ -118,6 +131,7 @@ class ObserverConsumer:
         self._reader = ShardedGroupReader(
             self._redis_url, self.streams, self.group, self.replica,
             free=lambda: self.concurrency - len(self._in_flight), deliver=self._deliver, block_ms=READ_BLOCK_MS,
+            linger=LINGER,
         )
         self._reader.start()
 
@@ -233,6 +247,7 @@ class ObserverConsumer:
         for stream, ids in acks.items():
             try:
                 await self._client.xack(stream, self.group, *ids)
+                self.acks += 1
             except RECONNECT_ERRORS as exc:  # still pending: run again once claimed (at least once)
                 log.warning("observation_ack_failed", stream=stream, entries=len(ids), error=str(exc))
 

@@ -1,6 +1,7 @@
 """A streaming guardrail with a hold-back window, through the gateway with the `openai`
 client: a phrase rejected at its last piece never reaches the client, not even its first
-word; and what the window costs in time to first text, against the same guard without it.
+word; a phrase rewritten in the held text reaches it as "[filtered]"; and what the window
+costs in time to first text, against the same guard without it.
 
 The guard runs in a worker group (its on_chunk hops are batched); callers pick the
 windowed or the plain guard by their API key's scope. The offline model streams the
@@ -23,7 +24,7 @@ from hookbus.skills import Context, HookData, HookError, Skill, hook
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.integration.stack import running_stack
 
-HELD_KEY, PLAIN_KEY = "sk-held", "sk-plain"
+HELD_KEY, PLAIN_KEY, FILTER_KEY = "sk-held", "sk-plain", "sk-filter"
 WINDOW = 16
 PHRASE = "top secret"
 
@@ -47,15 +48,29 @@ class PhraseGuard(Skill):
         self._judge(data)
 
 
+class PhraseFilter(Skill):
+    """Replaces the phrase with "[filtered]" once its last piece came, in the held text."""
+
+    name = "phrase-filter"
+
+    @hook("on_chunk", scope="filter", hold_back=WINDOW)
+    async def rewrite(self, data: HookData, ctx: Context) -> None:
+        text = (data.held or "") + (data.content or "")
+        if PHRASE in text:
+            data.held = text.replace(PHRASE, "[filtered]")
+            data.content = ""
+
+
 @pytest.fixture(scope="module")
 async def guarded_gateway(redis_url: str) -> AsyncIterator[RunningGateway]:
     prefix = f"hb{uuid.uuid4().hex[:8]}:"
     keys: dict[str, Any] = {
         HELD_KEY: {"peer_user_id": "held", "scopes": ["held"]},
         PLAIN_KEY: {"peer_user_id": "plain", "scopes": ["plain"]},
+        FILTER_KEY: {"peer_user_id": "filter", "scopes": ["filter"]},
     }
     async with (
-        running_stack(redis_url, prefix, Agent("guarded"), {"guards": [PhraseGuard()]}),
+        running_stack(redis_url, prefix, Agent("guarded"), {"guards": [PhraseGuard(), PhraseFilter()]}),
         running_gateway(redis_url, prefix, api_keys=keys, models=["offline"]) as gateway,
     ):
         yield gateway
@@ -91,6 +106,15 @@ async def test_no_byte_of_a_phrase_rejected_at_its_last_piece_reaches_the_client
     # the same guard without a window: the phrase's first word was on the client already
     leaked, _, plain_error = await _stream(guarded_gateway, PLAIN_KEY, "[[echo]] the plan is top secret and more")
     assert plain_error is not None and leaked.endswith(" top")
+
+
+async def test_a_phrase_rewritten_in_the_held_text_reaches_the_client_as_filtered(guarded_gateway):
+    text, _, error = await _stream(guarded_gateway, FILTER_KEY, "[[echo]] the plan is top secret and more")
+    assert error is None
+    assert text == "the plan is [filtered] and more"
+    # the hops were batched: the rewrite held whole batches, and a later stream is untouched
+    clean, _, _ = await _stream(guarded_gateway, FILTER_KEY, "[[words:30]]")
+    assert clean == " ".join(f"w{n}" for n in range(30))
 
 
 async def test_the_window_costs_time_to_first_text_only(guarded_gateway, capsys):

@@ -3,12 +3,13 @@ exact whether the batch's bytes can be followed chunk by chunk or not."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from hookbus.bus.wire.chunk_batch import ChangeCheck, ChunkIn, dump_chunks, load_chunks
+from hookbus.bus.wire.chunk_batch import ChangeCheck, ChunkIn, HeldText, dump_chunks, load_chunks
 from hookbus.skills import HookData
 
 
@@ -105,3 +106,38 @@ def test_chunks_as_a_real_server_streams_them_travel_unchanged():
     assert b'"timings":{"predicted_ms":1.5}' in raw
     assert load_chunks(raw) == [c.data() for c in batch]
     assert _run(raw, {}) == [None, None, None]
+
+
+def test_the_held_text_follows_the_batch_and_only_a_rewrite_of_it_comes_back():
+    """The first chunk brings the orchestrator's held text; each later chunk's hooks see it
+    with the earlier chunks' text after it (as their hooks left them); a chunk whose hooks
+    left `held` alone comes back unchanged (null)."""
+    batch = _batch(4)
+    batch[0] = dataclasses.replace(batch[0], held="ab")
+    raw = dump_chunks(batch)
+    check, held = ChangeCheck(raw), HeldText()
+    seen, results = [], []
+    for chunk in load_chunks(raw):
+        check.before(chunk)
+        held.give(chunk)
+        seen.append(chunk.held)
+        if chunk.chunk_index == 1:
+            chunk.content = "C1"
+        if chunk.chunk_index == 2:
+            chunk.held = chunk.held.replace("bc0C1", "[filtered]")  # type: ignore[union-attr]
+        held.took(chunk)
+        results.append(check.after(chunk))
+    assert seen == ["ab", "abc0", "abc0C1", "a[filtered]c2"]
+    assert [r is not None for r in results] == [False, True, True, False]
+    assert HookData.model_validate_json(results[1]).held is None  # type: ignore[arg-type]
+    assert HookData.model_validate_json(results[2]).held == "a[filtered]"  # type: ignore[arg-type]
+
+
+def test_a_batch_without_a_window_carries_no_held_text():
+    raw = dump_chunks(_batch(2))
+    assert b"held" not in raw
+    held = HeldText()
+    for chunk in load_chunks(raw):
+        held.give(chunk)
+        assert chunk.held is None
+        held.took(chunk)
