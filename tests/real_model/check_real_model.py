@@ -224,11 +224,17 @@ def main() -> int:
         say("hookbus run's demo request", run.poll() is None and bool(demo_answer(lines)), repr(demo_answer(lines)[:80]))
         through = openai.OpenAI(base_url=gateway, api_key="local", max_retries=0, timeout=600)
         direct = openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
-        for check in (on_topic, tool_under_auto, fact_past_the_window, lambda c: overhead(direct, c)):
+        checks: list[tuple[str, Callable[[], None]]] = [
+            ("on topic", lambda: on_topic(through)),
+            ("tool under auto", lambda: tool_under_auto(through)),
+            ("fact past the window", lambda: fact_past_the_window(through)),
+            ("overhead", lambda: overhead(direct, through)),
+        ]
+        for name, check in checks:
             try:
-                check(through)
+                check()
             except openai.APIError as exc:
-                say(getattr(check, "__name__", "overhead").replace("_", " "), False, f"{type(exc).__name__}: {exc}")
+                say(name, False, f"{type(exc).__name__}: {exc}")
     finally:
         os.killpg(run.pid, signal.SIGINT)
         run.wait(timeout=30)
