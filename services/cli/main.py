@@ -57,15 +57,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.exit(f"hookbus worker: {exc}")
     replica_name = args.replica or instance_name(f"worker-{args.group}")
     configure_tracing("worker", replica_name)
-    replica = WorkerReplica(
-        GroupHost(args.group, skills),
-        redis_url_or_exit(),
-        prefix=get_settings().prefix,
-        concurrency=args.concurrency,
-        replica=replica_name,
-        claim_idle=args.claim_idle,
-        max_deliveries=args.max_deliveries,
-    )
+    try:
+        replica = WorkerReplica(
+            GroupHost(args.group, skills),
+            redis_url_or_exit(),
+            prefix=get_settings().prefix,
+            concurrency=args.concurrency,
+            replica=replica_name,
+            claim_idle=args.claim_idle,
+            max_deliveries=args.max_deliveries,
+            version=args.version,
+        )
+    except ValueError as exc:  # a version that cannot name a stream
+        sys.exit(f"hookbus worker: {exc}")
     event_loop.run(replica.app.run())
     return 0
 
@@ -305,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--replica", default=None, help="consumer name (default: worker-GROUP-HOST-PID)")
     worker.add_argument("--claim-idle", type=float, default=defaults.WORKER_CLAIM_IDLE, help="seconds before a dead sibling's entry is claimed")
     worker.add_argument("--max-deliveries", type=int, default=defaults.WORKER_MAX_DELIVERIES, help="deliveries before an entry is dead-lettered")
+    worker.add_argument(
+        "--version", default=None,
+        help="the version this replica runs its group at (default: $HOOKBUS_WORKER_VERSION, the skills' "
+        "declared versions, or a hash of their hooks); requests stay on the version they started with",
+    )
     worker.set_defaults(func=cmd_worker)
 
     orchestrator = commands.add_parser("orchestrator", help="run one orchestrator instance")

@@ -22,6 +22,7 @@ from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, replica_
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.wire.protocol_version import refusal
+from hookbus.services.cli.version_status import VersionStatus, format_versions, read_versions
 
 LAG_SCAN_LIMIT = 10_000
 RECENT_PAGE = 500
@@ -103,6 +104,8 @@ def _decoded(entries: Any) -> list[MonitorRecord]:
 def format_event(record: MonitorRecord) -> str:
     when = dt.datetime.fromtimestamp(record.ts).strftime("%H:%M:%S.%f")[:-3]
     where = record.group or "local"
+    if record.version:
+        where += f"@{record.version}"
     if record.kind == "request":
         where = "request"
     hooks = ",".join(record.hooks) or "-"
@@ -129,6 +132,8 @@ class GroupStatus(BaseModel):
     tools: list[str]
     lag: int
     pending: int
+    versions: list[VersionStatus] = []
+    """The versions its replicas run (none for replicas from before versions)."""
 
 
 class Status(BaseModel):
@@ -143,6 +148,11 @@ class Status(BaseModel):
 
 async def read_status(client: aredis.Redis, keys: Keys) -> Status:
     now = time.time()
+    minute_records = []
+    for stream in keys.event_streams:
+        minute: Any = await client.xrange(stream, min=f"{int((now - 60) * 1000)}-0", max="+")
+        minute_records += _decoded(minute)
+    hops = [r for r in minute_records if r.kind == "hop"]
     registry = await client.hgetall(keys.registry)
     groups = []
     for raw_name, body in sorted(registry.items()):
@@ -152,7 +162,9 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         except ValueError:
             continue
         replicas = sorted(text(r) for r in await client.zrangebyscore(keys.replicas(name), now - REPLICA_TTL, "+inf"))
-        lag, pending = await group_backlog(client, keys.hook_streams(name), name)
+        versions = await read_versions(client, keys, name, replicas, hops)
+        streams = keys.hook_streams(name) + [s for v in versions for s in keys.pinned_hook_streams(name, v.version)]
+        lag, pending = await group_backlog(client, streams, name)
         groups.append(
             GroupStatus(
                 name=name,
@@ -160,6 +172,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
                 refused=refusal(announcement.protocol),
                 replicas=replicas,
                 replica_protocols=await replica_protocols(client, keys, name, replicas),
+                versions=versions,
                 hooks=[f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}" for h in announcement.hooks],
                 tools=[t.name for t in announcement.tools],
                 lag=lag,
@@ -168,10 +181,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         )
     orchestrators = await client.zrangebyscore(keys.orchestrators, now - REPLICA_TTL, "+inf")
     requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
-    finished = []
-    for stream in keys.event_streams:
-        minute: Any = await client.xrange(stream, min=f"{int((now - 60) * 1000)}-0", max="+")
-        finished += [r for r in _decoded(minute) if r.kind == "request"]
+    finished = [r for r in minute_records if r.kind == "request"]
     return Status(
         groups=groups,
         orchestrators=sorted(text(o) for o in orchestrators),
@@ -223,8 +233,12 @@ def format_status(status: Status) -> str:
         )
         if group.refused:
             lines.append(f"{'':<16}   REFUSED: {group.refused} (its hooks are not called)")
-        for replica in group.replicas:
-            lines.append(f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})")
+        versioned = {r for v in group.versions for r in v.replicas}
+        lines += format_versions(group.versions, group.replica_protocols)
+        lines += [
+            f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})"
+            for replica in group.replicas if replica not in versioned
+        ]
     if not status.groups:
         lines.append("(no worker groups registered)")
     return "\n".join(lines)
