@@ -25,7 +25,7 @@ import redis.asyncio as aredis
 import structlog
 
 from hookbus.bus.connection.values import text
-from hookbus.bus.groups.registry import REFRESH_EVERY, REPLICA_TTL
+from hookbus.bus.groups.registry import REFRESH_EVERY
 from hookbus.bus.groups.versions import parse_infos, serving_counts, version_states
 from hookbus.bus.keys import Keys
 
@@ -36,12 +36,14 @@ POLL_EVERY = 0.1
 
 
 async def serve_pinned_requests(
-    client: aredis.Redis, keys: Keys, group: str, replica: str, version: str, *, limit: float
+    client: aredis.Redis, keys: Keys, group: str, replica: str, version: str, *, limit: float, alive_within: float
 ) -> None:
-    """Return once this replica may stop reading (see the module docstring)."""
+    """Return once this replica may stop reading (see the module docstring). A sibling
+    counts as serving on only with a heartbeat in the last `alive_within` seconds (the
+    replicas' claim idle: a sibling that crashed a moment ago is no heir)."""
     began = time.monotonic()
     while time.monotonic() - began < limit:
-        live = await client.zrangebyscore(keys.replicas(group), time.time() - REPLICA_TTL, "+inf")
+        live = await client.zrangebyscore(keys.replicas(group), time.time() - alive_within, "+inf")
         infos = parse_infos(await client.hgetall(keys.replica_versions(group)), [text(m) for m in live])
         states = version_states(infos)
         mine = states.get(version)

@@ -375,7 +375,8 @@ class WorkerReplica(BusApp):
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await publish(self._client, self.keys, self.group, self.replica, self._info(draining=True))
                 await serve_pinned_requests(
-                    self._client, self.keys, self.group, self.replica, self.version, limit=DRAIN_SECONDS
+                    self._client, self.keys, self.group, self.replica, self.version,
+                    limit=DRAIN_SECONDS, alive_within=self.claim_idle,
                 )
         await self._stop_reading()
         await self.member.stop("heartbeat", "claim", "janitor")
