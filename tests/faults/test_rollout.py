@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -212,11 +211,13 @@ async def test_a_group_replaced_replica_by_replica_under_load_fails_and_mixes_no
     claims = [p.log_tail(2000) for n, p in replicas.items() if n in survivors]
     assert any(f'"previous_owner": "{victim}"' in log for log in claims), "no hop of the killed replica was claimed"
 
-    status = subprocess.run(
-        [sys.executable, "-m", "hookbus.services.cli.main", "status", "--json"],
-        env=procs.env, cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+    status = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hookbus.services.cli.main", "status", "--json",
+        env=procs.env, cwd=REPO, stdout=asyncio.subprocess.PIPE,
     )
-    [tagger] = [g for g in json.loads(status.stdout)["groups"] if g["name"] == GROUP]
+    stdout, _ = await asyncio.wait_for(status.communicate(), 60)
+    assert status.returncode == 0
+    [tagger] = [g for g in json.loads(stdout)["groups"] if g["name"] == GROUP]
     assert [(v["version"], v["replicas"]) for v in tagger["versions"]] == [("v2", ["v2-a", "v2-b", "v2-c"])]
     gone_after = {n: round(seen[n] - max(last_hop[n], told_to_stop[n]), 2) for n in ("v1-a", "v1-b", "v1-c")}
     print(
