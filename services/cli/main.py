@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from hookbus.bus import run_state
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
+from hookbus.services.cli.rollout_command import add_rollout_parser
 from hookbus.services.gateway.edge_options import EdgeOptions
 from hookbus.services.process import defaults, event_loop
 
@@ -361,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="groups, replicas, lag, pending, orchestrators, throughput")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    add_rollout_parser(commands)
 
     health = commands.add_parser("health", help="exit 0 when this host's replica heartbeats are fresh")
     health.add_argument("--role", choices=["worker", "orchestrator"], default=None)
