@@ -110,6 +110,13 @@ def version_states(infos: Mapping[str, ReplicaInfo]) -> dict[str, VersionState]:
     return {s.version: s for s in sorted(states, key=lambda s: (s.first_started, s.version))}
 
 
+async def live_versions(client: aredis.Redis, keys: Keys, group: str, *, alive_within: float) -> dict[str, VersionState]:
+    """The versions of `group`'s replicas with a heartbeat in the last `alive_within` seconds."""
+    live = await client.zrangebyscore(keys.replicas(group), time.time() - alive_within, "+inf")
+    infos = await client.hgetall(keys.replica_versions(group))
+    return version_states(parse_infos(infos, [text(m) for m in live]))
+
+
 class Rollout(BaseModel):
     """A canary: `share` of the new requests go to `canary`, the rest to the newest other version."""
 

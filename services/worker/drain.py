@@ -24,9 +24,8 @@ import time
 import redis.asyncio as aredis
 import structlog
 
-from hookbus.bus.connection.values import text
 from hookbus.bus.groups.registry import REFRESH_EVERY
-from hookbus.bus.groups.versions import parse_infos, serving_counts, version_states
+from hookbus.bus.groups.versions import live_versions, serving_counts
 from hookbus.bus.keys import Keys
 
 log = structlog.get_logger("hookbus.worker.drain")
@@ -43,9 +42,7 @@ async def serve_pinned_requests(
     replicas' claim idle: a sibling that crashed a moment ago is no heir)."""
     began = time.monotonic()
     while time.monotonic() - began < limit:
-        live = await client.zrangebyscore(keys.replicas(group), time.time() - alive_within, "+inf")
-        infos = parse_infos(await client.hgetall(keys.replica_versions(group)), [text(m) for m in live])
-        states = version_states(infos)
+        states = await live_versions(client, keys, group, alive_within=alive_within)
         mine = states.get(version)
         if mine is not None and any(r not in mine.draining and r != replica for r in mine.replicas):
             log.info("drain_sibling_serves", group=group, version=version, replica=replica)
