@@ -79,6 +79,14 @@ class Settings(BaseSettings):
             "false: the orchestrator sends every hop itself."
         ),
     )
+    worker_version: str | None = Field(
+        default=None,
+        alias="HOOKBUS_WORKER_VERSION",
+        description=(
+            "The version a worker replica runs its group at (e.g. the image tag); `hookbus worker "
+            "--version` wins; unset: the skills' declared versions or a hash of their hooks."
+        ),
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",
         alias="HOOKBUS_EVENT_LOOP",

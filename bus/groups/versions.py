@@ -31,7 +31,6 @@ from pydantic import BaseModel, Field
 from hookbus.bus.connection.values import text
 from hookbus.bus.keys import Keys
 
-VERSION_ENV = "HOOKBUS_WORKER_VERSION"
 PIN_STALE = 3600.0
 """Seconds after which a pin still counted in `serving:` (its orchestrator died before the
 request ended, and nobody finished it) is no longer counted."""

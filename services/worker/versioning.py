@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 
 from hookbus.bus.groups.registry import GroupAnnouncement
-from hookbus.bus.groups.versions import VERSION_ENV, check_version
+from hookbus.bus.groups.versions import check_version
+from hookbus.bus.settings import get_settings
 from hookbus.skills import Skill
 
 
@@ -40,7 +40,7 @@ def replica_version(given: str | None, skills: Sequence[Skill], fingerprint: str
     """`given` (the flag), else the environment, else the skills' declared versions
     (the version alone for one skill; `name-version` joined by `+` for several), else
     `h-<fingerprint>`."""
-    chosen = given or os.environ.get(VERSION_ENV)
+    chosen = given or get_settings().worker_version
     if chosen:
         return check_version(chosen)
     declared = [(skill.name, skill.version) for skill in skills]
