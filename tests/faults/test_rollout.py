@@ -10,7 +10,8 @@ until none is left). Then:
 
 - no request failed;
 - no request carries two versions' tags, nor did two versions' hooks run for it (the
-  hooks record each request's versions in Redis), and each version served some;
+  hooks record each request's versions in Redis), its journal holds that version as its
+  pin, and each version served some;
 - every request was finalized (its finalize_connection hook recorded it);
 - each old replica was gone from `hookbus status` within seconds of its last hop or of
   its SIGTERM, whichever came later (a replica idles once new requests go to the newer
@@ -196,6 +197,8 @@ async def test_a_group_replaced_replica_by_replica_under_load_fails_and_mixes_no
         assert len(tags) == 1 and ran == tags, (answer, ran)  # one version, in the answer and in the hooks
         [version] = ran
         by_version[version] = by_version.get(version, 0) + 1
+        pinned = await redis.hget(keys.journal(answer.completion_id), f"pin:{GROUP}")
+        assert pinned == version.encode(), (answer, pinned)  # what a recovering orchestrator would keep
     assert set(by_version) == {"v1", "v2"}, by_version
     finalized = {k.decode(): v.decode() for k, v in (await redis.hgetall(fault_key("finalized", prefix=prefix))).items()}
     assert all(finalized.get(a.completion_id or "") in ("v1", "v2") for a in answers)
