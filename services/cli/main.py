@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
-    add_rollout_parser(commands)
+    add_rollout_parser(commands, redis_url_or_exit)
 
     health = commands.add_parser("health", help="exit 0 when this host's replica heartbeats are fresh")
     health.add_argument("--role", choices=["worker", "orchestrator"], default=None)

@@ -19,24 +19,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 
 from hookbus.bus.settings import get_settings
 
 
-def add_rollout_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_rollout_parser(commands: argparse._SubParsersAction, redis_url: Callable[[], str]) -> None:  # type: ignore[type-arg]
+    """`redis_url()`: the bus's URL, as the other commands find it (or exit)."""
     rollout = commands.add_parser("rollout", help="send a share of a group's new requests to a canary version")
     rollout.add_argument("--group", required=True)
     rollout.add_argument("--canary", default=None, help="the version that gets the share")
     rollout.add_argument("--share", type=float, default=0.1, help="fraction of new requests, 0..1 (default 0.1)")
     rollout.add_argument("--end", action="store_true", help="end the rollout (promote, or before a roll back)")
-    rollout.set_defaults(func=cmd_rollout)
+    rollout.set_defaults(func=lambda args: cmd_rollout(args, redis_url()))
 
 
-def cmd_rollout(args: argparse.Namespace) -> int:
+def cmd_rollout(args: argparse.Namespace, redis_url: str) -> int:
     from hookbus.bus.connection.cluster import keys_for
     from hookbus.bus.connection.retrying import connect
     from hookbus.bus.groups.versions import Rollout, check_version, set_rollout
-    from hookbus.services.cli.main import redis_url_or_exit
 
     if args.end == (args.canary is not None):
         raise SystemExit("hookbus rollout: give --canary VERSION [--share S], or --end")
@@ -48,9 +49,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             raise SystemExit(f"hookbus rollout: {exc}") from exc
 
     async def store() -> None:
-        client = connect(redis_url_or_exit())
+        client = connect(redis_url)
         try:
-            await set_rollout(client, keys_for(redis_url_or_exit(), get_settings().prefix), args.group, rollout)
+            await set_rollout(client, keys_for(redis_url, get_settings().prefix), args.group, rollout)
         finally:
             await client.aclose()
 
