@@ -399,9 +399,8 @@ class OrchestratorService(BusApp):
         try:
             return await self._execute(run, request, mode, first_seq=first_seq, error=error)
         finally:
-            if not run.fenced:  # fenced: its new owner runs it on and releases it
-                with contextlib.suppress(*RECONNECT_ERRORS):
-                    await self.runtime.pins.release(request.completion_id)
+            with contextlib.suppress(*RECONNECT_ERRORS):  # fenced: its new owner runs it on and releases it
+                await self.runtime.pins.release(request.completion_id, ended=not run.fenced)
 
     async def _execute(
         self, run: Running, request: RequestEnvelope, mode: str, *, first_seq: int, error: HookError | None

@@ -131,10 +131,11 @@ class VersionPins:
             pipe.zadd(self.keys.serving(group, new), {completion_id: time.time()})
             await pipe.execute()
 
-    async def release(self, completion_id: str) -> None:
-        """The request ended: it no longer counts as served by its versions."""
+    async def release(self, completion_id: str, *, ended: bool = True) -> None:
+        """The request ended here: it no longer counts as served by its versions.
+        `ended=False` (another orchestrator took it over and runs it on): only forget it."""
         pins = self._pins.pop(completion_id, None)
-        if not pins:
+        if not pins or not ended:
             return
         async with self.client.pipeline(transaction=False) as pipe:
             for group, version in pins.items():
