@@ -150,8 +150,9 @@ async def pending(client: aredis.Redis, stream: str, group: str) -> int:
 
 
 async def version_stream(client: aredis.Redis, keys: Keys, group: str) -> str:
-    """The hook stream of the one version `group`'s replicas announced (alive or not):
-    where an orchestrator sends the group's hops (hookbus.bus.groups.versions)."""
+    """The hook stream of the one version `group`'s replicas announced (alive, or killed:
+    a replica that left after a drain took its version with it): where an orchestrator
+    sends the group's hops (hookbus.bus.groups.versions)."""
     infos = await client.hgetall(keys.replica_versions(group))
     [version] = {ReplicaInfo.model_validate_json(body).version for body in infos.values()}
     return keys.pinned_hooks_for(group, version, "")
