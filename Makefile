@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check conformance ts-deps
+.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check conformance ts-deps check-rollout
 
 venv: $(STAMP)
 
@@ -23,6 +23,11 @@ test: venv ts-deps
 # The inner loop: everything but the slow fault and chaos tests.
 test-fast: venv ts-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+# A rolling upgrade of a worker group under load through the gateway: no request failed or
+# mixed versions, all finalized, old replicas gone (also in `make test`, marked slow).
+check-rollout: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/faults/test_rollout.py $(PYTEST_ARGS)
 
 bench: venv ts-deps
 	$(BIN)/python -m tests.bench

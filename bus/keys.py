@@ -14,6 +14,7 @@ load spreads over the nodes:
 | events of one request | its completion id's shard |
 | reply stream of one process | its instance name's shard |
 | registry, its version, replica and orchestrator heartbeats, stats | one slot, `{registry}` |
+| replicas' versions, requests served per version, rollouts | the same slot |
 | sessions, dead-letter | their own key |
 
 Streams that are sharded (requests, each group's hook stream, events) are read in
@@ -138,6 +139,15 @@ class Keys:
         self._only(f"hooks:{group}")
         return self.hooks_shard(group, 0)
 
+    def pinned_hooks_for(self, group: str, version: str, completion_id: str) -> str:
+        """The shard of the stream of `group` at `version` that a request pinned to that
+        version sends its hops to (`hooks:{group}@{version}`; only that version's
+        replicas read it: hookbus.bus.groups.versions)."""
+        return self.hooks_for(f"{group}@{version}", completion_id)
+
+    def pinned_hook_streams(self, group: str, version: str) -> list[str]:
+        return self.hook_streams(f"{group}@{version}")
+
     # -------------------------------------------------------- observer streams
 
     def observe_shard(self, group: str, shard: int) -> str:
@@ -201,6 +211,18 @@ class Keys:
     def replica_heartbeat(self, group: str, replica: str) -> str:
         """String: one replica's latest heartbeat record (ReplicaHeartbeat JSON), expiring on its own."""
         return self._control(f"replica:{group}:{replica}")
+
+    def replica_versions(self, group: str) -> str:
+        """Hash: replica name -> the version it runs and whether it drains (ReplicaInfo)."""
+        return self._control(f"replica-versions:{group}")
+
+    def serving(self, group: str, version: str) -> str:
+        """Sorted set: completion id -> when it was pinned to `group` at `version`."""
+        return self._control(f"serving:{group}@{version}")
+
+    def rollout(self, group: str) -> str:
+        """Hash: the canary version of `group` and the share of new requests it gets."""
+        return self._control(f"rollout:{group}")
 
     @property
     def orchestrators(self) -> str:

@@ -99,6 +99,14 @@ class Settings(BaseSettings):
         alias="HOOKBUS_MAX_STATE_BYTES",
         description="Bytes of ctx.state (as JSON) a request may carry from hop to hop; over it the hop fails.",
     )
+    worker_version: str | None = Field(
+        default=None,
+        alias="HOOKBUS_WORKER_VERSION",
+        description=(
+            "The version a worker replica runs its group at (e.g. the image tag); `hookbus worker "
+            "--version` wins; unset: the skills' declared versions or a hash of their hooks."
+        ),
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",
         alias="HOOKBUS_EVENT_LOOP",

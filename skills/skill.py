@@ -65,6 +65,9 @@ class Skill:
     """
 
     name: ClassVar[str] = ""
+    version: ClassVar[str | None] = None
+    """The skill's own version; a worker group of versioned skills runs at it when the
+    deployment names none (hookbus.services.worker.versioning)."""
     _hook_specs: ClassVar[tuple[tuple[str, HookDescriptor], ...]] = ()
     _tool_specs: ClassVar[tuple[tuple[str, DeclaredTool], ...]] = ()
 

@@ -25,6 +25,13 @@ from pydantic import Field
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.periodic import cancel_and_wait
+from hookbus.bus.groups.versions import (
+    Rollout,
+    VersionState,
+    parse_infos,
+    parse_rollout,
+    version_states,
+)
 from hookbus.bus.keys import Keys
 from hookbus.bus.wire.envelopes import Envelope
 from hookbus.bus.wire.protocol_version import PROTOCOL, VERSION_PATTERN, refusal
@@ -105,9 +112,12 @@ async def heartbeat(client: aredis.Redis, keys: Keys, group: str, replica: str) 
 
 
 async def leave(client: aredis.Redis, keys: Keys, group: str, replica: str) -> None:
+    """Gone from the group at once, in one round trip: no heartbeat, no record, no version
+    (hookbus.bus.groups.versions)."""
     async with client.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.replicas(group), replica)
         pipe.delete(keys.replica_heartbeat(group, replica))
+        pipe.hdel(keys.replica_versions(group), replica)
         await pipe.execute()
 
 
@@ -146,7 +156,15 @@ class RegistryView:
         self.refused: dict[str, str] = {}
         """Announced groups it cannot serve (their protocol), and why."""
         self.live: dict[str, int] = {}
+        self.versions: dict[str, dict[str, VersionState]] = {}
+        """Per group, the versions its live replicas run (oldest first; empty: unversioned)."""
+        self.rollouts: dict[str, Rollout] = {}
+        self._conflicts: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> aredis.Redis:
+        return self._client
 
     async def start(self) -> None:
         await self.refresh()
@@ -170,13 +188,45 @@ class RegistryView:
         groups = list(self.groups)
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.get(self._keys.registry_version)
-            for group in groups:
-                pipe.zcount(self._keys.replicas(group), time.time() - REPLICA_TTL, "+inf")
-            version_raw, *counts = await pipe.execute()
-        self.live = dict(zip(groups, (int(c) for c in counts), strict=True))
+            self._queue_replicas(pipe, groups)
+            version_raw, *replies = await pipe.execute()
+        self._take_replicas(groups, replies)
         registry_version = int(version_raw or 0)
         if registry_version != self._registry_version:
             await self._reload(registry_version)
+
+    def _queue_replicas(self, pipe: aredis.client.Pipeline, groups: list[str]) -> None:
+        """Per group: its live replicas, their versions, its rollout (three replies)."""
+        for group in groups:
+            pipe.zrangebyscore(self._keys.replicas(group), time.time() - REPLICA_TTL, "+inf")
+            pipe.hgetall(self._keys.replica_versions(group))
+            pipe.hgetall(self._keys.rollout(group))
+
+    def _take_replicas(self, groups: list[str], replies: list[object]) -> None:
+        live: dict[str, int] = {}
+        versions: dict[str, dict[str, VersionState]] = {}
+        rollouts: dict[str, Rollout] = {}
+        for index, group in enumerate(groups):
+            members, infos_raw, rollout_raw = replies[3 * index : 3 * index + 3]
+            names = [text(m) for m in members]  # type: ignore[attr-defined]
+            live[group] = len(names)
+            versions[group] = version_states(parse_infos(infos_raw, names))  # type: ignore[arg-type]
+            rollout = parse_rollout(rollout_raw)  # type: ignore[arg-type]
+            if rollout is not None:
+                rollouts[group] = rollout
+            self._report_conflicts(group, versions[group])
+        self.live, self.versions, self.rollouts = live, versions, rollouts
+
+    def _report_conflicts(self, group: str, states: dict[str, VersionState]) -> None:
+        """Two replicas announcing one version with different hooks: a deployment error
+        (the version no longer says what runs), logged once per group and version."""
+        for state in states.values():
+            if len(state.hooks) > 1 and (group, state.version) not in self._conflicts:
+                self._conflicts.add((group, state.version))
+                log.error(
+                    "version_hooks_differ", group=group, version=state.version, replicas=list(state.replicas),
+                    hint="replicas announcing one version must serve the same hooks and priorities",
+                )
 
     async def _reload(self, registry_version: int) -> None:
         raw = await self._client.hgetall(self._keys.registry)
@@ -203,11 +253,11 @@ class RegistryView:
         self.groups = {name: a for name, a in self.announced.items() if name not in refused}
         self._registry_version = registry_version
         self.version += 1
+        names = list(self.groups)
         async with self._client.pipeline(transaction=False) as pipe:
-            for group in self.groups:
-                pipe.zcount(self._keys.replicas(group), time.time() - REPLICA_TTL, "+inf")
-            counts = await pipe.execute()
-        self.live = dict(zip(self.groups, (int(c) for c in counts), strict=True))
+            self._queue_replicas(pipe, names)
+            replies = await pipe.execute()
+        self._take_replicas(names, replies)
         log.info("registry_loaded", groups=list(self.groups), version=registry_version)
 
     async def _poll(self) -> None:

@@ -5,20 +5,24 @@ reads every shard of what it consumes. On a Redis Cluster the shards sit in diff
 slots, and a command may only name keys of one slot, so each shard gets its own
 blocking read; on a single Redis there is one shard and one loop, as before.
 
-Each loop reads as many entries as its share of the consumer's free capacity
-(`ceil(free / shards)`, at least one), so in flight + prefetched stays within
-`capacity + shards - 1` (exactly `capacity` with one shard) and a sibling replica still
-gets work. A Redis error makes that loop alone back off (50 ms doubling to 2 s): a
+Each loop whose last read found entries (an active stream) reads as many entries as
+its share of the consumer's free capacity (`ceil(free / active streams)`); a loop whose
+last read found none reads one (blocking until it comes), so in flight + prefetched
+stays within `capacity + streams - 1` (exactly `capacity` with one stream), a sibling
+replica still gets work, and the one busy stream of several (a worker replica's version
+stream beside its group's shared one) gets the whole capacity. A Redis error makes that loop alone back off (50 ms doubling to 2 s): a
 failover or a slot migration never turns into a hot loop, and the other shards keep
 being read. A missing group (the stream was deleted, a master restarted empty) is
 created again.
 
-A single-shard reader may be given a `rider`, the worker's reply pipeline
+A reader may be given a `rider`, the worker's reply pipeline
 (hookbus.services.worker.replica.ReplyBatcher): right after it delivered entries, it
 offers its next XREADGROUP to ride with their replies (hookbus.bus.hops.pipelined_read), so a steady
 flow of hops costs the worker one socket write per hop. A ride reads as many entries as
 are free plus the replies it carries, whose slots free as it returns: in flight +
 prefetched may exceed the capacity by those replies for the moment between the two.
+The rider holds one offer: of two loops that offer at once (a replica's shared and
+version streams), the later one rides and the other reads alone after the linger.
 
 A reader whose entries nobody waits for (a group's observers) may `linger`: after a read
 that delivered entries, but fewer than it asked for (the stream had no more), it waits
@@ -80,10 +84,13 @@ class ShardedGroupReader:
         self._linger = linger
         self._client = connect(redis_url, max_connections=len(self.streams) + 4, retries=0)
         self._slot = asyncio.Event()
+        self._active: set[str] = set()
+        """Streams whose last read found entries."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
-        self._rider = rider if len(self.streams) == 1 else None
-        self._ride: RideOffer | None = None
+        self._rider = rider
+        self._rides: dict[str, RideOffer] = {}
+        """The read each stream's loop offered to the rider, while it is out."""
         self.ride_block_ms = BLOCK_MS
         self.errors = 0
         self.rides = 0
@@ -119,10 +126,10 @@ class ShardedGroupReader:
         """Read nothing more; what was not read stays in the streams for the siblings."""
         self._stopping = True
         self._slot.set()
-        ride = self._ride
-        if ride is not None and ride.taken:  # its entries are delivered before we go
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(ride.done), ride.block_ms / 1000 + 2.0)
+        for offer in list(self._rides.values()):
+            if offer.taken:  # its entries are delivered before we go
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(offer.done), offer.block_ms / 1000 + 2.0)
         await cancel_and_wait(*self._tasks, timeout=3.0)
         self._tasks = []
         with contextlib.suppress(Exception):
@@ -148,7 +155,7 @@ class ShardedGroupReader:
                     self._slot.clear()
                     await self._slot.wait()
                     continue
-                count = -(-free // len(self.streams))
+                count = self._count(stream, free)
                 response: Any = await self._client.xreadgroup(
                     self.group, self.consumer, {stream: ">"}, count=count, block=self._block_ms,
                 )
@@ -176,6 +183,12 @@ class ShardedGroupReader:
             delivered = self._deliver_response(stream, response)
             caught_up = delivered and self.delivered - before < count
 
+    def _count(self, stream: str, free: int) -> int:
+        """How many entries a read of `stream` may take now (module docstring)."""
+        if stream not in self._active:
+            return 1
+        return -(-free // len(self._active))
+
     async def _rode(self, stream: str) -> bool | None:
         """The next read offered to the rider: None if no reply flush took it within the
         linger (read alone), else whether the read it rode with delivered entries."""
@@ -187,11 +200,13 @@ class ShardedGroupReader:
                 self.group, self.consumer, {stream: ">"}, count=max(1, self._free() + riding), block=block_ms
             )
 
-        self._ride = RideOffer(queue, lambda response: self._deliver_response(stream, response), self.ride_block_ms)
+        offer = self._rides[stream] = RideOffer(
+            queue, lambda response: self._deliver_response(stream, response), self.ride_block_ms
+        )
         try:
-            return await ride(self._rider, self._ride)
+            return await ride(self._rider, offer)
         finally:
-            self._ride = None
+            del self._rides[stream]
 
     def _deliver_response(self, stream: str, response: Any) -> bool:
         delivered = False
@@ -201,4 +216,8 @@ class ShardedGroupReader:
                 self.delivered += 1
                 delivered = True
         self.deliveries += delivered
+        if delivered:
+            self._active.add(stream)
+        else:
+            self._active.discard(stream)
         return delivered

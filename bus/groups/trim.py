@@ -84,6 +84,15 @@ async def trim_acked(client: aredis.Redis, stream: str) -> tuple[int, str]:
     return int(removed), text(minid)
 
 
+async def delete_consumer_if_idle(client: aredis.Redis, stream: str, group: str, consumer: str) -> bool:
+    """XGROUP DELCONSUMER `consumer`, atomically only if it holds no pending entry (a
+    replica leaving after its drain: nothing of it is left for a lease to expire)."""
+    try:
+        return int(await client.eval(_PRUNE, 1, stream, group, consumer)) == 1
+    except aredis.ResponseError:
+        return False  # no such stream or group
+
+
 async def prune_consumers(
     client: aredis.Redis,
     stream: str,

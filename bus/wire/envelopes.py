@@ -211,6 +211,7 @@ class MonitorRecord(Envelope):
     hooks: list[str] = Field(default_factory=list)
     group: str | None = None
     replica: str | None = None
+    version: str | None = Field(default=None, description="The version of the group the replica runs (hops).")
     duration_ms: float = 0.0
     outcome: Outcome = Outcome.OK
     error: str | None = None

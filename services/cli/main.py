@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from hookbus.bus import run_state
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
+from hookbus.services.cli.rollout_command import add_rollout_parser
 from hookbus.services.gateway.edge_options import EdgeOptions
 from hookbus.services.process import defaults, event_loop
 
@@ -58,15 +59,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.exit(f"hookbus worker: {exc}")
     replica_name = args.replica or instance_name(f"worker-{args.group}")
     configure_tracing("worker", replica_name)
-    replica = WorkerReplica(
-        GroupHost(args.group, skills),
-        redis_url_or_exit(),
-        prefix=get_settings().prefix,
-        concurrency=args.concurrency,
-        replica=replica_name,
-        claim_idle=args.claim_idle,
-        max_deliveries=args.max_deliveries,
-    )
+    try:
+        replica = WorkerReplica(
+            GroupHost(args.group, skills),
+            redis_url_or_exit(),
+            prefix=get_settings().prefix,
+            concurrency=args.concurrency,
+            replica=replica_name,
+            claim_idle=args.claim_idle,
+            max_deliveries=args.max_deliveries,
+            version=args.version,
+        )
+    except ValueError as exc:  # a version that cannot name a stream
+        sys.exit(f"hookbus worker: {exc}")
     event_loop.run(replica.app.run())
     return 0
 
@@ -323,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--replica", default=None, help="consumer name (default: worker-GROUP-HOST-PID)")
     worker.add_argument("--claim-idle", type=float, default=defaults.WORKER_CLAIM_IDLE, help="seconds before a dead sibling's entry is claimed")
     worker.add_argument("--max-deliveries", type=int, default=defaults.WORKER_MAX_DELIVERIES, help="deliveries before an entry is dead-lettered")
+    worker.add_argument(
+        "--version", default=None,
+        help="the version this replica runs its group at (default: $HOOKBUS_WORKER_VERSION, the skills' "
+        "declared versions, or a hash of their hooks); requests stay on the version they started with",
+    )
     worker.set_defaults(func=cmd_worker)
 
     orchestrator = commands.add_parser("orchestrator", help="run one orchestrator instance")
@@ -376,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="groups, replicas, lag, pending, orchestrators, throughput")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    add_rollout_parser(commands, redis_url_or_exit)
 
     health = commands.add_parser("health", help="exit 0 when this host's replica heartbeats are fresh")
     health.add_argument("--role", choices=["worker", "orchestrator"], default=None)

@@ -22,6 +22,7 @@ from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, replica_
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.wire.protocol_version import refusal
+from hookbus.services.cli.version_status import VersionStatus, format_versions, read_versions
 from hookbus.services.console import request_link
 
 LAG_SCAN_LIMIT = 10_000
@@ -107,6 +108,8 @@ def format_event(record: MonitorRecord, *, with_link: bool = False) -> str:
     console (a path: prefix it with the gateway's address)."""
     when = dt.datetime.fromtimestamp(record.ts).strftime("%H:%M:%S.%f")[:-3]
     where = record.group or "local"
+    if record.version:
+        where += f"@{record.version}"
     if record.kind == "request":
         where = "request"
     hooks = ",".join(record.hooks) or "-"
@@ -135,6 +138,8 @@ class GroupStatus(BaseModel):
     tools: list[str]
     lag: int
     pending: int
+    versions: list[VersionStatus] = []
+    """The versions its replicas run (none for replicas from before versions)."""
     observe_lag: int = 0
     """Observation entries (one per request) not yet delivered to the group's observers."""
     observe_pending: int = 0
@@ -165,9 +170,10 @@ class Status(BaseModel):
     dead_letters: int
 
 
-async def read_bus_state(client: aredis.Redis, keys: Keys) -> BusState:
-    """Groups with their live replicas (heartbeat, in flight), lag and pending; live
-    orchestrators; the request queue's backlog; the dead-letter count."""
+async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[MonitorRecord] = ()) -> BusState:
+    """Groups with their live replicas (heartbeat, in flight, version), lag and pending;
+    live orchestrators; the request queue's backlog; the dead-letter count. `hops`: the
+    last minute's hop records, which each version's hop count is taken from (none: 0)."""
     now = time.time()
     registry = await client.hgetall(keys.registry)
     groups = []
@@ -179,7 +185,9 @@ async def read_bus_state(client: aredis.Redis, keys: Keys) -> BusState:
             continue
         beats = await _heartbeats(client, keys.replicas(name), now)
         replicas = sorted(beats)
-        lag, pending = await group_backlog(client, keys.hook_streams(name), name)
+        versions = await read_versions(client, keys, name, replicas, hops)
+        streams = keys.hook_streams(name) + [s for v in versions for s in keys.pinned_hook_streams(name, v.version)]
+        lag, pending = await group_backlog(client, streams, name)
         observe_lag, observe_pending = (0, 0)
         if any(h.observe for h in announcement.hooks):
             observe_lag, observe_pending = await group_backlog(client, keys.observe_streams(name), name)
@@ -190,6 +198,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys) -> BusState:
                 refused=refusal(announcement.protocol),
                 replicas=replicas,
                 replica_protocols=await replica_protocols(client, keys, name, replicas),
+                versions=versions,
                 hooks=[
                     f"{h.skill}.{h.method}@{h.lifecycle}:{h.priority}{' (observer)' if h.observe else ''}"
                     for h in announcement.hooks
@@ -200,7 +209,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys) -> BusState:
                 observe_lag=observe_lag,
                 observe_pending=observe_pending,
                 heartbeats=beats,
-                in_flight=await _in_flight(client, keys.hook_streams(name), name),
+                in_flight=await _in_flight(client, streams, name),
             )
         )
     requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
@@ -214,12 +223,13 @@ async def read_bus_state(client: aredis.Redis, keys: Keys) -> BusState:
 
 
 async def read_status(client: aredis.Redis, keys: Keys) -> Status:
-    state = await read_bus_state(client, keys)
     minute_start = f"{int((time.time() - 60) * 1000)}-0"
-    finished = []
+    records: list[MonitorRecord] = []
     for stream in keys.event_streams:
         minute: Any = await client.xrange(stream, min=minute_start, max="+")
-        finished += [r for r in decoded_records(minute) if r.kind == "request"]
+        records += decoded_records(minute)
+    state = await read_bus_state(client, keys, [r for r in records if r.kind == "hop"])
+    finished = [r for r in records if r.kind == "request"]
     return Status(
         groups=state.groups,
         orchestrators=sorted(state.orchestrators),
@@ -293,8 +303,12 @@ def format_status(status: Status) -> str:
             lines.append(f"{'':<16}   REFUSED: {group.refused} (its hooks are not called)")
         if group.observe_lag or group.observe_pending:
             lines.append(f"{'':<16}   observer backlog: lag {group.observe_lag}, pending {group.observe_pending}")
-        for replica in group.replicas:
-            lines.append(f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})")
+        versioned = {r for v in group.versions for r in v.replicas}
+        lines += format_versions(group.versions, group.replica_protocols)
+        lines += [
+            f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})"
+            for replica in group.replicas if replica not in versioned
+        ]
     if not status.groups:
         lines.append("(no worker groups registered)")
     return "\n".join(lines)

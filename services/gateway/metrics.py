@@ -12,9 +12,12 @@ Three sources:
   whole requests as the orchestrators saw them. These describe the whole bus, not just this
   gateway's requests: with several gateways, aggregate them with `max`, not `sum`;
 - **queue state, read on scrape** (`hookbus_queue_*`): XINFO GROUPS of `requests`
-  (group `orchestrators`) and of `hooks:{group}` for every announced worker group - lag
+  (group `orchestrators`) and of `hooks:{group}` (with its versions' streams) for every announced worker group - lag
   (entries not yet delivered to the group) and pending (delivered, not yet acked) - plus
-  live replicas per group and live orchestrators.
+  live replicas per group and live orchestrators; per worker group and version, the live
+  replicas and the requests pinned to it that have not ended (hookbus.bus.groups.versions),
+  and from the events stream the hops each version answered, by outcome (a canary's error
+  rate beside the stable version's).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.connection.values import text_or_none
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.registry import REPLICA_TTL
+from hookbus.bus.groups.versions import VersionState, live_versions, serving_counts
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.skills import HookbusError
@@ -154,6 +158,19 @@ class GatewayMetrics:
             "hookbus_worker_replicas", "Worker replicas with a fresh heartbeat, per group.",
             ["group"], registry=r,
         )
+        self.version_replicas = Gauge(
+            "hookbus_worker_version_replicas", "Worker replicas with a fresh heartbeat, per group and version.",
+            ["group", "version"], registry=r,
+        )
+        self.version_serving = Gauge(
+            "hookbus_worker_version_serving_requests",
+            "Requests pinned to a group's version that have not ended, per group and version.",
+            ["group", "version"], registry=r,
+        )
+        self.version_hops = Counter(
+            "hookbus_worker_version_hops", "Hops answered, per worker group, version and outcome.",
+            ["group", "version", "outcome"], registry=r,
+        )
         self.orchestrators = Gauge(
             "hookbus_orchestrators", "Orchestrators with a fresh heartbeat.", registry=r
         )
@@ -176,6 +193,8 @@ class GatewayMetrics:
             group = record.group or "unknown"
             self.hop_latency.labels(group, record.lifecycle).observe(seconds)
             self.hops.labels(group, record.lifecycle, record.outcome).inc()
+            if record.version:
+                self.version_hops.labels(group, record.version, record.outcome).inc()
         elif record.kind == "request":
             self.agent_latency.labels(record.outcome).observe(seconds)
             self.agent_requests.labels(record.outcome).inc()
@@ -193,8 +212,10 @@ class GatewayMetrics:
 
     async def _refresh_queues(self, client: aredis.Redis, keys: Keys) -> None:
         groups = sorted(str(text_or_none(g)) for g in await client.hkeys(keys.registry))
+        versions = {g: await live_versions(client, keys, g, alive_within=REPLICA_TTL) for g in groups}
         streams = [("requests", s, ORCHESTRATOR_GROUP) for s in keys.request_streams] + [
-            (f"hooks:{g}", s, g) for g in groups for s in keys.hook_streams(g)
+            (f"hooks:{g}", s, g) for g in groups
+            for s in keys.hook_streams(g) + [p for v in versions[g] for p in keys.pinned_hook_streams(g, v)]
         ]
         now = time.time()
         async with client.pipeline(transaction=False) as pipe:
@@ -232,6 +253,16 @@ class GatewayMetrics:
                 self.replicas.labels(group).set(int(count))
         if not isinstance(counts[-1], Exception):
             self.orchestrators.set(int(counts[-1]))
+        await self._refresh_versions(client, keys, versions)
+
+    async def _refresh_versions(self, client: aredis.Redis, keys: Keys, versions: dict[str, dict[str, VersionState]]) -> None:
+        self.version_replicas.clear()
+        self.version_serving.clear()
+        for group, states in versions.items():
+            serving = await serving_counts(client, keys, group, states)
+            for version, state in states.items():
+                self.version_replicas.labels(group, version).set(len(state.replicas))
+                self.version_serving.labels(group, version).set(serving[version])
 
 
 class EventsFollower:

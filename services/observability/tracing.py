@@ -385,11 +385,13 @@ class HopSpan(Traced):
         self.error(reason, error_type)
 
 
-def hop_span(group: str, stream: str, lifecycle: str, hooks: Sequence[str]) -> Any:
+def hop_span(group: str, stream: str, lifecycle: str, hooks: Sequence[str], version: str | None = None) -> Any:
+    """`hop {group}`: one hop sent and waited for; `version`: the group's version the
+    request is pinned to (`hookbus.worker.version`; None for an unversioned group)."""
     if _tracer is None:
         return OFF
     return _start(
-        f"hop {group}", SpanKind.CLIENT, cls=HopSpan, hookbus__group=group,
+        f"hop {group}", SpanKind.CLIENT, cls=HopSpan, hookbus__group=group, hookbus__worker__version=version,
         hookbus__lifecycle=lifecycle, hookbus__hooks=list(hooks), messaging__system="redis",
         messaging__destination__name=stream, messaging__operation__type="send",
     )
@@ -567,15 +569,18 @@ def compaction_span(trigger: str) -> Any:
 # ------------------------------------------------------------- the worker
 
 
-def process_span(group: str, replica: str, lifecycle: str, carrier: TraceCarrier | None, attempt: int) -> Any:
-    """`process {group}`: a worker answering one hop, continuing the orchestrator's hop span.
-    A hop that carries no trace context (its orchestrator does not trace) gets no span: a
-    worker continues traces, it never starts one per hop."""
+def process_span(
+    group: str, replica: str, lifecycle: str, carrier: TraceCarrier | None, attempt: int, version: str | None = None
+) -> Any:
+    """`process {group}`: a worker answering one hop, continuing the orchestrator's hop span
+    (`version`: the version the replica runs its group at). A hop that carries no trace
+    context (its orchestrator does not trace) gets no span: a worker continues traces, it
+    never starts one per hop."""
     if _tracer is None or not carrier:
         return OFF
     return _start(
         f"process {group}", SpanKind.CONSUMER, parent=incoming(carrier), hookbus__group=group,
-        hookbus__replica=replica, hookbus__lifecycle=lifecycle, hookbus__attempt=attempt,
+        hookbus__replica=replica, hookbus__worker__version=version, hookbus__lifecycle=lifecycle, hookbus__attempt=attempt,
         messaging__system="redis", messaging__operation__type="process",
     )
 

@@ -36,6 +36,7 @@ from hookbus.bus.wire.envelopes import (
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
+from hookbus.services.orchestrator.version_pins import VersionPins
 from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
@@ -81,6 +82,7 @@ class BusRuntime:
         """Hook and tool hops, those that workers sent on included."""
         self.forwarded = 0
         """Hops a worker sent on along a route (hookbus.bus.hops.send_on) instead of this runtime."""
+        self.pins = VersionPins(registry.client, keys, registry)
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
         self._observing: set[asyncio.Task[None]] = set()
         """Observation entries being appended (nobody waits for them but shutdown)."""
@@ -136,7 +138,7 @@ class BusRuntime:
                         segment, data, ctx, stage_key, route=ahead, sent=sent.hop_id
                     )
                 else:
-                    ahead = self._route(segments[index + 1 :], ctx.completion_id)
+                    ahead = await self._route(segments[index + 1 :], ctx.completion_id)
                     result, went_on = await self._stage_hop(segment, data, ctx, stage_key, route=ahead)
                 if not went_on:
                     self.router.forget(step.hop_id for step in ahead)
@@ -146,10 +148,11 @@ class BusRuntime:
         finally:
             self.router.forget(step.hop_id for step in ahead)
 
-    def _route(self, onward: Sequence[Segment], completion_id: str) -> list[RouteStep]:
+    async def _route(self, onward: Sequence[Segment], completion_id: str) -> list[RouteStep]:
         """The segments after a hop that its worker may send the stage on to: those up to
         the first one in-process or in a group with no live replica (the stage then
-        comes back here first)."""
+        comes back here first); each to the stream of the version the request is pinned
+        to in that group (hookbus.services.orchestrator.version_pins)."""
         if not self.send_on or tracing.enabled():
             return []
         route = []
@@ -157,7 +160,7 @@ class BusRuntime:
             if segment.group is None or self.registry.unavailable(segment.group) is not None:
                 break
             route.append(RouteStep(
-                group=segment.group, stream=self.keys.hooks_for(segment.group, completion_id),
+                group=segment.group, stream=await self.pins.stream_for(segment.group, completion_id),
                 hop_id=self.router.new_hop_id(), hooks=_hook_refs(segment),
                 timeout=self._segment_timeout(segment),
             ))
@@ -251,13 +254,16 @@ class BusRuntime:
 
     async def _call(
         self, group: str, event: HopEvent, timeout: float, hooks: Sequence[str],
-        split: tuple[bytes, bytes] | None = None,
+        split: tuple[bytes, bytes] | None = None, *, pin: bool = True,
     ) -> HopReply:
         """Send one hop to `group` and wait for its reply (HopTimeout when none comes), in
         the hop's span, whose context the event carries. `split`: (HookData JSON, Context
-        JSON) of a hook hop, sent in the split format (encode_hop)."""
-        stream = self.keys.hooks_for(group, event.completion_id)
-        with tracing.hop_span(group, stream, event.lifecycle, hooks) as span:
+        JSON) of a hook hop, sent in the split format (encode_hop). The hop goes to the
+        version of `group` the request is pinned to (`pin=False`: a hop outside any
+        request, to the newest version)."""
+        stream = await self.pins.stream_for(group, event.completion_id, pin=pin)
+        version = self.pins.pinned(event.completion_id).get(group) if pin else None
+        with tracing.hop_span(group, stream, event.lifecycle, hooks, version) as span:
             event.trace = span.carrier
             fields = encode_hop(event, *split) if split is not None else None
             self.hops += 1

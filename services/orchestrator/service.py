@@ -415,7 +415,18 @@ class OrchestratorService(BusApp):
     ) -> bool:
         """Run (`RUN`), finalize only (`RECOVER`), or only end (`END`) one request with the
         epoch in `run`, then store its terminal item and ack it. False if fenced out or
-        left pending because Redis stayed unreachable."""
+        left pending because Redis stayed unreachable. Once it ended here, the request no
+        longer counts as served by the worker versions it was pinned to."""
+        assert self.runtime is not None
+        try:
+            return await self._execute(run, request, mode, first_seq=first_seq, error=error)
+        finally:
+            with contextlib.suppress(*RECONNECT_ERRORS):  # fenced: its new owner runs it on and releases it
+                await self.runtime.pins.release(request.completion_id, ended=not run.fenced)
+
+    async def _execute(
+        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int, error: HookbusError | None
+    ) -> bool:
         assert self.journal is not None and self.runtime is not None
         cid = request.completion_id
         writer = ResponseWriter(

@@ -20,9 +20,15 @@
   failed;
 - a janitor trims the group's stream up to what was acked and forgets siblings gone for
   long (bus/trim.py);
-- on SIGTERM the replica stops reading and claiming and leaves the registry, in-flight
-  hops finish (up to `DRAIN_SECONDS`) with their leases renewed; what it had not read
-  stays in the stream for its siblings.
+- it runs its group at a version (hookbus.services.worker.versioning) and reads, beside
+  `hooks:{group}`, the stream of its version `hooks:{group}@{version}`, where requests
+  pinned to that version send their hops (hookbus.bus.groups.versions);
+- on SIGTERM the replica drains (hookbus.services.worker.drain): marked draining, it stops
+  reading at once if a sibling of its version serves on, else once no request pinned to
+  its version is left; then it stops claiming and leaves the registry, in-flight hops
+  finish (up to `DRAIN_SECONDS`) with their leases renewed, their acks are sent, and its
+  consumer is deleted (nothing left for a lease to expire); what it had not read stays in
+  the stream for its siblings.
 
 Hooks run in this process's event loop: a long hook must be `async` (or have a
 `timeout`, which runs a sync hook in a thread); a sync hook that blocks the loop stops the
@@ -64,7 +70,8 @@ from hookbus.bus.groups.dead_letters import add_dead_letter
 from hookbus.bus.groups.member import GroupMember
 from hookbus.bus.groups.registry import announce, heartbeat, leave
 from hookbus.bus.groups.shard_reader import ShardedGroupReader
-from hookbus.bus.groups.trim import TRIM_EVERY, prune_consumers, trim_acked
+from hookbus.bus.groups.trim import TRIM_EVERY, delete_consumer_if_idle, prune_consumers, trim_acked
+from hookbus.bus.groups.versions import ReplicaInfo, parse_infos, publish
 from hookbus.bus.hops.pipelined_read import RideOffer, RideSlot
 from hookbus.bus.hops.send_on import Onward, send_on
 from hookbus.bus.limits import over_hop_limits
@@ -87,8 +94,10 @@ from hookbus.services.process.defaults import (
     WORKER_CONCURRENCY,
     WORKER_MAX_DELIVERIES,
 )
+from hookbus.services.worker.drain import serve_pinned_requests
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.observer import ObserverConsumer
+from hookbus.services.worker.versioning import hooks_fingerprint, replica_version
 from hookbus.skills.outcome import Outcome
 
 log = structlog.get_logger("hookbus.worker")
@@ -256,12 +265,18 @@ class WorkerReplica(BusApp):
         max_deliveries: int = WORKER_MAX_DELIVERIES,
         trim_every: float = TRIM_EVERY,
         ack_delay: float = ACK_DELAY,
+        version: str | None = None,
     ) -> None:
+        """`version`: what this replica runs its group at (default: from the environment
+        or derived from the skills, hookbus.services.worker.versioning)."""
         self.host = host
         self.group = host.group
         super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
         self.keys = keys_for(redis_url, prefix)
-        self.streams = self.keys.hook_streams(self.group)
+        self.hooks_fingerprint = hooks_fingerprint(host.announcement())
+        self.version = replica_version(version, host.skills, self.hooks_fingerprint)
+        self.pinned_streams = self.keys.pinned_hook_streams(self.group, self.version)
+        self.streams = self.keys.hook_streams(self.group) + self.pinned_streams
         self.replica = replica or instance_name(f"worker-{self.group}")
         self.concurrency = concurrency
         self.claim_idle = claim_idle
@@ -333,6 +348,8 @@ class WorkerReplica(BusApp):
         self._events = EventWriter(self._client, self.keys)
         await self._events.start()
         await announce(self._client, self.keys, self.host.announcement())
+        await self._check_siblings()
+        await publish(self._client, self.keys, self.group, self.replica, self._info())
         await heartbeat(self._client, self.keys, self.group, self.replica)
         self.member.start()
         self._batcher = ReplyBatcher(self._client, self.group, ack_delay=self.ack_delay)
@@ -350,13 +367,37 @@ class WorkerReplica(BusApp):
             )
             await self.observer.start()
         log.info(
-            "worker_started", group=self.group, replica=self.replica, concurrency=self.concurrency,
-            claim_idle=self.claim_idle,
+            "worker_started", group=self.group, replica=self.replica, version=self.version,
+            hooks=self.hooks_fingerprint, concurrency=self.concurrency, claim_idle=self.claim_idle,
         )
 
+    def _info(self, *, draining: bool = False) -> ReplicaInfo:
+        return ReplicaInfo(version=self.version, hooks=self.hooks_fingerprint, draining=draining)
+
+    async def _check_siblings(self) -> None:
+        """Log a sibling that announces this version with other hooks: the version no
+        longer says what runs (orchestrators report it too)."""
+        client = self._redis()
+        raw = await client.hgetall(self.keys.replica_versions(self.group))
+        infos = parse_infos(raw, [text(name) for name in raw])
+        for sibling, info in infos.items():
+            if sibling != self.replica and info.version == self.version and info.hooks != self.hooks_fingerprint:
+                log.error(
+                    "version_hooks_differ", group=self.group, version=self.version, replica=self.replica,
+                    hooks=self.hooks_fingerprint, sibling=sibling, sibling_hooks=info.hooks,
+                )
+
     async def _on_shutdown(self) -> None:
-        """Read and claim nothing more, leave the registry, let in-flight hops finish
-        (leases still renewed) for up to DRAIN_SECONDS."""
+        """Drain (hookbus.services.worker.drain), then read and claim nothing more, leave
+        the registry, let in-flight hops finish (leases still renewed) for up to
+        DRAIN_SECONDS."""
+        if self._client is not None:
+            with contextlib.suppress(*RECONNECT_ERRORS):
+                await publish(self._client, self.keys, self.group, self.replica, self._info(draining=True))
+                await serve_pinned_requests(
+                    self._client, self.keys, self.group, self.replica, self.version,
+                    limit=DRAIN_SECONDS, alive_within=self.claim_idle,
+                )
         await self._stop_reading()
         if self.observer is not None:
             await self.observer.stop_reading()
@@ -383,6 +424,10 @@ class WorkerReplica(BusApp):
             with contextlib.suppress(*RECONNECT_ERRORS):  # unacked, they are run again by a sibling
                 await self._batcher.close()
         await self.member.stop()
+        if self._client is not None:
+            with contextlib.suppress(*RECONNECT_ERRORS):
+                for stream in self.streams:
+                    await delete_consumer_if_idle(self._client, stream, self.group, self.replica)
         if self._events is not None:
             await self._events.stop()
         log.info("worker_stopped", group=self.group, replica=self.replica, processed=self.processed)
@@ -409,7 +454,9 @@ class WorkerReplica(BusApp):
             return
         self._in_flight[entry] = time.monotonic()
         try:
-            with tracing.process_span(self.group, self.replica, event.lifecycle, event.trace, attempt) as span:
+            with tracing.process_span(
+                self.group, self.replica, event.lifecycle, event.trace, attempt, self.version
+            ) as span:
                 reply = await self.host.answer(event, attempt, self.replica, split)
                 answered = time.time()  # the record's time: its hooks ended here, before the reply went out
                 onward = send_on(event, reply, split)
@@ -527,6 +574,7 @@ class WorkerReplica(BusApp):
                 hooks=[h.key for h in event.hooks] or ([f"tool:{event.tool.name}"] if event.tool else []),
                 group=self.group,
                 replica=self.replica,
+                version=self.version,
                 duration_ms=reply.duration_ms if reply else 0.0,
                 outcome=outcome,
                 error=error,

@@ -35,7 +35,7 @@ import redis.asyncio as aredis
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.response_stream import TERMINAL_KINDS
 from tests.faults.fault_skills import fault_key
-from tests.faults.helpers import Outcome, read_until_terminal, stored_items, submit
+from tests.faults.helpers import Outcome, read_until_terminal, stored_items, submit, version_stream
 from tests.integration.processes import Proc, Processes
 
 AGENT = "tests.faults.fault_skills:agent"
@@ -263,7 +263,9 @@ async def _sleep_until(moment: float) -> None:
 
 
 async def _pending(client: aredis.Redis, keys: Keys) -> dict[str, int]:
-    streams = {keys.requests: ORCHESTRATOR_GROUP, **{keys.hooks(g): g for g in GROUPS}}
+    streams = {keys.requests: ORCHESTRATOR_GROUP}
+    for group in GROUPS:  # the shared stream, and the one of the version the replicas run
+        streams |= {keys.hooks(group): group, await version_stream(client, keys, group): group}
     result = {}
     for stream, group in streams.items():
         try:

@@ -52,6 +52,7 @@ from tests.bench.common import (
 )
 from tests.bench.floor import FloorCaller
 from tests.bench.skills import FULL_PROMPT, full_agent_inprocess
+from tests.faults.helpers import version_stream
 
 CONCURRENCIES = (1, 16, 64)
 ROUNDS = 4
@@ -97,7 +98,9 @@ async def bus_stack(
         await wait_for_orchestrator(client, keys, procs)
         completion = await client.complete(FULL_PROMPT)
         assert completion.choices[0].message.content == EXPECTED, completion
-        hops_before = await client.redis.xlen(keys.hooks("alpha")) + await client.redis.xlen(keys.hooks("beta"))
+        hops_before = sum(
+            [await client.redis.xlen(await version_stream(client.redis, keys, group)) for group in ("alpha", "beta")]
+        )
         assert hops_before == HOPS_PER_REQUEST, f"expected {HOPS_PER_REQUEST} hops per request, saw {hops_before}"
 
         async def request() -> None:

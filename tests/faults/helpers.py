@@ -11,6 +11,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from hookbus.bus.groups.versions import ReplicaInfo
 from hookbus.bus.keys import Keys
 from hookbus.bus.store.response_stream import TERMINAL_KINDS
 from hookbus.bus.wire.envelopes import (
@@ -146,3 +147,12 @@ async def pending(client: aredis.Redis, stream: str, group: str) -> int:
         return int((await client.xpending(stream, group))["pending"])
     except aredis.ResponseError:
         return 0
+
+
+async def version_stream(client: aredis.Redis, keys: Keys, group: str) -> str:
+    """The hook stream of the one version `group`'s replicas announced (alive, or killed:
+    a replica that left after a drain took its version with it): where an orchestrator
+    sends the group's hops (hookbus.bus.groups.versions)."""
+    infos = await client.hgetall(keys.replica_versions(group))
+    [version] = {ReplicaInfo.model_validate_json(body).version for body in infos.values()}
+    return keys.pinned_hooks_for(group, version, "")

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.helpers import pending, read_until_terminal, runs, submit, terminal_count
+from tests.faults.helpers import (
+    pending,
+    read_until_terminal,
+    runs,
+    submit,
+    terminal_count,
+    version_stream,
+)
 from tests.faults.test_worker_crash import AGENT, SLOW, new_id
 from tests.waiting import wait_for
 
@@ -26,7 +33,7 @@ async def answered_but_unacked(procs, redis, keys, prefix):  # type: ignore[no-u
     assert outcome.terminal is not None and outcome.terminal.kind == "done", procs.logs()
     assert "answered once" in outcome.text
     assert [(r["by"], r["attempt"]) for r in await runs(redis, prefix, cid)] == [("lazy-a", 1)]
-    assert await pending(redis, keys.hooks("slow"), "slow") == 1  # replied, its ack still owed
+    assert await pending(redis, await version_stream(redis, keys, "slow"), "slow") == 1  # replied, its ack still owed
     return lazy, orchestrator, cid
 
 
@@ -37,7 +44,7 @@ async def test_a_replica_killed_between_reply_and_ack_has_its_hop_rerun_and_the_
     await procs.wait_ready(sibling)
 
     async def rerun() -> bool:
-        return len(await runs(redis, prefix, cid)) == 2 and await pending(redis, keys.hooks("slow"), "slow") == 0
+        return len(await runs(redis, prefix, cid)) == 2 and await pending(redis, await version_stream(redis, keys, "slow"), "slow") == 0
 
     assert await wait_for(rerun, timeout=20), procs.logs()
     assert [(r["by"], r["attempt"]) for r in await runs(redis, prefix, cid)] == [("lazy-a", 1), ("slow-b", 2)]
@@ -60,6 +67,7 @@ async def test_a_replica_killed_between_reply_and_ack_has_its_hop_rerun_and_the_
 
 async def test_a_replica_stopped_with_sigterm_sends_the_acks_it_owes(procs, redis, keys, prefix):
     lazy, _, _ = await answered_but_unacked(procs, redis, keys, prefix)
+    stream = await version_stream(redis, keys, "slow")  # named before the replica leaves with its version
     lazy.terminate()
     assert lazy.popen.returncode == 0, lazy.log_tail()
-    assert await pending(redis, keys.hooks("slow"), "slow") == 0
+    assert await pending(redis, stream, "slow") == 0

@@ -69,30 +69,31 @@ async def test_after_a_run_the_streams_are_bounded_and_a_pending_hop_survives_th
     groups = {"hold": [Hold()], "shout": [Shout()]}
     async with running_stack(redis_url, prefix, Agent("t"), groups) as (client, services, workers):
         redis, keys = client.redis, client.keys
+        hold, shout = (next(w for w in workers if w.group == g).pinned_streams[0] for g in ("hold", "shout"))
         texts = await asyncio.gather(*(client.complete(f"[[words:12]] n{n}") for n in range(25)))
         assert all(t.choices[0].message.content for t in texts)
 
         async def hops_acked() -> bool:  # a worker's acks follow its replies
-            return await pending(redis, keys.hooks("hold"), "hold") + await pending(redis, keys.hooks("shout"), "shout") == 0
+            return await pending(redis, hold, "hold") + await pending(redis, shout, "shout") == 0
 
         assert await wait_for(hops_acked, timeout=5)
 
         # a request in flight: its hop is pending in "hold" while every janitor runs
         held = asyncio.create_task(client.complete("[[echo]] hold on"))
-        assert await wait_for(lambda: pending(redis, keys.hooks("hold"), "hold"), timeout=5, every=0.01)
-        [entry] = await redis.xpending_range(keys.hooks("hold"), "hold", "-", "+", 10)
+        assert await wait_for(lambda: pending(redis, hold, "hold"), timeout=5, every=0.01)
+        [entry] = await redis.xpending_range(hold, "hold", "-", "+", 10)
         for worker in workers:
             await worker.janitor_once()
         await services[0].recovery.janitor_once()
-        assert [e for e, _ in await redis.xrange(keys.hooks("hold"))] == [entry["message_id"]]
+        assert [e for e, _ in await redis.xrange(hold)] == [entry["message_id"]]
         assert await redis.xlen(keys.requests) == 1  # the held request, not yet acked
         assert (await held).choices[0].message.content == "hold on"
         assert await wait_for(hops_acked, timeout=5)
         for worker in workers:
             await worker.janitor_once()
         await services[0].recovery.janitor_once()
-        assert await redis.xlen(keys.hooks("hold")) == 0
-        assert await redis.xlen(keys.hooks("shout")) == 0
+        assert await redis.xlen(hold) == 0
+        assert await redis.xlen(shout) == 0
         assert await redis.xlen(keys.requests) == 0
         assert await pending(redis, keys.requests, ORCHESTRATOR_GROUP) == 0
         # the reply stream is trimmed by its reader, response streams are gone (read, or

@@ -15,6 +15,7 @@ from tests.faults.helpers import (
     runs,
     submit,
     terminal_count,
+    version_stream,
 )
 from tests.waiting import wait_for
 
@@ -121,7 +122,8 @@ async def test_a_poison_hop_that_kills_every_replica_ends_in_the_dead_letter_str
     assert outcome.text == "poison survived the poison"
     assert sum(not r.alive for r in replicas) == 2  # two deliveries, two crashes; the third set it aside
     letters = await redis.xrange(keys.dead_letter)
-    ours = [f for _id, f in letters if f[b"source"] == keys.hooks("poison").encode()]
+    stream = await version_stream(redis, keys, "poison")
+    ours = [f for _id, f in letters if f[b"source"] == stream.encode()]
     assert len(ours) == 1
     assert b"delivered 3 times" in ours[0][b"reason"]
 
@@ -133,7 +135,7 @@ async def test_a_poison_hop_that_kills_every_replica_ends_in_the_dead_letter_str
 
     stages = await wait_for(on_connection_stages, timeout=5)
     assert stages and stages[0].outcome == "hop_failed" and "dead-lettered" in (stages[0].error or "")
-    assert await redis.xpending(keys.hooks("poison"), "poison") == {
+    assert await redis.xpending(stream, "poison") == {
         "pending": 0, "min": None, "max": None, "consumers": [],
     }
     await asyncio.sleep(1.0)  # nothing more comes after the terminal item

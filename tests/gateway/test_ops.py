@@ -83,6 +83,11 @@ async def test_metrics_after_traffic(gateway):
     assert sample(text, "hookbus_queue_lag", stream="hooks:billing", group="billing") == 0
     assert sample(text, "hookbus_queue_lag", stream="hooks:tools", group="tools") == 0
     assert sample(text, "hookbus_worker_replicas", group="tools") == 1
+    # per version: the replicas, the requests pinned and not ended, the hops answered
+    [version] = {line.split('version="')[1].split('"')[0] for line in text.splitlines() if line.startswith('hookbus_worker_version_replicas{group="tools"')}
+    assert sample(text, "hookbus_worker_version_replicas", group="tools", version=version) == 1
+    assert sample(text, "hookbus_worker_version_serving_requests", group="tools", version=version) == 0
+    assert sample(text, "hookbus_worker_version_hops_total", group="tools", version=version, outcome="ok") >= 1
     assert sample(text, "hookbus_orchestrators") == 1
     assert sample(text, "hookbus_gateway_redis_up") == 1
 

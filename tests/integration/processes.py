@@ -114,12 +114,13 @@ class Processes:
         self._spawned: dict[str, int] = {}
 
     def _spawn(
-        self, role: str, name: str, group: str | None, args: Sequence[str], module: str = "hookbus.services.cli.main"
+        self, role: str, name: str, group: str | None, args: Sequence[str], module: str = "hookbus.services.cli.main",
+        env: dict[str, str] | None = None,
     ) -> Proc:
         count = self._spawned.get(name, 0)
         self._spawned[name] = count + 1
         log_path = self.log_dir / (f"{name}.log" if not count else f"{name}.{count}.log")
-        env = dict(self.env, HOOKBUS_TEST_NAME=name)
+        env = dict(self.env, HOOKBUS_TEST_NAME=name, **(env or {}))
         full = [sys.executable, "-m", module, *args]
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(full, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -135,13 +136,18 @@ class Processes:
         concurrency: int = 8,
         claim_idle: float = 1.0,
         max_deliveries: int = 3,
+        version: str | None = None,
     ) -> Proc:
+        """`version`: `--version V`, and `HOOKBUS_WORKER_VERSION=V` for the skills to read."""
         args = [
             "worker", "--group", group, *skills, "--concurrency", str(concurrency),
             "--replica", replica, "--claim-idle", str(claim_idle),
             "--max-deliveries", str(max_deliveries),
         ]
-        return self._spawn("worker", replica, group, args)
+        if version is None:
+            return self._spawn("worker", replica, group, args)
+        args += ["--version", version]
+        return self._spawn("worker", replica, group, args, env={"HOOKBUS_WORKER_VERSION": version})
 
     def worker_module(self, module: str, *, group: str, replica: str) -> Proc:
         """A worker replica that a test module builds itself (`python -m module`)."""

@@ -139,7 +139,8 @@ async def test_entries_a_ride_reads_while_the_reader_stops_are_delivered(redis, 
     try:
         await redis.xadd(stream, {"n": "first"})
         async def riding() -> bool:
-            return reader._ride is not None and reader._ride.taken
+            offer = reader._rides.get(stream)
+            return offer is not None and offer.taken
 
         assert await wait_for(riding, timeout=5, every=0.005)
         stopping = asyncio.ensure_future(reader.stop())

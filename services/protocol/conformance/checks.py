@@ -16,6 +16,7 @@ from typing import Any
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.claims import heartbeat_every
 from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, ReplicaHeartbeat
+from hookbus.bus.groups.versions import ReplicaInfo
 from hookbus.bus.wire.protocol_version import PROTOCOL
 from hookbus.services.protocol.conformance.harness import Check, CheckFailed, Harness, Run
 from hookbus.services.protocol.conformance.skills import FIELDS, GROUP, HOOK_ERROR, Probe
@@ -165,14 +166,24 @@ async def check_changes_seen_by_next_hook(h: Harness) -> None:
     expect(run.text == CHANGED_ANSWER, f"on_chunk: the client got {run.text!r}, not {CHANGED_ANSWER!r}")
 
 
+async def hop_streams(h: Harness) -> list[str]:
+    """Where the group's hops go: its shared stream, and the stream of each version its
+    replicas announced (requests are pinned to a version: hookbus.bus.groups.versions)."""
+    announced = await h.client.redis.hgetall(h.keys.replica_versions(GROUP))
+    versions = sorted({ReplicaInfo.model_validate_json(body).version for body in announced.values()})
+    return h.keys.hook_streams(GROUP) + [s for v in versions for s in h.keys.pinned_hook_streams(GROUP, v)]
+
+
 async def check_batched_on_chunk(h: Harness) -> None:
     mark = f"{int(time.time() * 1000) - 1}-0"
     run = await h.request("[[words:120]]", "chunks")
     expect(run.error is None, f"the request failed: {run.error!r}")
     expected = " ".join(f"w{i}" for i in range(120))
     expect(run.text == expected, f"the client got {run.text[:80]!r}..., not the 120 words")
-    entries: Any = await h.client.redis.xrange(h.keys.hooks(GROUP), min=mark, max="+")
-    batches = [json.loads(fields[b"e"]).get("chunks", 0) for _, fields in entries if b"e" in fields]
+    batches = []
+    for stream in await hop_streams(h):
+        entries: Any = await h.client.redis.xrange(stream, min=mark, max="+")
+        batches += [json.loads(fields[b"e"]).get("chunks", 0) for _, fields in entries if b"e" in fields]
     expect(any(n > 1 for n in batches), f"no batched on_chunk hop was sent (chunks per hop: {batches})")
     seen = run.seen("probe", "on_chunk")
     indexes = [c.get("chunk_index") for c in seen]
@@ -250,11 +261,11 @@ async def check_dead_letters(h: Harness) -> None:
 async def check_claim_after_kill(h: Harness) -> None:
     [killed] = await h.live_replicas() or [""]
     request = asyncio.ensure_future(h.request("[[echo]] survived", "kill", stream=False))
-    stream = h.keys.hooks(GROUP)
     deadline = time.monotonic() + 10
     held = False
     while time.monotonic() < deadline and not request.done() and not held:
-        held = bool((await h.client.redis.xpending(stream, GROUP))["pending"])
+        for stream in await hop_streams(h):
+            held = held or bool((await h.client.redis.xpending(stream, GROUP))["pending"])
         await asyncio.sleep(0.05)
     if not held:
         request.cancel()
