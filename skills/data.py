@@ -84,7 +84,7 @@ class HookData(BaseModel):
     content: str | None = None
     chunk_index: int | None = None
     full_content: str | None = None
-    held: str | None = None
+    held: str | None = Field(default=None, exclude_if=_unset)
     """With a hold-back window: the text that passed the hooks before this chunk and the
     client has not received; a hook may rewrite it (None: no window)."""
     # before_toolcall, after_toolcall
