@@ -7,7 +7,8 @@ reference group `conformance-reference` (in this process). Then it runs COMMAND 
 REDIS_URL, HOOKBUS_PREFIX and HOOKBUS_GROUP=conformance added to its environment; the
 command must start one replica of the group `conformance` hosting the `Probe` skill (or its
 twin in another language). The checks (hookbus.services.protocol.conformance.checks) print
-`PASS name` or `FAIL name: why`, one line each; the exit status is 1 if any failed.
+`PASS name` or `FAIL name: why`, one line each, then `conformance: N passed, N failed`;
+the exit status is 1 if any failed.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ async def _run(command: Sequence[str], checks: Sequence[tuple[str, Check]]) -> i
         await asyncio.to_thread(worker.stop)
         await reference.stop()
         redis.cleanup()
+    print(f"conformance: {len(checks) - failures} passed, {failures} failed", flush=True)
     if failures:
         print(f"{failures} of {len(checks)} checks failed; the worker's output: {worker.log_path}", file=sys.stderr)
         return 1
