@@ -17,6 +17,16 @@ Message = dict[str, Any]
 AUTO_OFF = "automatic compaction is off"
 
 
+BETWEEN_TURNS_PREFIX = "compaction-"
+"""The completion id of an on_compaction stage that no request runs (between turns) is
+this prefix and the outcome's id: it names no request, so nothing is pinned or journaled
+for it."""
+
+
+def between_turns_id(outcome_id: str) -> str:
+    return f"{BETWEEN_TURNS_PREFIX}{outcome_id}"
+
+
 class Compaction(BaseModel):
     """What a compaction did. ``before``/``after`` are token counts of the
     input and of ``messages``; ``summarized`` counts messages folded into the

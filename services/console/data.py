@@ -322,10 +322,11 @@ class ConsoleData:
         self._first_seen = {name: seen for name, seen in self._first_seen.items() if name in alive}
         groups = []
         for group in state.groups:
+            version_of = {replica: v.version for v in group.versions for replica in v.replicas}
             replicas = [
                 ReplicaView(
-                    name=name, heartbeat_age=max(0.0, now - beat), seen_for=now - self._seen(name, beat),
-                    in_flight=group.in_flight.get(name, 0),
+                    name=name, version=version_of.get(name), heartbeat_age=max(0.0, now - beat),
+                    seen_for=now - self._seen(name, beat), in_flight=group.in_flight.get(name, 0),
                 )
                 for name, beat in sorted(group.heartbeats.items())
             ]

@@ -59,6 +59,7 @@ from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
 from hookbus.services.orchestrator.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, Context, HookbusError, HookData, Skill
+from hookbus.skills.compaction_outcome import between_turns_id
 from hookbus.skills.context import Metadata, Session
 from hookbus.skills.errors import Cancelled, ContextTooLong, DeadlineExceeded, as_hookbus_error
 from hookbus.skills.lifecycle import NOTIFICATIONS, Lifecycle
@@ -714,7 +715,7 @@ class Agent:
         between_turns = ctx is None
         if ctx is None:
             ctx = Context(metadata=Metadata(
-                completion_id=f"compaction-{outcome.id}", model=self.model, agent_name=self.name
+                completion_id=between_turns_id(outcome.id), model=self.model, agent_name=self.name
             ))
         data = HookData.model_construct(
             lifecycle=Lifecycle.ON_COMPACTION, compaction=outcome, between_turns=between_turns

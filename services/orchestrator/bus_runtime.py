@@ -38,6 +38,7 @@ from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
 from hookbus.services.orchestrator.version_pins import VersionPins
 from hookbus.skills import Context, HookbusError, HookData
+from hookbus.skills.compaction_outcome import BETWEEN_TURNS_PREFIX
 from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.runner import ChainResult, HookOutcome, Outcome, fail_unanswered
 
@@ -261,6 +262,7 @@ class BusRuntime:
         JSON) of a hook hop, sent in the split format (encode_hop). The hop goes to the
         version of `group` the request is pinned to (`pin=False`: a hop outside any
         request, to the newest version)."""
+        pin = pin and not event.completion_id.startswith(BETWEEN_TURNS_PREFIX)
         stream = await self.pins.stream_for(group, event.completion_id, pin=pin)
         version = self.pins.pinned(event.completion_id).get(group) if pin else None
         with tracing.hop_span(group, stream, event.lifecycle, hooks, version) as span:

@@ -24,6 +24,7 @@ from hookbus.services.orchestrator.compaction import Compaction, CompactionPolic
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.tokens import context_window, count_messages
 from hookbus.skills import Context, ContextTooLong
+from hookbus.skills.compaction_outcome import between_turns_id
 
 log = structlog.get_logger("hookbus.agent")
 
@@ -206,7 +207,7 @@ class Compactor:
             return
         self.last = outcome
         log.info(
-            "compacted", completion_id=ctx.completion_id if ctx is not None else f"compaction-{outcome.id}",
+            "compacted", completion_id=ctx.completion_id if ctx is not None else between_turns_id(outcome.id),
             stage=outcome.stage, before=outcome.before, after=outcome.after, window=outcome.window,
         )
         await self._tell_hooks(outcome, ctx)

@@ -75,6 +75,8 @@ async def test_the_bus_view_shows_each_group_with_its_live_replicas(gateway: Run
     assert [r["name"] for r in group["replicas"]] == ["audit-0", "audit-1"]
     assert group["live"] and not group["behind"]
     assert all(r["heartbeat_age"] < 10 and r["in_flight"] >= 0 for r in group["replicas"])
+    versions = {r["version"] for r in group["replicas"]}  # the same skills: one derived version
+    assert len(versions) == 1 and versions.pop().startswith("h-")
     assert "audit.connected@on_connection:50" in group["hooks"] and group["tools"] == ["remember"]
     bus = (await get(gateway, "/console/api/bus")).json()
     assert [o["name"] for o in bus["orchestrators"]] == ["orch-0"]
