@@ -28,11 +28,14 @@ import time
 
 import redis.asyncio as aredis
 import structlog
+from redis.exceptions import ResponseError
 
+from hookbus.bus.connection.retrying import out_of_memory
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.groups.versions import choose_version
 from hookbus.bus.keys import Keys
+from hookbus.skills.errors import RedisOutOfMemory
 
 log = structlog.get_logger("hookbus.version_pins")
 
@@ -80,7 +83,17 @@ class VersionPins:
         return self.keys.pinned_hooks_for(group, version, completion_id)
 
     async def version_for(self, group: str, completion_id: str) -> str | None:
-        """The version this request runs `group` on, pinned at its first hop there."""
+        """The version this request runs `group` on, pinned at its first hop there. Redis
+        refusing the pin at `maxmemory` is the request's 503 `redis_out_of_memory`, as a
+        refused hop is."""
+        try:
+            return await self._version_for(group, completion_id)
+        except ResponseError as exc:
+            if out_of_memory(exc):
+                raise RedisOutOfMemory() from exc
+            raise
+
+    async def _version_for(self, group: str, completion_id: str) -> str | None:
         states = self.registry.versions.get(group)
         if not states:
             return None
