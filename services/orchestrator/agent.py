@@ -36,6 +36,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from contextvars import ContextVar
 from itertools import groupby
 from typing import Any
 
@@ -68,6 +69,10 @@ from hookbus.skills.runner import ChainResult, run_hooks, stage_goes_on
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
 
 log = structlog.get_logger("hookbus.agent")
+
+_SERVED_BY: ContextVar[tuple[Agent, Runtime] | None] = ContextVar("hookbus_served_by", default=None)
+"""The agent and the runtime of the orchestrator service running the current request
+(`Agent.serving_on`)."""
 
 ROUND_CAP_NOTE = (
     "You have used every tool round allowed for this request. Do not call tools; "
@@ -131,11 +136,11 @@ class Agent:
         self._compactor = Compactor(self.llm, self.model, self._on_compaction, compaction_policy)
         self._chunk_batch = chunk_batch
         self.max_tool_rounds = max_tool_rounds
-        self.runtime: Runtime = runtime or LocalRuntime()
+        self._runtime: Runtime = runtime or LocalRuntime()
         self._local_hooks = [h for skill in self.skills for h in skill.bound_hooks()]
         self._local_tools = [t for skill in self.skills for t in skill.bound_tools()]
         self._plan: HookPlan | None = None
-        self._plan_version = -1
+        self._plan_version: tuple[int, int] = (0, -1)
         self.local_observers = LocalObservers()
         """Runs this agent's in-process observers (hookbus.services.orchestrator.observations)."""
 
@@ -285,15 +290,43 @@ class Agent:
         summary, steered by `focus`. `messages` is never changed."""
         return await self._compactor.now(messages, focus)
 
+    @property
+    def runtime(self) -> Runtime:
+        """Where this agent's remote hooks, tools and sessions live: the runtime of the
+        orchestrator service running the current request (`serving_on`), else the one it
+        was given or last bound to."""
+        serving = _SERVED_BY.get()
+        if serving is not None and serving[0] is self:
+            return serving[1]
+        return self._runtime
+
+    @runtime.setter
+    def runtime(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @contextlib.contextmanager
+    def serving_on(self, runtime: Runtime) -> Iterator[None]:
+        """Run what happens inside (one request, and the tasks it starts) on `runtime`.
+        Orchestrator services of one process may share an agent; each request's hops must
+        still go through the service that runs it: its version pins, its owner checks,
+        its stage notes. Binding one shared attribute let the last service started take
+        every other service's hops."""
+        token = _SERVED_BY.set((self, runtime))
+        try:
+            yield
+        finally:
+            _SERVED_BY.reset(token)
+
     def plan(self) -> HookPlan:
-        """The merged hook order; rebuilt only when the runtime's remote set changed."""
-        version = self.runtime.remote_version()
+        """The merged hook order; rebuilt only when the runtime or its remote set changed."""
+        runtime = self.runtime
+        version = (id(runtime), runtime.remote_version())
         if self._plan is None or version != self._plan_version:
             self._plan = HookPlan.build(
                 self._local_hooks,
                 self._local_tools,
-                self.runtime.remote_hooks(),
-                self.runtime.remote_tools(),
+                runtime.remote_hooks(),
+                runtime.remote_tools(),
             )
             self._plan_version = version
         return self._plan

@@ -419,7 +419,8 @@ class OrchestratorService(BusApp):
         longer counts as served by the worker versions it was pinned to."""
         assert self.runtime is not None
         try:
-            return await self._execute(run, request, mode, first_seq=first_seq, error=error)
+            with self.agent.serving_on(self.runtime):
+                return await self._execute(run, request, mode, first_seq=first_seq, error=error)
         finally:
             with contextlib.suppress(*RECONNECT_ERRORS):  # fenced: its new owner runs it on and releases it
                 await self.runtime.pins.release(request.completion_id, ended=not run.fenced)
