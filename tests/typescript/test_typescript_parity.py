@@ -22,10 +22,12 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import openai
 import pytest
 import redis.asyncio as aredis
+from openai.types.chat import ChatCompletionMessageParam
 
 from hookbus.bus.groups.registry import GroupAnnouncement
 from hookbus.bus.keys import Keys
@@ -164,7 +166,7 @@ async def test_a_typescript_hook_rewrites_the_held_text(parity: Stack) -> None:
 
 
 async def test_typescript_on_compaction_hooks_run_for_a_compaction_in_a_request(parity: Stack) -> None:
-    messages = [*conversation(10), {"role": "user", "content": "[[echo]] after a long talk"}]
+    messages = cast(list[ChatCompletionMessageParam], [*conversation(10), {"role": "user", "content": "[[echo]] after a long talk"}])
     async with client(parity) as api:
         answer = await api.chat.completions.create(model="offline", messages=messages)
     assert answer.choices[0].message.content == "after a long talk"

@@ -3,15 +3,14 @@
 // order with their state and full_content rebuilt, the observers' own state carried from
 // stage to stage, the ack, the `observe` monitor records, dead letters, and the claim of
 // a dead replica's entry.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { Redis } from 'ioredis';
 import { Skill, hook, type HookData, type Context } from '../src/index.ts';
 import { GroupHost } from '../src/worker/host.ts';
 import { WorkerReplica } from '../src/worker/replica.ts';
 import { pairs } from '../src/bus/claims.ts';
-import { startRedis, waitFor, type TestRedis } from './redis.ts';
+import { redisForTests, waitFor } from './redis.ts';
 
 interface Call {
   hook: string;
@@ -55,16 +54,7 @@ function call(name: string, ctx: Context): Call {
   return { hook: name, cid: ctx.completion_id, state: structuredClone(ctx.state), attempt: ctx.call.attempt, stage: [ctx.call.stage_started, ctx.call.stage_ended] };
 }
 
-let redis: TestRedis;
-let client: Redis;
-before(async () => {
-  redis = await startRedis();
-  client = new Redis(redis.url);
-});
-after(async () => {
-  client.disconnect();
-  await redis.stop();
-});
+const bus = redisForTests();
 
 /** One request's observations as BatchWriter writes them: a state only where it changed,
  * a later on_chunk stage's text as `grow`. */
@@ -84,11 +74,11 @@ function observations(cid: string, missing = false): string[] {
 }
 
 function replica(prefix: string, options: { claimIdle?: number; maxDeliveries?: number } = {}): WorkerReplica {
-  return new WorkerReplica(new GroupHost('obs', [new Watch()]), { redisUrl: redis.url, prefix, replica: 'obs-1', concurrency: 4, ...options });
+  return new WorkerReplica(new GroupHost('obs', [new Watch()]), { redisUrl: bus.url, prefix, replica: 'obs-1', concurrency: 4, ...options });
 }
 
 async function events(prefix: string): Promise<Array<Record<string, unknown>>> {
-  const entries = await client.xrange(`${prefix}events`, '-', '+');
+  const entries = await bus.client.xrange(`${prefix}events`, '-', '+');
   return entries.flatMap(([, flat]) => JSON.parse(pairs(flat).e!).records as Array<Record<string, unknown>>);
 }
 
@@ -98,15 +88,15 @@ test('an entry of observe:{group}: each stage in order, state and full_content r
   const worker = replica(prefix);
   await worker.start();
   try {
-    await client.xadd(`${prefix}observe:obs`, '*', ...observations('cmpl-1'));
-    await client.xadd(`${prefix}observe:obs`, '*', ...observations('cmpl-fails', true));
+    await bus.client.xadd(`${prefix}observe:obs`, '*', ...observations('cmpl-1'));
+    await bus.client.xadd(`${prefix}observe:obs`, '*', ...observations('cmpl-fails', true));
     assert.ok(await waitFor(() => calls.filter((c) => c.hook === 'finished').length === 2), JSON.stringify(calls));
     const one = calls.filter((c) => c.cid === 'cmpl-1');
     assert.deepEqual(one.map((c) => [c.hook, c.full ?? null, c.attempt]), [['connected', null, 1], ['chunk', 'Hel', 1], ['chunk', 'Hello', 1], ['finished', null, 1]]);
     // the request's state at each stage (null: as at the one before), the observer's own key on top
     assert.deepEqual(one.map((c) => c.state), [{ py: 1 }, { py: 2, watched_since: 100 }, { py: 2, watched_since: 100 }, { py: 2, watched_since: 100 }]);
     assert.deepEqual(one.map((c) => c.stage), [[100, 100.5], [101, 101.5], [102, 102.5], [103, 103.5]]);
-    const acked = await waitFor(async () => ((await client.xpending(`${prefix}observe:obs`, 'obs')) as [number])[0] === 0);
+    const acked = await waitFor(async () => ((await bus.client.xpending(`${prefix}observe:obs`, 'obs')) as [number])[0] === 0);
     assert.ok(acked, 'the entries were not acked');
     const records = await waitFor(async () => {
       const got = (await events(prefix)).filter((r) => r.kind === 'observe');
@@ -127,17 +117,17 @@ test('an unreadable observation is dead-lettered; a dead replica\'s entry is cla
   const prefix = `o${randomUUID().slice(0, 8)}:`;
   calls.length = 0;
   const stream = `${prefix}observe:obs`;
-  await client.xgroup('CREATE', stream, 'obs', '0', 'MKSTREAM');
-  const again = (await client.xadd(stream, '*', ...observations('cmpl-again')))!;
-  const worn = (await client.xadd(stream, '*', ...observations('cmpl-worn')))!;
-  await client.xreadgroup('GROUP', 'obs', 'dead-1', 'COUNT', 2, 'STREAMS', stream, '>'); // read, never acked: its replica died
-  await client.xclaim(stream, 'obs', 'dead-1', 0, worn, 'RETRYCOUNT', 5);
+  await bus.client.xgroup('CREATE', stream, 'obs', '0', 'MKSTREAM');
+  const again = (await bus.client.xadd(stream, '*', ...observations('cmpl-again')))!;
+  const worn = (await bus.client.xadd(stream, '*', ...observations('cmpl-worn')))!;
+  await bus.client.xreadgroup('GROUP', 'obs', 'dead-1', 'COUNT', 2, 'STREAMS', stream, '>'); // read, never acked: its replica died
+  await bus.client.xclaim(stream, 'obs', 'dead-1', 0, worn, 'RETRYCOUNT', 5);
   const worker = replica(prefix, { claimIdle: 0.3 });
   await worker.start();
   try {
-    await client.xadd(stream, '*', 'e', '{"v":1,"kind":"observations"', 'note', 'private text');
+    await bus.client.xadd(stream, '*', 'e', '{"v":1,"kind":"observations"', 'note', 'private text');
     const letters = await waitFor(async () => {
-      const got = await client.xrange(`${prefix}dead-letter`, '-', '+');
+      const got = await bus.client.xrange(`${prefix}dead-letter`, '-', '+');
       return got.length >= 2 ? got.map(([, flat]) => pairs(flat)) : null;
     }, 15_000);
     assert.ok(letters);
@@ -146,13 +136,13 @@ test('an unreadable observation is dead-lettered; a dead replica\'s entry is cla
     assert.ok(!JSON.stringify(letters).includes('private text'));
     assert.ok(await waitFor(() => calls.some((c) => c.hook === 'finished')));
     assert.deepEqual([...new Set(calls.map((c) => [c.cid, c.attempt].join('@')))], ['cmpl-again@2']);
-    assert.ok(await waitFor(async () => ((await client.xpending(stream, 'obs')) as [number])[0] === 0));
+    assert.ok(await waitFor(async () => ((await bus.client.xpending(stream, 'obs')) as [number])[0] === 0));
     assert.ok(worker.observer!.member.claimed >= 2, `claimed ${worker.observer!.member.claimed}`);
     assert.ok(!letters.some((l) => l.entry_id === again));
   } finally {
     await worker.stop();
   }
   // a stopped replica leaves its consumer behind only if it still held something
-  const consumers = (await client.xinfo('CONSUMERS', stream, 'obs')) as string[][];
+  const consumers = (await bus.client.xinfo('CONSUMERS', stream, 'obs')) as string[][];
   assert.ok(!consumers.some((c) => c[c.indexOf('name') + 1] === 'obs-1'));
 });

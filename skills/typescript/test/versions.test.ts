@@ -3,15 +3,14 @@
 // the hooks; announced in replica-versions:{group}; hops read from hooks:{group}@{version}
 // too; on stop, it drains: marked draining, it serves the requests still pinned to its
 // version and leaves only once none is, unless a sibling of its version serves on.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { Redis } from 'ioredis';
 import { Skill, hook, type HookData } from '../src/index.ts';
 import { GroupHost } from '../src/worker/host.ts';
 import { WorkerReplica } from '../src/worker/replica.ts';
 import { hooksFingerprint, replicaVersion } from '../src/worker/versioning.ts';
-import { startRedis, waitFor, type TestRedis } from './redis.ts';
+import { redisForTests, waitFor } from './redis.ts';
 
 class Tag extends Skill {
   readonly name = 'tag';
@@ -53,16 +52,7 @@ test('the version: the flag, else the environment, else the skills\' own, else h
   assert.notEqual(hooksFingerprint(two(5)), hooksFingerprint(two(6)));
 });
 
-let redis: TestRedis;
-let client: Redis;
-before(async () => {
-  redis = await startRedis();
-  client = new Redis(redis.url);
-});
-after(async () => {
-  client.disconnect();
-  await redis.stop();
-});
+const bus = redisForTests();
 
 function hop(prefix: string, hopId: string): string[] {
   const envelope = {
@@ -74,12 +64,12 @@ function hop(prefix: string, hopId: string): string[] {
 }
 
 async function answered(prefix: string, hopId: string): Promise<boolean> {
-  const replies = await client.xrange(`${prefix}replies:orch`, '-', '+');
+  const replies = await bus.client.xrange(`${prefix}replies:orch`, '-', '+');
   return replies.some(([, flat]) => JSON.parse(flat[1]!).hop_id === hopId);
 }
 
 function replica(prefix: string, name: string): WorkerReplica {
-  return new WorkerReplica(new GroupHost('vg', [new Tag()]), { redisUrl: redis.url, prefix, replica: name, claimIdle: 1, version: 'v9', drainSeconds: 20 });
+  return new WorkerReplica(new GroupHost('vg', [new Tag()]), { redisUrl: bus.url, prefix, replica: name, claimIdle: 1, version: 'v9', drainSeconds: 20 });
 }
 
 test('a replica announces its version, reads its version\'s stream, and drains: it serves the pinned requests before it leaves', async () => {
@@ -87,25 +77,25 @@ test('a replica announces its version, reads its version\'s stream, and drains: 
   const worker = replica(prefix, 'vg-1');
   await worker.start();
   const info = async () => {
-    const raw = await client.hget(`${prefix}replica-versions:vg`, 'vg-1');
+    const raw = await bus.client.hget(`${prefix}replica-versions:vg`, 'vg-1');
     return raw === null ? null : JSON.parse(raw);
   };
   assert.deepEqual({ ...(await info()), started: undefined }, { version: 'v9', hooks: worker.hooksFingerprint, draining: false, started: undefined });
-  await client.xadd(`${prefix}hooks:vg@v9`, '*', ...hop(prefix, 'h-pinned'));
+  await bus.client.xadd(`${prefix}hooks:vg@v9`, '*', ...hop(prefix, 'h-pinned'));
   assert.ok(await waitFor(() => answered(prefix, 'h-pinned')), 'a hop on the version\'s stream was not answered');
 
-  await client.zadd(`${prefix}serving:vg@v9`, Date.now() / 1000, 'cmpl-still-running'); // pinned, not yet ended
+  await bus.client.zadd(`${prefix}serving:vg@v9`, Date.now() / 1000, 'cmpl-still-running'); // pinned, not yet ended
   let stopped = false;
   const stopping = worker.stop().then(() => (stopped = true));
   assert.ok(await waitFor(async () => (await info())?.draining === true), 'not marked draining');
-  await client.xadd(`${prefix}hooks:vg@v9`, '*', ...hop(prefix, 'h-while-draining'));
+  await bus.client.xadd(`${prefix}hooks:vg@v9`, '*', ...hop(prefix, 'h-while-draining'));
   assert.ok(await waitFor(() => answered(prefix, 'h-while-draining')), 'a pinned request\'s hop was not served while draining');
   assert.equal(stopped, false);
-  assert.equal(Number(await client.zscore(`${prefix}replicas:vg`, 'vg-1')) > 0, true); // still heartbeating
-  await client.zrem(`${prefix}serving:vg@v9`, 'cmpl-still-running'); // the request ended
+  assert.equal(Number(await bus.client.zscore(`${prefix}replicas:vg`, 'vg-1')) > 0, true); // still heartbeating
+  await bus.client.zrem(`${prefix}serving:vg@v9`, 'cmpl-still-running'); // the request ended
   await stopping;
   assert.equal(await info(), null); // gone from replica-versions with its heartbeat
-  assert.equal(await client.zscore(`${prefix}replicas:vg`, 'vg-1'), null);
+  assert.equal(await bus.client.zscore(`${prefix}replicas:vg`, 'vg-1'), null);
 });
 
 test('a draining replica whose sibling of the same version serves on stops reading at once', async () => {
@@ -115,14 +105,14 @@ test('a draining replica whose sibling of the same version serves on stops readi
   await first.start();
   await second.start();
   try {
-    await client.zadd(`${prefix}serving:vg@v9`, Date.now() / 1000, 'cmpl-still-running');
+    await bus.client.zadd(`${prefix}serving:vg@v9`, Date.now() / 1000, 'cmpl-still-running');
     const began = performance.now();
     await first.stop();
     assert.ok(performance.now() - began < 5000, `took ${performance.now() - began} ms`);
-    await client.xadd(`${prefix}hooks:vg@v9`, '*', ...hop(prefix, 'h-sibling'));
+    await bus.client.xadd(`${prefix}hooks:vg@v9`, '*', ...hop(prefix, 'h-sibling'));
     assert.ok(await waitFor(() => answered(prefix, 'h-sibling')), 'the sibling did not serve the version');
   } finally {
-    await client.del(`${prefix}serving:vg@v9`);
+    await bus.client.del(`${prefix}serving:vg@v9`);
     await second.stop();
   }
 });
