@@ -110,8 +110,8 @@ async def test_a_typescript_observer_sees_each_request_finished_and_delays_none(
     for cid, sent, answered in answers:
         [seen] = observed(parity, cid)
         assert seen["began"] >= seen["stage_ended"] >= seen["stage_started"] >= sent
-        assert seen["ended"] - seen["began"] >= 2.0
-        assert answered < seen["ended"] - 1.5, (answered, seen)  # the client had its answer long before
+        assert seen["ended"] - seen["began"] >= 1.9  # the 2 s sleep (a timer may fire a millisecond early)
+        assert answered < seen["ended"] - 1.0, (answered, seen)  # the client had its answer long before
         # the final state: the blocking hook's mark, the on_connection observer's stamp, every chunk seen in order
         assert seen["ts_marked"] == "2 messages"
         assert sent <= seen["audit_started"] <= seen["stage_ended"]
@@ -119,7 +119,7 @@ async def test_a_typescript_observer_sees_each_request_finished_and_delays_none(
         assert seen["chunks"] >= 4 and seen["error"] is None and seen["attempt"] == 1
     [failure] = [e for e in entries if e["hook"] == "ts-audit.finished" and e["error"] is not None]
     assert failed.value.status_code == 503
-    assert failure["error"] == 503 and failure["began"] >= sent and failed_at < failure["ended"] - 1.5
+    assert failure["error"] == 503 and failure["began"] >= sent and failed_at < failure["ended"] - 1.0
 
     # recorded on the events stream (batched, so a moment later) as the Python observer replica records them
     redis = aredis.Redis.from_url(parity.env["REDIS_URL"])
@@ -131,7 +131,11 @@ async def test_a_typescript_observer_sees_each_request_finished_and_delays_none(
 
     try:
         mine = await wait_for(all_recorded, timeout=10)
-        pending = await redis.xpending(keys.observe_shard("tsp", 0), "tsp")
+
+        async def all_acked() -> bool:
+            return (await redis.xpending(keys.observe_shard("tsp", 0), "tsp"))["pending"] == 0
+
+        acked = await wait_for(all_acked, timeout=10)
     finally:
         await redis.aclose()
     assert mine is not None
@@ -139,7 +143,7 @@ async def test_a_typescript_observer_sees_each_request_finished_and_delays_none(
         assert mine[(cid, "finalize_connection")].hooks == ["ts-audit.finished"]
         assert mine[(cid, "finalize_connection")].outcome == "ok" and mine[(cid, "finalize_connection")].replica == "tsp-1"
         assert mine[(cid, "on_chunk")].hooks == ["ts-audit.chunk"]
-    assert pending["pending"] == 0  # every observation acked
+    assert acked  # every observation acked (a moment after its run: acks are batched)
 
 
 def text_of(cid: str, answers: list[tuple[str, float, float]]) -> str:
