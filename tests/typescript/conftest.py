@@ -17,7 +17,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,16 @@ def require_built_package() -> None:
         pytest.fail(f"the TypeScript package is not built ({', '.join(map(str, missing))} missing): run `make ts-deps`")
 
 
-def ts_worker(procs: Processes, group: str, files: list[Path], *, replica: str, claim_idle: float = 1.0, concurrency: int = 8) -> Proc:
-    """`node hookbus-worker.js --group GROUP FILES...` as one of `procs` (closed with them)."""
+def ts_worker(
+    procs: Processes, group: str, files: list[Path], *, replica: str, claim_idle: float = 1.0, concurrency: int = 8,
+    extra: Sequence[str] = (),
+) -> Proc:
+    """`node hookbus-worker.js --group GROUP FILES...` as one of `procs` (closed with them);
+    `extra`: more flags (`--version V`)."""
     node = require_node()
     args = [
         node, str(WORKER_BIN), "--group", group, *map(str, files), "--replica", replica,
-        "--claim-idle", str(claim_idle), "--concurrency", str(concurrency),
+        "--claim-idle", str(claim_idle), "--concurrency", str(concurrency), *extra,
     ]
     log_path = procs.log_dir / f"{replica}.log"
     with open(log_path, "wb") as log:
@@ -91,15 +96,19 @@ class Stack:
         return entries
 
 
-@pytest.fixture(scope="module")
-async def stack(redis_url: str, offline_llm_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+@asynccontextmanager
+async def ts_stack(
+    redis_url: str, offline_llm_url: str, tmp: Path, *, agent: str, api_keys: dict[str, Any],
+    workers: Callable[[Processes], list[Proc]],
+) -> AsyncIterator[Stack]:
+    """`workers(procs)` (TypeScript and Python replicas), an orchestrator running `agent` and
+    the gateway, on a prefix of their own, each a real process; ready once every one is."""
     require_node()
     require_built_package()
-    tmp = tmp_path_factory.mktemp("ts-e2e")
     journal = tmp / "journal.jsonl"
     journal.touch()
     keys = tmp / "keys.json"
-    keys.write_text(json.dumps(API_KEYS))
+    keys.write_text(json.dumps(api_keys))
     env = dict(os.environ)
     env.update(
         REDIS_URL=redis_url, HOOKBUS_PREFIX=f"ts{uuid.uuid4().hex[:8]}:", OPENAI_BASE_URL=offline_llm_url,
@@ -108,15 +117,29 @@ async def stack(redis_url: str, offline_llm_url: str, tmp_path_factory: pytest.T
     procs = Processes(env, tmp / "logs")
     try:
         port = free_port()
-        ts = ts_worker(procs, "ts", TS_SKILLS, replica="ts-1")
-        py = procs.worker("py", "tests.typescript.py_skills:OrderProbe", replica="py-1")
-        orchestrator = procs.orchestrator("tests.typescript.py_skills:agent", instance="orch-1")
+        started = workers(procs)
+        orchestrator = procs.orchestrator(agent, instance="orch-1")
         gateway = procs.gateway(port=port, api_keys=keys)
         began = time.monotonic()
-        await procs.wait_ready(ts, py, orchestrator)
+        await procs.wait_ready(*started, orchestrator)
         base_url = f"http://127.0.0.1:{port}"
         await procs.wait_http(gateway, f"{base_url}/healthz")
         print(f"\nTypeScript e2e stack ready in {time.monotonic() - began:.1f}s")
         yield Stack(procs, base_url, journal, env)
     finally:
         procs.close()
+
+
+@pytest.fixture(scope="module")
+async def stack(redis_url: str, offline_llm_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    def workers(procs: Processes) -> list[Proc]:
+        return [
+            ts_worker(procs, "ts", TS_SKILLS, replica="ts-1"),
+            procs.worker("py", "tests.typescript.py_skills:OrderProbe", replica="py-1"),
+        ]
+
+    async with ts_stack(
+        redis_url, offline_llm_url, tmp_path_factory.mktemp("ts-e2e"), agent="tests.typescript.py_skills:agent",
+        api_keys=API_KEYS, workers=workers,
+    ) as running:
+        yield running

@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from hookbus import Agent, Context, HookData, Skill, hook
+from hookbus import Agent, CompactionPolicy, Context, HookData, Skill, hook
 
 
 def note(ctx: Context, hook_name: str, **extra: Any) -> None:
@@ -46,3 +46,7 @@ class OrderProbe(Skill):
 
 
 agent = Agent("ts-e2e")
+
+
+parity_agent = Agent("ts-parity", compaction_policy=CompactionPolicy(window=1000))
+"""The parity test's agent: a 1,000-token window, so a long conversation is compacted in its run."""

@@ -30,6 +30,10 @@ export interface HookCall {
   idempotency_key: string;
   /** Deliveries of this hop so far, counting from 1. */
   attempt: number;
+  /** For an observer, which runs after its stage: the unix time the stage began (else null). */
+  stage_started?: number | null;
+  /** For an observer: the unix time the stage ended (what the next step started from). */
+  stage_ended?: number | null;
 }
 
 export class Context {
@@ -50,7 +54,10 @@ export class Context {
     this.session = { id: session.id ?? null, data: session.data ?? {} };
     this.state = (raw.state ?? {}) as Record<string, unknown>;
     this.recovery = Boolean(raw.recovery);
-    this.call = { idempotency_key: call.idempotency_key ?? '', attempt: call.attempt ?? 1 };
+    this.call = {
+      idempotency_key: call.idempotency_key ?? '', attempt: call.attempt ?? 1,
+      stage_started: call.stage_started ?? null, stage_ended: call.stage_ended ?? null,
+    };
   }
 
   get completion_id(): string {

@@ -53,6 +53,9 @@ export interface HookData {
   content?: string | null;
   chunk_index?: number | null;
   full_content?: string | null;
+  /** on_chunk with a hold-back window (`holdBack`): the text that passed the hooks before
+   * this chunk and the client has not received yet; a hook may rewrite it. */
+  held?: string | null;
   tool_call?: ToolCall | null;
   tool_id?: string | null;
   tool_skipped?: boolean;
@@ -60,13 +63,28 @@ export interface HookData {
   tool_result?: string | null;
   /** finalize_connection: the error that ended the run (its wire form), else null. */
   error?: HookErrorDict | null;
+  /** on_compaction: what the compaction did. */
+  compaction?: Compaction | null;
+  /** on_compaction: true when no request is running (ctx then holds no request's auth, session or state). */
+  between_turns?: boolean | null;
+}
+
+/** A compaction outcome (hookbus's `Compaction`, as JSON). */
+export interface Compaction {
+  stage: 'none' | 'cleared' | 'summarized' | 'dropped';
+  messages: Array<Record<string, unknown>>;
+  before: number;
+  after: number;
+  window: number;
+  summary?: string | null;
+  [key: string]: unknown;
 }
 
 /** Every field of the Python model, in its order: what a reply may carry (the model forbids others). */
 export const FIELDS: readonly string[] = [
   'lifecycle', 'messages', 'stream', 'tools', 'model_settings', 'iteration', 'response', 'usage',
-  'chunk', 'content', 'chunk_index', 'full_content', 'tool_call', 'tool_id', 'tool_skipped',
-  'client_tool', 'tool_result', 'error',
+  'chunk', 'content', 'chunk_index', 'full_content', 'held', 'tool_call', 'tool_id', 'tool_skipped',
+  'client_tool', 'tool_result', 'error', 'compaction', 'between_turns',
 ];
 const KNOWN = new Set(FIELDS);
 

@@ -9,7 +9,7 @@
  * (`(prototype, name, descriptor)`), for projects that still turn that flag on.
  */
 
-import { checkLifecycle, type Lifecycle } from './lifecycle.js';
+import { checkLifecycle, NOTIFICATIONS, type Lifecycle } from './lifecycle.js';
 
 export const HOOK_MARK = Symbol.for('hookbus.hook');
 export const TOOL_MARK = Symbol.for('hookbus.tool');
@@ -26,6 +26,13 @@ export interface HookOptions {
   critical?: boolean;
   /** The request may not pass unchecked: a failure refuses it with 503 guard_unavailable. */
   guard?: boolean;
+  /** An observer: called after the stage with its data as the stage ended, off the
+   * request's path (no request waits for it); what it returns is ignored, what it throws
+   * is logged and recorded. */
+  observe?: boolean;
+  /** on_chunk only: hold up to this many characters of the model's text back from the
+   * client until this hook judged the text after them (`data.held`, rewritable). */
+  holdBack?: number;
 }
 
 export interface HookMark {
@@ -35,7 +42,11 @@ export interface HookMark {
   timeout: number | null;
   critical: boolean;
   guard: boolean;
+  observe: boolean;
+  hold_back: number;
 }
+
+export const DEFAULT_PRIORITY = 50;
 
 export interface ToolOptions {
   /** The tool's name as the model sees it (default: the method's name). */
@@ -96,10 +107,12 @@ export function hook(options: HookOptions | Lifecycle | string, priority?: numbe
   if (timeout !== null && !(timeout > 0)) {
     throw new RangeError(`hook timeout must be positive, got ${timeout}`);
   }
-  if (opts.guard && lifecycle === 'finalize_connection') {
-    throw new TypeError('a finalize_connection hook cannot be a guard: the request is over by then');
+  if (opts.guard && NOTIFICATIONS.has(lifecycle)) {
+    throw new TypeError(`a ${lifecycle} hook cannot be a guard: it has nothing to let through or refuse`);
   }
-  const resolvedPriority = opts.priority ?? 50;
+  const holdBack = opts.holdBack ?? 0;
+  checkKind(lifecycle, Boolean(opts.observe), Boolean(opts.guard || opts.critical), holdBack);
+  const resolvedPriority = opts.priority ?? DEFAULT_PRIORITY;
   if (!Number.isInteger(resolvedPriority)) {
     throw new TypeError(`hook priority must be an integer, got ${resolvedPriority}`);
   }
@@ -110,8 +123,27 @@ export function hook(options: HookOptions | Lifecycle | string, priority?: numbe
     timeout,
     critical: Boolean(opts.critical),
     guard: Boolean(opts.guard),
+    observe: Boolean(opts.observe),
+    hold_back: holdBack,
   };
   return marking(HOOK_MARK, mark);
+}
+
+/** An observer cannot stop anything, so it cannot be a guard or critical; a window only
+ * holds streamed text back, for a hook that judges it (the Python decorator's rules). */
+function checkKind(lifecycle: Lifecycle, observe: boolean, stops: boolean, holdBack: number): void {
+  if (observe && stops) {
+    throw new TypeError('an observer (observe: true) cannot be a guard or critical: it never stops the request');
+  }
+  if (!Number.isInteger(holdBack) || holdBack < 0) {
+    throw new RangeError(`holdBack must be an integer >= 0 characters, got ${holdBack}`);
+  }
+  if (holdBack && lifecycle !== 'on_chunk') {
+    throw new TypeError(`holdBack holds streamed text back: only on_chunk hooks take it, not ${lifecycle}`);
+  }
+  if (holdBack && observe) {
+    throw new TypeError('holdBack is for a hook that judges the text before the client sees it, not an observer');
+  }
 }
 
 /**

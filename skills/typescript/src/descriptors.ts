@@ -13,6 +13,11 @@ export interface HookDescriptor {
   timeout: number | null;
   critical: boolean;
   guard: boolean;
+  /** An observer: gets the stage's data after the stage ended, off the request's path. */
+  observe: boolean;
+  /** on_chunk only: characters of the model's text held back from the client until this
+   * hook judged the text after them. */
+  hold_back: number;
 }
 
 export interface ToolDescriptor {

@@ -1,5 +1,7 @@
 /**
- * The lifecycle points of one agent request, and what a hook may change at each.
+ * The lifecycle points of one agent request, and `on_compaction` (whenever a compaction
+ * changed the conversation, inside a request or between turns), and what a hook may
+ * change at each.
  * The same table as the Python SDK (hookbus.skills.lifecycle): a TypeScript hook that
  * assigns a read-only field fails the same way a Python one does.
  */
@@ -13,6 +15,7 @@ export const LIFECYCLES = [
   'after_toolcall',
   'on_message',
   'finalize_connection',
+  'on_compaction',
 ] as const;
 
 export type Lifecycle = (typeof LIFECYCLES)[number];
@@ -22,12 +25,17 @@ export const WRITABLE: Readonly<Record<Lifecycle, ReadonlySet<string>>> = {
   on_connection: new Set(['messages', 'stream']),
   before_llm_call: new Set(['messages', 'tools', 'model_settings']),
   after_llm_call: new Set(['response', 'usage']),
-  on_chunk: new Set(['chunk', 'content']),
+  on_chunk: new Set(['chunk', 'content', 'held']),
   before_toolcall: new Set(['tool_call', 'tool_skipped', 'tool_result']),
   after_toolcall: new Set(['tool_result']),
   on_message: new Set(['messages']),
   finalize_connection: new Set(),
+  on_compaction: new Set(),
 };
+
+/** Points that tell hooks of what happened rather than let them steer it: every hook runs,
+ * a HookError is logged, and no failure aborts or blocks anything. */
+export const NOTIFICATIONS: ReadonlySet<string> = new Set(['finalize_connection', 'on_compaction']);
 
 export function isLifecycle(name: unknown): name is Lifecycle {
   return typeof name === 'string' && (LIFECYCLES as readonly string[]).includes(name);

@@ -3,7 +3,8 @@
  * same rules as the Python runner (hookbus.skills.runner), so a hook behaves the same
  * whichever language's worker group runs it:
  *
- * - a HookError aborts the run (except in finalize_connection, where every hook runs);
+ * - a HookError aborts the run (except at a notification point, finalize_connection and
+ *   on_compaction, where every hook runs);
  * - a failure (a plain exception, a timeout, a return value that is not HookData)
  *   refuses the request with 503 guard_unavailable for a guard, aborts it as a 500 for a
  *   critical hook, blocks the tool call in before_toolcall, and elsewhere leaves the data
@@ -20,6 +21,7 @@ import type { Context } from './context.js';
 import type { BoundHook } from './skill.js';
 import type { HookDescriptor } from './descriptors.js';
 import { log } from './log.js';
+import { NOTIFICATIONS } from './lifecycle.js';
 
 export type Outcome = 'ok' | 'failed' | 'hop_failed' | 'timeout' | 'blocked' | 'aborted' | 'skipped' | 'expired' | 'dead_letter';
 
@@ -39,7 +41,7 @@ export interface ChainResult {
 
 /** Whether a stage's next segment runs after one that ended so (the orchestrator's rule). */
 export function stageGoesOn(lifecycle: string, aborted: boolean, blocked: boolean): boolean {
-  return !blocked && (!aborted || lifecycle === 'finalize_connection');
+  return !blocked && (!aborted || NOTIFICATIONS.has(lifecycle));
 }
 
 class TimeoutError extends Error {
@@ -73,8 +75,8 @@ export async function runHooks(
       restore(result.data, savedFields, ctx, savedState);
       if (isHookError(exc)) {
         result.outcomes.push(outcome(bound.key, started, 'aborted', exc.message));
-        if (lifecycle === 'finalize_connection') {
-          log('finalize_hook_error', { hook: bound.key, error: exc.message, completion_id: ctx.completion_id }, 'warning', 'hookbus.hooks');
+        if (NOTIFICATIONS.has(lifecycle)) {
+          log('notification_hook_error', { hook: bound.key, lifecycle, error: exc.message, completion_id: ctx.completion_id }, 'warning', 'hookbus.hooks');
           continue;
         }
         result.abort = exc.toDict();
@@ -105,7 +107,7 @@ export async function runHooks(
 type Effect = 'refuse' | 'abort' | 'block' | 'unchanged';
 
 function failureEffect(d: HookDescriptor): Effect {
-  if (d.lifecycle === 'finalize_connection') return 'unchanged';
+  if (NOTIFICATIONS.has(d.lifecycle)) return 'unchanged';
   if (d.guard) return 'refuse';
   if (d.critical) return 'abort';
   if (d.lifecycle === 'before_toolcall') return 'block';
@@ -143,28 +145,6 @@ export async function call(fn: (...args: never[]) => unknown, args: unknown[], t
   }
 }
 
-/** Run listeners (on_compaction) one after another; a failure is recorded, never raised. */
-export async function runListeners(
-  listeners: ReadonlyArray<[string, (...args: never[]) => unknown]>,
-  args: unknown[],
-  timeout: number | null,
-  completionId: string,
-): Promise<HookOutcome[]> {
-  const outcomes: HookOutcome[] = [];
-  for (const [key, fn] of listeners) {
-    const started = performance.now();
-    try {
-      await call(fn, args, timeout);
-      outcomes.push(outcome(key, started, 'ok'));
-    } catch (exc) {
-      const message = describe(exc, timeout);
-      log('listener_failed', { hook: key, error: message, completion_id: completionId }, 'warning', 'hookbus.hooks');
-      outcomes.push(outcome(key, started, exc instanceof TimeoutError ? 'timeout' : 'failed', message));
-    }
-  }
-  return outcomes;
-}
-
 /** The fields, and copies of the messages and tools lists and their items: what the
  * Python runner saves (a deep copy per hook call would cost more than it saves). */
 function snapshot(data: Record<string, unknown>): Record<string, unknown> {
@@ -184,7 +164,7 @@ function restore(data: Record<string, unknown>, saved: Record<string, unknown>, 
 }
 
 /** A deep copy of ctx.state (it is JSON: it travels with the request); shallow for what cannot be cloned. */
-function copyState(state: Record<string, unknown>): Record<string, unknown> {
+export function copyState(state: Record<string, unknown>): Record<string, unknown> {
   try {
     return structuredClone(state);
   } catch {

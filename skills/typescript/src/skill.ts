@@ -1,15 +1,30 @@
 /**
  * `Skill`: a named bundle of hooks and tools, as in the Python SDK. Subclass it, set
- * `readonly name`, decorate methods with `@hook` / `@tool`, optionally define
- * `onCompaction(outcome, ctx)`.
+ * `readonly name` (and `readonly version`, if the skill has one), decorate methods with
+ * `@hook` / `@tool`, optionally define `onCompaction(outcome, ctx)`.
+ *
+ * `onCompaction` (or the Python spelling `on_compaction`) without `@hook` is a hook on
+ * `on_compaction` too, as the Python SDK's method form: announced like a decorated hook
+ * (priority 50, key `<skill>.<method>`) and called with the outcome, and with the context
+ * only when a request is running (`undefined` between turns).
  *
  * A skill is stateless across requests (keep per-request state in `ctx.state`): one
  * instance serves every request its worker replica runs, and one request's hooks may
  * run on different replicas.
  */
 
-import { HOOK_MARK, TOOL_MARK, type HookMark, type ToolMark } from './decorators.js';
+import { DEFAULT_PRIORITY, HOOK_MARK, TOOL_MARK, type HookMark, type ToolMark } from './decorators.js';
 import type { HookDescriptor, ToolDescriptor } from './descriptors.js';
+import type { Compaction } from './data.js';
+
+export type { Compaction } from './data.js';
+
+/** The hooks a skill may define by name alone: `onCompaction(outcome, ctx)`. */
+const METHOD_FORMS: ReadonlySet<string> = new Set(['onCompaction', 'on_compaction']);
+const METHOD_FORM_MARK: HookMark = {
+  lifecycle: 'on_compaction', priority: DEFAULT_PRIORITY, scope: 'all', timeout: null,
+  critical: false, guard: false, observe: false, hold_back: 0,
+};
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Fn = (...args: any[]) => any;
@@ -25,17 +40,6 @@ export interface BoundTool {
   fn: Fn;
 }
 
-/** A compaction outcome (hookbus's `Compaction`, as JSON). */
-export interface Compaction {
-  stage: 'none' | 'cleared' | 'summarized' | 'dropped';
-  messages: Array<Record<string, unknown>>;
-  before: number;
-  after: number;
-  window: number;
-  summary?: string | null;
-  [key: string]: unknown;
-}
-
 /**
  * Optional on a subclass: `async onCompaction(outcome: Compaction, context?: Context)`,
  * called once per compaction with its outcome and the run's context (`undefined` between
@@ -44,6 +48,9 @@ export interface Compaction {
 export class Skill {
   /** The skill's name (hook keys are `name.method`); default: the class name in kebab case. */
   readonly name: string;
+  /** The skill's own version: a worker group of versioned skills runs at it when the
+   * deployment names none (`--version`, HOOKBUS_WORKER_VERSION). */
+  readonly version: string | undefined = undefined;
 
   constructor() {
     this.name = kebab(new.target.name);
@@ -51,9 +58,9 @@ export class Skill {
 
   /** The hooks of this instance, inherited ones first, each class's in definition order. */
   boundHooks(): BoundHook[] {
-    return [...marked<HookMark>(this, HOOK_MARK)].map(([method, [mark, fn]]) => {
+    return [...marked<HookMark>(this, HOOK_MARK, METHOD_FORMS, METHOD_FORM_MARK)].map(([method, [mark, fn, named]]) => {
       const descriptor: HookDescriptor = { skill: this.name, method, ...mark };
-      return { descriptor, key: `${this.name}.${method}`, fn: fn.bind(this) };
+      return { descriptor, key: `${this.name}.${method}`, fn: named ? methodForm(fn.bind(this)) : fn.bind(this) };
     });
   }
 
@@ -74,29 +81,34 @@ export class Skill {
     });
   }
 
-  /** Whether this skill defines `onCompaction` (or the Python spelling `on_compaction`). */
-  compactionListener(): Fn | undefined {
-    const self = this as unknown as Record<string, unknown>;
-    const fn = self.onCompaction ?? self.on_compaction;
-    return typeof fn === 'function' ? (fn as Fn).bind(this) : undefined;
-  }
 }
 
-/** Marked methods by name: walked from the base class down, so an override keeps the
- * position of the method it overrides (Python's definition order, inherited first). */
-function marked<M>(skill: Skill, symbol: symbol): Map<string, [M, Fn]> {
+/** `onCompaction(outcome, ctx)` called as a hook: `(data, ctx)` in, the outcome and the
+ * context (`undefined` between turns) out; what it returns is not the stage's data. */
+function methodForm(onCompaction: Fn): Fn {
+  return async (data: { compaction?: Compaction | null; between_turns?: boolean | null }, ctx: unknown) => {
+    await onCompaction(data.compaction, data.between_turns ? undefined : ctx);
+  };
+}
+
+/** Marked methods by name, and whether each is a method form (`named`: an unmarked method
+ * whose name makes it a hook, with `namedMark`): walked from the base class down, so an
+ * override keeps the position of the method it overrides (Python's definition order,
+ * inherited first). */
+function marked<M>(skill: Skill, symbol: symbol, named: ReadonlySet<string> = new Set(), namedMark?: M): Map<string, [M, Fn, boolean]> {
   const chain: object[] = [];
   for (let proto = Object.getPrototypeOf(skill); proto && proto !== Skill.prototype; proto = Object.getPrototypeOf(proto)) {
     chain.unshift(proto);
   }
-  const found = new Map<string, [M, Fn]>();
+  const found = new Map<string, [M, Fn, boolean]>();
   for (const proto of chain) {
     for (const name of Object.getOwnPropertyNames(proto)) {
       if (name === 'constructor') continue;
       const value = Object.getOwnPropertyDescriptor(proto, name)?.value;
       if (typeof value !== 'function') continue;
       const mark = (value as unknown as Record<symbol, M | undefined>)[symbol];
-      if (mark !== undefined) found.set(name, [mark, value as Fn]);
+      if (mark !== undefined) found.set(name, [mark, value as Fn, false]);
+      else if (namedMark !== undefined && named.has(name)) found.set(name, [namedMark, value as Fn, true]);
       else found.delete(name); // overridden without the decorator: no longer a hook
     }
   }

@@ -195,6 +195,35 @@ test('a batched on_chunk hop: full_content rebuilt, null for unchanged chunks, s
   assert.equal(reply.outcomes.length, 1); // one timing per hook for the whole batch
 });
 
+test('a batched on_chunk hop with a hold-back window: each chunk sees the held text as the earlier ones left it; only a rewrite goes back', async () => {
+  class Redact extends Skill {
+    readonly name = 'redact';
+
+    @hook({ lifecycle: 'on_chunk', priority: 10, holdBack: 32 })
+    async redact(data: HookData, ctx: Context) {
+      ((ctx.state.seen ??= []) as unknown[]).push(data.held);
+      const text = (data.held ?? '') + (data.content ?? '');
+      if (text.includes('top secret')) {
+        data.held = text.replace('top secret', '[filtered]');
+        data.content = '';
+      }
+    }
+  }
+  const chunk = (content: string) => ({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content } }] });
+  const items: Array<Record<string, unknown>> = [' the', ' top', ' secret', ' plan'].map((content, i) => ({ lifecycle: 'on_chunk', chunk: chunk(content), content, chunk_index: i + 1 }));
+  Object.assign(items[0]!, { full_content: 'Here is the', held: 'Here is' });
+  const redact = new GroupHost('r', [new Redact()]);
+  const { reply, dataJson } = await redact.answer({ ...hop('on_chunk', [], { chunks: 4 }), hooks: [{ skill: 'redact', method: 'redact' }] }, 1, 'rep', [ctxJson(), JSON.stringify(items)]);
+  assert.equal(reply.failure, undefined);
+  assert.deepEqual(reply.state.seen, ['Here is', 'Here is the', 'Here is the top', 'Here is the [filtered]']);
+  const results = JSON.parse(dataJson!);
+  assert.deepEqual(results.map((r: { held?: string } | null) => r && r.held), [null, null, 'Here is the [filtered]', null]);
+  assert.equal(results[2].content, '');
+  // the first chunk's held (from the wire) is kept as it came; no window, no held
+  const plain = await host.answer(hop('on_chunk', ['upper'], { chunks: 1 }), 1, 'rep', [ctxJson(), JSON.stringify([{ lifecycle: 'on_chunk', chunk: chunk(' a'), content: ' a', chunk_index: 0, full_content: ' a' }])]);
+  assert.equal(plain.dataJson, undefined);
+});
+
 test('tools: arguments in, the result as text; a failure is text for the model', async () => {
   const tool = (name: string, args: Record<string, unknown>) => hop('before_toolcall', [], { v: 1, tool: { name, arguments: args }, ctx: JSON.parse(ctxJson()) });
   const ok = await host.answer(tool('double', { x: 21 }), 1, 'rep');
@@ -204,11 +233,41 @@ test('tools: arguments in, the result as text; a failure is text for the model',
   assert.equal((await host.answer(tool('explode', {}), 1, 'rep')).reply.tool_result, "Error: tool 'explode' failed: RangeError: kaboom");
 });
 
-test('on_compaction reaches onCompaction with the outcome and the context', async () => {
-  const event = hop('on_compaction', [], { v: 1, hooks: [{ skill: 'chain', method: 'on_compaction' }], data: { stage: 'summarized' }, ctx: JSON.parse(ctxJson()) });
-  const { reply } = await host.answer(event, 1, 'rep');
+test('an on_compaction hop (version 2, as the orchestrator sends it) runs the onCompaction method form', async () => {
+  const compaction = { stage: 'summarized', messages: [], before: 900, after: 300, window: 1000, target: 500, id: 'cmp-1' };
+  const d = (betweenTurns: boolean) => JSON.stringify({ lifecycle: 'on_compaction', compaction, between_turns: betweenTurns });
+  const { reply, dataJson } = await host.answer(hop('on_compaction', ['onCompaction']), 1, 'rep', [ctxJson(), d(false)]);
+  assert.equal(reply.failure, undefined);
   assert.equal(reply.state.compaction, 'summarized');
-  assert.deepEqual(reply.outcomes.map((o) => [o.hook, o.outcome]), [['chain.on_compaction', 'ok']]);
+  assert.equal(dataJson, undefined); // nothing is writable at on_compaction
+  assert.deepEqual(reply.outcomes.map((o) => [o.hook, o.outcome]), [['chain.onCompaction', 'ok']]);
+  // between turns the method gets no context
+  const between = await host.answer(hop('on_compaction', ['onCompaction']), 1, 'rep', [ctxJson(), d(true)]);
+  assert.equal(between.reply.state.compaction, undefined);
+  assert.deepEqual(host.announcement().hooks.filter((h) => h.lifecycle === 'on_compaction').map((h) => [h.method, h.priority]), [['onCompaction', 50]]);
+  assert.equal('compaction' in host.announcement(), false);
+});
+
+test('a decorated on_compaction hook: a HookError there is logged, every hook runs (a notification point)', async () => {
+  class Notified extends Skill {
+    readonly name = 'notified';
+
+    @hook({ lifecycle: 'on_compaction', priority: 1 })
+    async first() {
+      throw new HookError(500, 'nope', 'not at a notification point');
+    }
+
+    @hook({ lifecycle: 'on_compaction', priority: 2 })
+    async second(data: HookData, ctx: Context) {
+      ctx.state.second = data.compaction?.stage;
+    }
+  }
+  const d = JSON.stringify({ lifecycle: 'on_compaction', compaction: { stage: 'cleared', messages: [], before: 1, after: 1, window: 1 }, between_turns: false });
+  const event = { ...hop('on_compaction', []), hooks: [{ skill: 'notified', method: 'first' }, { skill: 'notified', method: 'second' }] };
+  const { reply } = await new GroupHost('n', [new Notified()]).answer(event, 1, 'rep', [ctxJson(), d]);
+  assert.equal(reply.abort, undefined);
+  assert.equal(reply.state.second, 'cleared');
+  assert.deepEqual(reply.outcomes.map((o) => o.outcome), ['aborted', 'ok']);
 });
 
 test('an unknown hook fails the hop as a whole', async () => {

@@ -6,6 +6,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
+import { after, before } from 'node:test';
 import { Redis } from 'ioredis';
 
 const REPO = fileURLToPath(new URL('../../../', import.meta.url));
@@ -74,4 +75,21 @@ export async function waitFor<T>(condition: () => Promise<T> | T, timeoutMs = 10
     if (value || Date.now() > deadline) return value;
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** The Redis of a test file and a client on it: started before its first test, stopped
+ * after its last (read `url` and `client` inside the tests). */
+export function redisForTests(): { readonly url: string; readonly client: Redis } {
+  let server: TestRedis | undefined;
+  const bus = { url: '', client: undefined as unknown as Redis };
+  before(async () => {
+    server = await startRedis();
+    bus.url = server.url;
+    bus.client = new Redis(server.url);
+  });
+  after(async () => {
+    bus.client.disconnect();
+    await server?.stop();
+  });
+  return bus;
 }

@@ -18,7 +18,27 @@ test('an unknown lifecycle fails when the class is defined', () => {
   }, /unknown lifecycle "on_chunks"; valid lifecycles are: on_connection/);
   assert.throws(() => hook({ lifecycle: 'on_chunk', timeout: 0 }), /timeout must be positive/);
   assert.throws(() => hook({ lifecycle: 'finalize_connection', guard: true }), /cannot be a guard/);
-  assert.equal(LIFECYCLES.length, 8);
+  assert.throws(() => hook({ lifecycle: 'on_compaction', guard: true }), /cannot be a guard/);
+  assert.equal(LIFECYCLES.length, 9);
+});
+
+test('observe and holdBack follow the rules of the Python decorator', () => {
+  assert.throws(() => hook({ lifecycle: 'on_message', observe: true, guard: true }), /observer \(observe: true\) cannot be a guard or critical/);
+  assert.throws(() => hook({ lifecycle: 'on_message', observe: true, critical: true }), /cannot be a guard or critical/);
+  assert.throws(() => hook({ lifecycle: 'on_message', holdBack: 10 }), /only on_chunk hooks take it, not on_message/);
+  assert.throws(() => hook({ lifecycle: 'on_chunk', holdBack: -1 }), /holdBack must be an integer >= 0/);
+  assert.throws(() => hook({ lifecycle: 'on_chunk', holdBack: 5, observe: true }), /not an observer/);
+  class Watch extends Skill {
+    @hook({ lifecycle: 'finalize_connection', priority: 90, observe: true })
+    async watch() {}
+
+    @hook({ lifecycle: 'on_chunk', priority: 20, holdBack: 24 })
+    async judge() {}
+  }
+  assert.deepEqual(new Watch().boundHooks().map((h) => [h.key, h.descriptor.observe, h.descriptor.hold_back]), [
+    ['watch.watch', true, 0],
+    ['watch.judge', false, 24],
+  ]);
 });
 
 class Base extends Skill {
@@ -53,9 +73,11 @@ test('a skill binds its hooks inherited first, in definition order, with Python 
   assert.deepEqual(
     skill.boundHooks().map((h) => h.descriptor),
     [
-      { skill: 'audit-trail', method: 'inherited', lifecycle: 'on_message', priority: 7, scope: 'all', timeout: null, critical: false, guard: false },
-      { skill: 'audit-trail', method: 'second', lifecycle: 'on_chunk', priority: 30, scope: 'audit', timeout: 2, critical: true, guard: false },
-      { skill: 'audit-trail', method: 'third', lifecycle: 'before_toolcall', priority: 50, scope: 'all', timeout: null, critical: false, guard: false },
+      { skill: 'audit-trail', method: 'inherited', lifecycle: 'on_message', priority: 7, scope: 'all', timeout: null, critical: false, guard: false, observe: false, hold_back: 0 },
+      { skill: 'audit-trail', method: 'second', lifecycle: 'on_chunk', priority: 30, scope: 'audit', timeout: 2, critical: true, guard: false, observe: false, hold_back: 0 },
+      { skill: 'audit-trail', method: 'third', lifecycle: 'before_toolcall', priority: 50, scope: 'all', timeout: null, critical: false, guard: false, observe: false, hold_back: 0 },
+      // the method form: a hook on on_compaction, as Python's `on_compaction` method
+      { skill: 'audit-trail', method: 'onCompaction', lifecycle: 'on_compaction', priority: 50, scope: 'all', timeout: null, critical: false, guard: false, observe: false, hold_back: 0 },
     ],
   );
   const [add] = skill.boundTools();
@@ -63,8 +85,7 @@ test('a skill binds its hooks inherited first, in definition order, with Python 
     type: 'function',
     function: { name: 'add', description: 'Add two numbers.', parameters: { type: 'object', properties: { a: { type: 'number' }, b: { type: 'number' } }, required: ['a', 'b'] } },
   });
-  assert.ok(skill.compactionListener());
-  assert.equal(new Base().compactionListener(), undefined);
+  assert.deepEqual(new Base().boundHooks().map((h) => h.key), ['base.inherited']);
 });
 
 test('the legacy experimentalDecorators form marks the method too', () => {

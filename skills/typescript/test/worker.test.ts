@@ -2,18 +2,17 @@
 // (hookbus.bus.envelopes.encode_hop): the reply, the ack, the announcement with its
 // protocol version, the heartbeat, a stage sent on, dead letters, claims of a dead
 // sibling's entries, and the command's drain on SIGTERM.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
-import { Redis } from 'ioredis';
 import { Skill, hook, type HookData, type Context } from '../src/index.ts';
 import { GroupHost } from '../src/worker/host.ts';
 import { WorkerReplica } from '../src/worker/replica.ts';
 import { pairs } from '../src/bus/claims.ts';
 import { Keys } from '../src/bus/keys.ts';
-import { startRedis, waitFor, type TestRedis } from './redis.ts';
+import { redisForTests, waitFor } from './redis.ts';
 
 class Stamp extends Skill {
   readonly name = 'stamp';
@@ -35,16 +34,7 @@ class Slow extends Skill {
   }
 }
 
-let redis: TestRedis;
-let client: Redis;
-before(async () => {
-  redis = await startRedis();
-  client = new Redis(redis.url);
-});
-after(async () => {
-  client.disconnect();
-  await redis.stop();
-});
+const bus = redisForTests();
 
 const ctx = { auth: { peer_user_id: null, scopes: [] }, metadata: { completion_id: 'cmpl-w', model: 'm', agent_name: 'a' }, session: { id: null, data: {} }, state: {} };
 const data = { lifecycle: 'on_message', messages: [{ role: 'user', content: 'hi' }] };
@@ -60,7 +50,7 @@ function hopFields(prefix: string, hopId: string, extra: Record<string, unknown>
 
 async function replies(prefix: string, count: number): Promise<Array<Record<string, string>>> {
   const entries = await waitFor(async () => {
-    const got = await client.xrange(`${prefix}replies:orch`, '-', '+');
+    const got = await bus.client.xrange(`${prefix}replies:orch`, '-', '+');
     return got.length >= count ? got : null;
   });
   assert.ok(entries, `fewer than ${count} replies`);
@@ -68,7 +58,7 @@ async function replies(prefix: string, count: number): Promise<Array<Record<stri
 }
 
 function replica(prefix: string, options: { claimIdle?: number; maxDeliveries?: number } = {}): WorkerReplica {
-  return new WorkerReplica(new GroupHost('tsw', [new Stamp(), new Slow()]), { redisUrl: redis.url, prefix, replica: 'tsw-1', concurrency: 4, ...options });
+  return new WorkerReplica(new GroupHost('tsw', [new Stamp(), new Slow()]), { redisUrl: bus.url, prefix, replica: 'tsw-1', concurrency: 4, ...options });
 }
 
 test('a hop is answered, acked, announced with the protocol version, heartbeats with a record, and sent on', async () => {
@@ -76,18 +66,18 @@ test('a hop is answered, acked, announced with the protocol version, heartbeats 
   const worker = replica(prefix);
   await worker.start();
   try {
-    const announcement = JSON.parse((await client.hget(`${prefix}registry`, 'tsw'))!);
+    const announcement = JSON.parse((await bus.client.hget(`${prefix}registry`, 'tsw'))!);
     assert.equal(announcement.protocol, '1.0');
     assert.equal(announcement.hooks[0].method, 'stamp');
-    assert.equal(await client.get(`${prefix}registry:version`), '1');
-    assert.ok(Number(await client.zscore(`${prefix}replicas:tsw`, 'tsw-1')) > Date.now() / 1000 - 5);
-    const beat = JSON.parse((await client.get(`${prefix}replica:tsw:tsw-1`))!);
+    assert.equal(await bus.client.get(`${prefix}registry:version`), '1');
+    assert.ok(Number(await bus.client.zscore(`${prefix}replicas:tsw`, 'tsw-1')) > Date.now() / 1000 - 5);
+    const beat = JSON.parse((await bus.client.get(`${prefix}replica:tsw:tsw-1`))!);
     assert.deepEqual({ ...beat, ts: undefined }, { v: 1, kind: 'heartbeat', group: 'tsw', replica: 'tsw-1', protocol: '1.0', ts: undefined });
-    const ttl = await client.ttl(`${prefix}replica:tsw:tsw-1`);
+    const ttl = await bus.client.ttl(`${prefix}replica:tsw:tsw-1`);
     assert.ok(ttl > 0 && ttl <= 10, `ttl ${ttl}`);
 
     const route = [{ group: 'next', stream: `${prefix}hooks:next`, hop_id: 'h-next', hooks: [{ skill: 'py', method: 'after' }], timeout: 5 }];
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-1', { route }));
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-1', { route }));
     const [reply] = await replies(prefix, 1);
     const e = JSON.parse(reply!.e!);
     assert.equal(e.kind, 'reply');
@@ -98,18 +88,18 @@ test('a hop is answered, acked, announced with the protocol version, heartbeats 
     assert.deepEqual(e.state, { stamped: 1 });
     assert.equal(JSON.parse(reply!.d!).messages.at(-1).content, 'stamped on attempt 1');
     // the next group's hop: the changed data, the context with the hooks' state
-    const [[, onwardFlat]] = (await client.xrange(`${prefix}hooks:next`, '-', '+')) as Array<[string, string[]]>;
+    const [[, onwardFlat]] = (await bus.client.xrange(`${prefix}hooks:next`, '-', '+')) as Array<[string, string[]]>;
     const onward = pairs(onwardFlat!);
     assert.equal(JSON.parse(onward.e!).hop_id, 'h-next');
     assert.deepEqual(JSON.parse(onward.c!).state, { stamped: 1 });
     assert.equal(onward.d, reply!.d);
-    const pending = await waitFor(async () => ((await client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0] === 0);
+    const pending = await waitFor(async () => ((await bus.client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0] === 0);
     assert.ok(pending, 'the entry was not acked');
   } finally {
     await worker.stop();
   }
-  assert.equal(await client.zscore(`${prefix}replicas:tsw`, 'tsw-1'), null); // left the registry
-  assert.equal(await client.exists(`${prefix}replica:tsw:tsw-1`), 0);
+  assert.equal(await bus.client.zscore(`${prefix}replicas:tsw`, 'tsw-1'), null); // left the registry
+  assert.equal(await bus.client.exists(`${prefix}replica:tsw:tsw-1`), 0);
 });
 
 test('an unreadable entry is dead-lettered without its content; a known caller hears of it', async () => {
@@ -117,11 +107,11 @@ test('an unreadable entry is dead-lettered without its content; a known caller h
   const worker = replica(prefix);
   await worker.start();
   try {
-    await client.xadd(`${prefix}hooks:tsw`, '*', 'e', '{not json', 'secret', 'prompt text');
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-v9', { v: 9 }));
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-no-ctx').slice(0, 2)); // v2 without `c`
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', 'e', '{not json', 'secret', 'prompt text');
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-v9', { v: 9 }));
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-no-ctx').slice(0, 2)); // v2 without `c`
     const letters = await waitFor(async () => {
-      const got = await client.xrange(`${prefix}dead-letter`, '-', '+');
+      const got = await bus.client.xrange(`${prefix}dead-letter`, '-', '+');
       return got.length >= 3 ? got.map(([, flat]) => pairs(flat)) : null;
     });
     assert.ok(letters);
@@ -134,7 +124,7 @@ test('an unreadable entry is dead-lettered without its content; a known caller h
     const [reply] = await replies(prefix, 1);
     assert.equal(JSON.parse(reply!.e!).hop_id, 'h-no-ctx');
     assert.equal(JSON.parse(reply!.e!).failure, "dead-lettered: version 2 hop without a 'c' field");
-    assert.equal(((await client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0], 0);
+    assert.equal(((await bus.client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0], 0);
   } finally {
     await worker.stop();
   }
@@ -143,11 +133,11 @@ test('an unreadable entry is dead-lettered without its content; a known caller h
 test("a dead sibling's entry is claimed and run again; past max deliveries it is dead-lettered", async () => {
   const prefix = `w${randomUUID().slice(0, 8)}:`;
   const stream = `${prefix}hooks:tsw`;
-  await client.xgroup('CREATE', stream, 'tsw', '0', 'MKSTREAM');
-  await client.xadd(stream, '*', ...hopFields(prefix, 'h-orphan'));
-  const worn = (await client.xadd(stream, '*', ...hopFields(prefix, 'h-worn')))!;
-  await client.xreadgroup('GROUP', 'tsw', 'dead-sibling', 'COUNT', 2, 'STREAMS', stream, '>');
-  await client.xclaim(stream, 'tsw', 'dead-sibling', 0, worn, 'RETRYCOUNT', 3); // delivered 3 times already
+  await bus.client.xgroup('CREATE', stream, 'tsw', '0', 'MKSTREAM');
+  await bus.client.xadd(stream, '*', ...hopFields(prefix, 'h-orphan'));
+  const worn = (await bus.client.xadd(stream, '*', ...hopFields(prefix, 'h-worn')))!;
+  await bus.client.xreadgroup('GROUP', 'tsw', 'dead-sibling', 'COUNT', 2, 'STREAMS', stream, '>');
+  await bus.client.xclaim(stream, 'tsw', 'dead-sibling', 0, worn, 'RETRYCOUNT', 3); // delivered 3 times already
   const worker = replica(prefix, { claimIdle: 0.2, maxDeliveries: 3 });
   await worker.start();
   try {
@@ -167,23 +157,23 @@ test('hookbus-worker hosts a page-style .ts file and a .js file, and drains on S
   const file = fileURLToPath(new URL('./fixtures/page_style.ts', import.meta.url));
   const js = fileURLToPath(new URL('./fixtures/plain_skills.js', import.meta.url));
   const child = spawn(process.execPath, [bin, '--group', 'cli', file, js, '--replica', 'cli-1'], {
-    env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix, HOOKBUS_LOG_LEVEL: 'info' },
+    env: { ...process.env, REDIS_URL: bus.url, HOOKBUS_PREFIX: prefix, HOOKBUS_LOG_LEVEL: 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';
   child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   try {
-    const announced = await waitFor(async () => (await client.zscore(`${prefix}replicas:cli`, 'cli-1')) !== null, 20_000);
+    const announced = await waitFor(async () => (await bus.client.zscore(`${prefix}replicas:cli`, 'cli-1')) !== null, 20_000);
     assert.ok(announced, `the worker never heartbeat:\n${stderr}`);
-    const announcement = JSON.parse((await client.hget(`${prefix}registry`, 'cli'))!);
+    const announcement = JSON.parse((await bus.client.hget(`${prefix}registry`, 'cli'))!);
     assert.deepEqual(announcement.hooks.map((h: { skill: string; method: string; priority: number }) => [h.skill, h.method, h.priority]), [['shouter', 'shout', 30], ['plain', 'note', 12]]);
   } finally {
     child.kill('SIGTERM');
   }
   assert.equal(await exited, 0, stderr);
   assert.match(stderr, /"event":"worker_stopped"/);
-  assert.equal(await client.zscore(`${prefix}replicas:cli`, 'cli-1'), null);
+  assert.equal(await bus.client.zscore(`${prefix}replicas:cli`, 'cli-1'), null);
 });
 
 test('an expired hop is acked unanswered; hops are recorded on events; the janitor trims what was acked', async () => {
@@ -191,21 +181,21 @@ test('an expired hop is acked unanswered; hops are recorded on events; the janit
   const worker = replica(prefix);
   await worker.start();
   try {
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-late', { deadline: Date.now() / 1000 - 1 }));
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-ok'));
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-late', { deadline: Date.now() / 1000 - 1 }));
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-ok'));
     const [reply] = await replies(prefix, 1);
     assert.equal(JSON.parse(reply!.e!).hop_id, 'h-ok');
     const records = await waitFor(async () => {
-      const entries = await client.xrange(`${prefix}events`, '-', '+');
+      const entries = await bus.client.xrange(`${prefix}events`, '-', '+');
       const all = entries.flatMap(([, flat]) => JSON.parse(pairs(flat).e!).records as Array<Record<string, unknown>>);
       return all.length >= 2 ? all : null;
     });
     assert.ok(records);
     assert.deepEqual(records.map((r) => [r.kind, r.outcome, r.group, r.replica]).sort(), [['hop', 'expired', 'tsw', 'tsw-1'], ['hop', 'ok', 'tsw', 'tsw-1']]);
-    assert.equal((await client.xrange(`${prefix}replies:orch`, '-', '+')).length, 1); // none for the late one
-    assert.ok(await waitFor(async () => ((await client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0] === 0));
+    assert.equal((await bus.client.xrange(`${prefix}replies:orch`, '-', '+')).length, 1); // none for the late one
+    assert.ok(await waitFor(async () => ((await bus.client.xpending(`${prefix}hooks:tsw`, 'tsw')) as [number])[0] === 0));
     assert.equal(await worker.janitorOnce(), 2);
-    assert.equal(await client.xlen(`${prefix}hooks:tsw`), 0);
+    assert.equal(await bus.client.xlen(`${prefix}hooks:tsw`), 0);
   } finally {
     await worker.stop();
   }
@@ -218,9 +208,9 @@ test('a running hop keeps its claim fresh, so no sibling takes it', async () => 
   try {
     const fields = hopFields(prefix, 'h-slow', { lifecycle: 'after_llm_call', stage_key: 'after_llm_call', hooks: [{ skill: 'slow', method: 'linger' }] });
     fields[5] = JSON.stringify({ lifecycle: 'after_llm_call' });
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...fields);
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...fields);
     await new Promise((r) => setTimeout(r, 900)); // three claim-idles into the 1.5 s hook
-    const [[, , idle]] = (await client.xpending(`${prefix}hooks:tsw`, 'tsw', '-', '+', 10)) as Array<[string, string, number, number]>;
+    const [[, , idle]] = (await bus.client.xpending(`${prefix}hooks:tsw`, 'tsw', '-', '+', 10)) as Array<[string, string, number, number]>;
     assert.ok(idle! < 300, `idle ${idle} ms: the lease was not renewed`);
     const [reply] = await replies(prefix, 1);
     assert.equal(JSON.parse(reply!.e!).outcomes[0].outcome, 'ok');
@@ -232,13 +222,13 @@ test('a running hop keeps its claim fresh, so no sibling takes it', async () => 
 test('with HOOKBUS_SHARDS the worker reads every shard of its stream and heartbeats under the registry tag', async () => {
   const prefix = `w${randomUUID().slice(0, 8)}:`;
   const keys = new Keys(prefix, 3);
-  const worker = new WorkerReplica(new GroupHost('tsw', [new Stamp()]), { redisUrl: redis.url, prefix, shards: 3, replica: 'tsw-s' });
+  const worker = new WorkerReplica(new GroupHost('tsw', [new Stamp()]), { redisUrl: bus.url, prefix, shards: 3, replica: 'tsw-s' });
   await worker.start();
   try {
-    assert.ok(await client.zscore(keys.replicas('tsw'), 'tsw-s'));
-    assert.ok(await client.hget(keys.registry, 'tsw'));
+    assert.ok(await bus.client.zscore(keys.replicas('tsw'), 'tsw-s'));
+    assert.ok(await bus.client.hget(keys.registry, 'tsw'));
     const [, , third] = keys.hookStreams('tsw');
-    await client.xadd(third!, '*', ...hopFields(prefix, 'h-shard'));
+    await bus.client.xadd(third!, '*', ...hopFields(prefix, 'h-shard'));
     const [reply] = await replies(prefix, 1);
     assert.equal(JSON.parse(reply!.e!).hop_id, 'h-shard');
   } finally {
@@ -251,16 +241,16 @@ test('a replica killed in the middle of a hop: a sibling claims the hop and answ
   const bin = fileURLToPath(new URL('../bin/hookbus-worker.js', import.meta.url));
   const file = fileURLToPath(new URL('./fixtures/slow_skills.ts', import.meta.url));
   const doomed = spawn(process.execPath, [bin, '--group', 'tsw', file, '--replica', 'doomed', '--claim-idle', '0.5'], {
-    env: { ...process.env, REDIS_URL: redis.url, HOOKBUS_PREFIX: prefix },
+    env: { ...process.env, REDIS_URL: bus.url, HOOKBUS_PREFIX: prefix },
     stdio: 'ignore',
   });
   const gone = new Promise((resolve) => doomed.once('exit', resolve));
   let sibling: WorkerReplica | undefined;
   try {
-    assert.ok(await waitFor(async () => (await client.zscore(`${prefix}replicas:tsw`, 'doomed')) !== null, 20_000));
-    await client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-killed'));
+    assert.ok(await waitFor(async () => (await bus.client.zscore(`${prefix}replicas:tsw`, 'doomed')) !== null, 20_000));
+    await bus.client.xadd(`${prefix}hooks:tsw`, '*', ...hopFields(prefix, 'h-killed'));
     const taken = await waitFor(async () => {
-      const pending = (await client.xpending(`${prefix}hooks:tsw`, 'tsw', '-', '+', 10)) as Array<[string, string]>;
+      const pending = (await bus.client.xpending(`${prefix}hooks:tsw`, 'tsw', '-', '+', 10)) as Array<[string, string]>;
       return pending.some(([, consumer]) => consumer === 'doomed');
     });
     assert.ok(taken, 'the doomed replica never took the hop');

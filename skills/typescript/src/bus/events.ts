@@ -6,6 +6,7 @@
 
 import type { Redis } from 'ioredis';
 import type { Keys } from './keys.js';
+import type { HookOutcome } from '../runner.js';
 
 const EVENTS_MAXLEN = 100_000;
 const FLUSH_EVERY_MS = 100;
@@ -14,16 +15,34 @@ const MAX_RECORDS_PER_ENTRY = 500;
 
 export interface MonitorRecord {
   v: 1;
-  kind: 'hop';
+  /** `hop`: one hop answered; `observe`: a group's observers of one lifecycle of a request. */
+  kind: 'hop' | 'observe';
   ts: number;
   completion_id: string;
   lifecycle: string;
   hooks: string[];
   group: string;
   replica: string;
+  /** The version of the group the replica runs (hops). */
+  version?: string;
   duration_ms: number;
   outcome: string;
   error?: string;
+}
+
+/** The record of some hooks' calls (a hook named once, however many calls it had): their
+ * first failure, if any, is its outcome (MonitorRecord.of_outcomes). */
+export function outcomesRecord(
+  kind: MonitorRecord['kind'], completionId: string, lifecycle: string, outcomes: readonly HookOutcome[],
+  durationMs: number, group: string, replica: string,
+): MonitorRecord {
+  const bad = outcomes.find((o) => o.outcome !== 'ok');
+  const record: MonitorRecord = {
+    v: 1, kind, ts: Date.now() / 1000, completion_id: completionId, lifecycle, hooks: [...new Set(outcomes.map((o) => o.hook))],
+    group, replica, duration_ms: durationMs, outcome: bad?.outcome ?? 'ok',
+  };
+  if (bad?.error !== undefined) record.error = bad.error;
+  return record;
 }
 
 export class EventWriter {

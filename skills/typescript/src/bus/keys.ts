@@ -93,6 +93,20 @@ export class Keys {
     return Array.from({ length: this.shards }, (_, s) => this.hooksShard(group, s));
   }
 
+  /** The stream of `group` at `version`: the hops of requests pinned to that version. */
+  pinnedHookStreams(group: string, version: string): string[] {
+    return this.hookStreams(`${group}@${version}`);
+  }
+
+  /** `group`'s observer stream: one entry per request that a group's observers watched. */
+  observeShard(group: string, shard: number): string {
+    return this.tagged ? this.sharded('observe', shard, group) : `${this.prefix}observe:${group}`;
+  }
+
+  observeStreams(group: string): string[] {
+    return Array.from({ length: this.shards }, (_, s) => this.observeShard(group, s));
+  }
+
   eventsFor(completionId: string): string {
     return this.sharded('events', this.shardOf(completionId));
   }
@@ -117,5 +131,15 @@ export class Keys {
   /** String: one replica's latest heartbeat record (its protocol version), expiring on its own. */
   replicaHeartbeat(group: string, replica: string): string {
     return this.control(`replica:${group}:${replica}`);
+  }
+
+  /** Hash: replica name -> the version it runs and whether it drains (ReplicaInfo JSON). */
+  replicaVersions(group: string): string {
+    return this.control(`replica-versions:${group}`);
+  }
+
+  /** Sorted set: completion id -> when it was pinned to `group` at `version`. */
+  serving(group: string, version: string): string {
+    return this.control(`serving:${group}@${version}`);
   }
 }

@@ -17,9 +17,9 @@ import { PROTOCOL } from '../wire/envelopes.js';
 export const HEARTBEAT_EVERY = 2.0;
 export const REPLICA_TTL = 10;
 
-/** What the fingerprint of hookbus.bus.registry covers: the group, hooks, tools, compaction. */
+/** What the fingerprint of hookbus.bus.groups.registry covers: the group, hooks, tools. */
 function sameDescriptors(a: Partial<GroupAnnouncement>, b: GroupAnnouncement): boolean {
-  const pick = (x: Partial<GroupAnnouncement>) => JSON.stringify([x.group, x.hooks ?? [], x.tools ?? [], x.compaction ?? []]);
+  const pick = (x: Partial<GroupAnnouncement>) => JSON.stringify([x.group, x.hooks ?? [], x.tools ?? []]);
   return pick(a) === pick(b);
 }
 
@@ -62,6 +62,12 @@ export async function heartbeat(client: Redis, keys: Keys, group: string, replic
   if (failed) throw failed[0];
 }
 
+/** Gone from the group at once, in one round trip: no heartbeat, no record, no version. */
 export async function leave(client: Redis, keys: Keys, group: string, replica: string): Promise<void> {
-  await client.pipeline().zrem(keys.replicas(group), replica).del(keys.replicaHeartbeat(group, replica)).exec();
+  await client
+    .pipeline()
+    .zrem(keys.replicas(group), replica)
+    .del(keys.replicaHeartbeat(group, replica))
+    .hdel(keys.replicaVersions(group), replica)
+    .exec();
 }

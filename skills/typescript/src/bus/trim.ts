@@ -80,3 +80,13 @@ export async function pruneConsumers(client: Redis, stream: string, group: strin
   await client.zremrangebyscore(heartbeats, '-inf', cutoff);
   return removed;
 }
+
+/** XGROUP DELCONSUMER `consumer`, atomically only if it holds no pending entry (a replica
+ * leaving after its drain: nothing of it is left for a lease to expire). */
+export async function deleteConsumerIfIdle(client: Redis, stream: string, group: string, consumer: string): Promise<boolean> {
+  try {
+    return Number(await client.eval(PRUNE, 1, stream, group, consumer)) === 1;
+  } catch {
+    return false; // no such stream or group
+  }
+}

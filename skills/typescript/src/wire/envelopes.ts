@@ -74,54 +74,74 @@ export class DecodeError extends Error {}
 
 export type Fields = Record<string, string>;
 
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+export const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+export const isString = (v: unknown): boolean => typeof v === 'string';
+export const isNumber = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v);
+export const isInteger = (v: unknown): boolean => Number.isInteger(v);
+
+/** The envelope of an entry (its `e` field) as checked field by field, with the messages
+ * the Python model's validation gives, for the dead-letter stream's reason. */
+export class EnvelopeCheck {
+  readonly value: Record<string, unknown>;
+  private readonly problems: string[] = [];
+
+  constructor(fields: Fields, readonly model: string) {
+    const raw = fields.e;
+    if (raw === undefined) {
+      throw new DecodeError(`entry has no 'e' field (fields: ${Object.keys(fields).sort().join(', ')})`);
+    }
+    let value: unknown;
+    try {
+      value = JSON.parse(raw);
+    } catch (exc) {
+      throw new DecodeError(`not a valid ${model}: (root): Invalid JSON: ${(exc as Error).message}`);
+    }
+    if (!isObject(value)) throw new DecodeError(`not a valid ${model}: (root): Input should be an object`);
+    this.value = value;
+  }
+
+  need(name: string, ok: (v: unknown) => boolean, what: string, optional = false): this {
+    const v = this.value[name];
+    if (v === undefined || (optional && v === null)) {
+      if (!optional) this.problems.push(`${name}: Field required`);
+    } else if (!ok(v)) {
+      this.problems.push(`${name}: Input should be ${what}`);
+    }
+    return this;
+  }
+
+  /** The envelope, once every check passed; `versions`: the envelope versions this build reads. */
+  valid<T>(versions: readonly number[]): T {
+    if (this.problems.length) throw new DecodeError(`not a valid ${this.model}: ${this.problems.slice(0, 5).join('; ')}`);
+    const v = (this.value.v ??= VERSION);
+    if (!versions.includes(v as number)) {
+      throw new DecodeError(`unknown envelope version ${String(v)} (this build reads ${versions.join(', ')})`);
+    }
+    return this.value as T;
+  }
+}
 
 /** The hop in an entry, checked as strictly as the Python model checks it. */
 export function decodeHop(fields: Fields): HopEvent {
-  const raw = fields.e;
-  if (raw === undefined) {
-    throw new DecodeError(`entry has no 'e' field (fields: ${Object.keys(fields).sort().join(', ')})`);
-  }
-  let value: unknown;
-  try {
-    value = JSON.parse(raw);
-  } catch (exc) {
-    throw new DecodeError(`not a valid HopEvent: (root): Invalid JSON: ${(exc as Error).message}`);
-  }
-  if (!isObject(value)) throw new DecodeError('not a valid HopEvent: (root): Input should be an object');
-  const problems: string[] = [];
-  const need = (name: string, ok: (v: unknown) => boolean, what: string, optional = false): void => {
-    const v = value[name];
-    if (v === undefined || (optional && v === null)) {
-      if (!optional) problems.push(`${name}: Field required`);
-    } else if (!ok(v)) {
-      problems.push(`${name}: Input should be ${what}`);
-    }
-  };
-  const str = (v: unknown): boolean => typeof v === 'string';
-  const num = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v);
-  const int = (v: unknown): boolean => Number.isInteger(v);
-  need('kind', (v) => v === 'hop', "'hop'", true);
-  need('v', int, 'a valid integer', true);
-  for (const name of ['hop_id', 'completion_id', 'lifecycle', 'stage_key', 'reply_to']) need(name, str, 'a valid string');
-  need('ctx', isObject, 'a valid dictionary');
-  need('deadline', num, 'a valid number');
-  need('epoch', int, 'a valid integer', true);
-  need('chunks', (v) => int(v) && (v as number) >= 0, 'a non-negative integer', true);
-  need('hooks', (v) => Array.isArray(v) && v.every((h) => isObject(h) && str(h.skill) && str(h.method)), 'a list of {skill, method}', true);
-  need('data', isObject, 'a valid dictionary', true);
-  need('tool', (v) => isObject(v) && str(v.name) && isObject(v.arguments), 'a tool invocation {name, arguments}', true);
-  need('route', (v) => Array.isArray(v) && v.every(isObject), 'a list of route steps', true);
-  if (problems.length) throw new DecodeError(`not a valid HopEvent: ${problems.slice(0, 5).join('; ')}`);
-  const hop = value as unknown as HopEvent;
-  hop.v = hop.v ?? VERSION;
+  const isHookRef = (h: unknown): boolean => isObject(h) && isString(h.skill) && isString(h.method);
+  const check = new EnvelopeCheck(fields, 'HopEvent')
+    .need('kind', (v) => v === 'hop', "'hop'", true)
+    .need('v', isInteger, 'a valid integer', true);
+  for (const name of ['hop_id', 'completion_id', 'lifecycle', 'stage_key', 'reply_to']) check.need(name, isString, 'a valid string');
+  check
+    .need('ctx', isObject, 'a valid dictionary')
+    .need('deadline', isNumber, 'a valid number')
+    .need('epoch', isInteger, 'a valid integer', true)
+    .need('chunks', (v) => isInteger(v) && (v as number) >= 0, 'a non-negative integer', true)
+    .need('hooks', (v) => Array.isArray(v) && v.every(isHookRef), 'a list of {skill, method}', true)
+    .need('data', isObject, 'a valid dictionary', true)
+    .need('tool', (v) => isObject(v) && isString(v.name) && isObject(v.arguments), 'a tool invocation {name, arguments}', true)
+    .need('route', (v) => Array.isArray(v) && v.every(isObject), 'a list of route steps', true);
+  const hop = check.valid<HopEvent>([VERSION, SPLIT_VERSION]);
   hop.kind = 'hop';
   hop.hooks = hop.hooks ?? [];
   hop.epoch = hop.epoch ?? 0;
   hop.chunks = hop.chunks ?? 0;
-  if (hop.v !== VERSION && hop.v !== SPLIT_VERSION) {
-    throw new DecodeError(`unknown envelope version ${hop.v} (this build reads ${VERSION}, ${SPLIT_VERSION})`);
-  }
   return hop;
 }
 

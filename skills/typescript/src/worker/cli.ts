@@ -2,7 +2,7 @@
  * `hookbus-worker --group NAME ./skills.ts [...] [--concurrency N]`: one replica of a
  * hook-worker group, with the flags and environment of `hookbus worker` (REDIS_URL, else
  * the Redis of a running `hookbus run` from `.hookbus/redis-url`; HOOKBUS_PREFIX;
- * HOOKBUS_SHARDS; HOOKBUS_LOG_LEVEL).
+ * HOOKBUS_SHARDS; HOOKBUS_WORKER_VERSION; HOOKBUS_LOG_LEVEL).
  */
 
 import { existsSync, readFileSync } from 'node:fs';
@@ -13,11 +13,13 @@ import { instanceName, WorkerReplica } from './replica.js';
 import { log } from '../log.js';
 
 const USAGE = `usage: hookbus-worker --group NAME FILE[:SkillClass] [FILE ...] [--concurrency N] [--replica NAME]
-                      [--claim-idle SECONDS] [--max-deliveries N]
+                      [--claim-idle SECONDS] [--max-deliveries N] [--version VERSION]
 
 Runs one replica of a hookbus worker group hosting every Skill subclass the files export
-or define (TypeScript or JavaScript). Environment: REDIS_URL, HOOKBUS_PREFIX (default
-"hookbus:"), HOOKBUS_SHARDS (default 1), HOOKBUS_LOG_LEVEL.`;
+or define (TypeScript or JavaScript), at VERSION (default: HOOKBUS_WORKER_VERSION, else the
+skills' own \`version\`s, else h-<hash of the hooks>). Environment: REDIS_URL,
+HOOKBUS_PREFIX (default "hookbus:"), HOOKBUS_SHARDS (default 1), HOOKBUS_WORKER_VERSION,
+HOOKBUS_LOG_LEVEL.`;
 
 function number(name: string, raw: string | undefined, fallback: number, integer: boolean): number {
   if (raw === undefined) return fallback;
@@ -49,6 +51,7 @@ export async function main(argv: string[]): Promise<number> {
         replica: { type: 'string' },
         'claim-idle': { type: 'string' },
         'max-deliveries': { type: 'string' },
+        version: { type: 'string' },
         help: { type: 'boolean', short: 'h' },
       },
     });
@@ -68,9 +71,10 @@ export async function main(argv: string[]): Promise<number> {
       replica: values.replica ?? instanceName(`worker-${group}`),
       claimIdle: number('claim-idle', values['claim-idle'], 5.0, false),
       maxDeliveries: number('max-deliveries', values['max-deliveries'], 3, true),
+      version: values.version,
     });
   } catch (exc) {
-    if (exc instanceof SpecError || (exc as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+    if (exc instanceof SpecError || exc instanceof RangeError || (exc as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
       process.stderr.write(`hookbus-worker: ${(exc as Error).message}\n${USAGE}\n`);
       return 2;
     }

@@ -6,22 +6,19 @@
 
 import { Context } from '../context.js';
 import { dumpData } from '../data.js';
-import { runHooks, runListeners, type HookOutcome } from '../runner.js';
+import { runHooks, type HookOutcome } from '../runner.js';
 import type { BoundHook, BoundTool, Skill } from '../skill.js';
 import type { HookDescriptor, ToolDescriptor } from '../descriptors.js';
-import { dumpResults, loadChunks } from '../wire/chunkBatch.js';
+import { dumpResults, HeldText, loadChunks } from '../wire/chunkBatch.js';
 import { PROTOCOL, type HopEvent, type HopReply, type HookTiming } from '../wire/envelopes.js';
 
-export const COMPACTION_LIFECYCLE = 'on_compaction';
-
-/** What the registry holds for a group (hookbus.bus.registry.GroupAnnouncement) plus the
- * protocol version this worker speaks. */
+/** What the registry holds for a group (hookbus.bus.groups.registry.GroupAnnouncement),
+ * with the protocol version this worker speaks (on_compaction hooks are hooks like the others). */
 export interface GroupAnnouncement {
   v: number;
   group: string;
   hooks: HookDescriptor[];
   tools: ToolDescriptor[];
-  compaction: string[];
   first_seen: number;
   protocol: string;
 }
@@ -37,16 +34,18 @@ class HopProblem extends Error {}
 export class GroupHost {
   readonly hooks = new Map<string, BoundHook>();
   readonly tools = new Map<string, BoundTool>();
-  readonly compaction = new Map<string, (...args: never[]) => unknown>();
 
   constructor(readonly group: string, readonly skills: readonly Skill[]) {
     if (skills.length === 0) throw new Error(`worker group ${JSON.stringify(group)} needs at least one skill`);
     for (const skill of skills) {
       for (const h of skill.boundHooks()) this.hooks.set(h.key, h);
       for (const t of skill.boundTools()) this.tools.set(t.descriptor.name, t);
-      const listener = skill.compactionListener();
-      if (listener) this.compaction.set(skill.name, listener);
     }
+  }
+
+  /** Whether the group hosts an observer (else a replica reads no observer stream). */
+  get observes(): boolean {
+    return [...this.hooks.values()].some((h) => h.descriptor.observe);
   }
 
   announcement(): GroupAnnouncement {
@@ -55,13 +54,12 @@ export class GroupHost {
       group: this.group,
       hooks: [...this.hooks.values()].map((h) => h.descriptor),
       tools: [...this.tools.values()].map((t) => t.descriptor),
-      compaction: [...this.compaction.keys()],
       first_seen: Date.now() / 1000,
       protocol: PROTOCOL,
     };
   }
 
-  /** Run the hop's hooks (or tool, or on_compaction listeners) and build the reply;
+  /** Run the hop's hooks (or tool) and build the reply;
    * hop-level problems (an unknown hook, unreadable data) become its `failure`. */
   async answer(hop: HopEvent, attempt: number, replica: string, split?: [string, string | undefined]): Promise<Answer> {
     const started = performance.now();
@@ -71,18 +69,14 @@ export class GroupHost {
     };
     let dataJson: string | undefined;
     try {
-      if (hop.lifecycle === COMPACTION_LIFECYCLE && !hop.tool) {
-        await this.onCompaction(hop, reply);
+      const ctx = new Context(split ? JSON.parse(split[0]) : hop.ctx);
+      if (hop.tool) {
+        reply.tool_result = await this.callTool(hop, ctx);
       } else {
-        const ctx = new Context(split ? JSON.parse(split[0]) : hop.ctx);
-        if (hop.tool) {
-          reply.tool_result = await this.callTool(hop, ctx);
-        } else {
-          dataJson = await this.runHooks(hop, ctx, attempt, split, reply);
-        }
-        reply.state = ctx.state;
-        reply.session = ctx.session.data;
+        dataJson = await this.runHooks(hop, ctx, attempt, split, reply);
       }
+      reply.state = ctx.state;
+      reply.session = ctx.session.data;
     } catch (exc) {
       // a hook's own failures never get here (the runner keeps them): this is the hop's
       const failure = exc instanceof Error ? exc.message : String(exc);
@@ -129,14 +123,18 @@ export class GroupHost {
     return after !== before ? after : undefined;
   }
 
-  /** The chain over each chunk in turn (each sees the state the previous one left), up to
-   * a HookError; per hook, the reply's outcome sums its calls' time and keeps its first failure. */
+  /** The chain over each chunk in turn (each sees the state the previous one left, and
+   * the held text as the earlier chunks left it), up to a HookError; per hook, the reply's
+   * outcome sums its calls' time and keeps its first failure. */
   private async runChunks(bound: BoundHook[], raw: string, ctx: Context, attempt: number, reply: HopReply): Promise<string | undefined> {
     const results: Array<string | null> = [];
     const perHook = new Map<string, HookOutcome>();
+    const held = new HeldText();
     for (const chunk of loadChunks(raw)) {
       const before = dumpData(chunk);
+      held.give(chunk);
       const result = await runHooks(bound, chunk, ctx, `on_chunk#${String(chunk.chunk_index)}`, attempt);
+      held.took(result.data);
       const after = dumpData(result.data);
       results.push(after !== before ? after : null);
       for (const o of result.outcomes) {
@@ -159,23 +157,6 @@ export class GroupHost {
     reply.processed = results.length;
     reply.outcomes = timings([...perHook.values()]);
     return results.some((r) => r !== null) ? dumpResults(results) : undefined;
-  }
-
-  /** `on_compaction` of each named skill; one failing is recorded, never fails the hop. */
-  private async onCompaction(hop: HopEvent, reply: HopReply): Promise<void> {
-    const listeners: Array<[string, (...args: never[]) => unknown]> = hop.hooks.map((ref) => {
-      const fn = this.compaction.get(ref.skill);
-      if (!fn) throw new HopProblem(`group '${this.group}' has no on_compaction of skill '${ref.skill}'`);
-      return [`${ref.skill}.${ref.method}`, fn];
-    });
-    const hasCtx = Object.keys(hop.ctx).length > 0;
-    const ctx = hasCtx ? new Context(hop.ctx) : undefined;
-    const timeout = Math.max(0.1, hop.deadline - Date.now() / 1000);
-    reply.outcomes = timings(await runListeners(listeners, [hop.data ?? {}, ctx], timeout, hop.completion_id));
-    if (ctx) {
-      reply.state = ctx.state;
-      reply.session = ctx.session.data;
-    }
   }
 
   /** The tool's answer as the model sees it: every problem becomes text, never a crash. */

@@ -93,6 +93,6 @@ export async function loadSkills(specs: readonly string[]): Promise<Skill[]> {
     if (!found.length) throw new SpecError(`${path} defines no Skill subclass (extend Skill from 'hookbus')`);
     for (const { cls } of found) if (!classes.includes(cls)) classes.push(cls);
   }
-  // a base class without hooks, tools or a compaction listener of its own serves nothing
-  return classes.map((cls) => new cls()).filter((s) => s.boundHooks().length || s.boundTools().length || s.compactionListener());
+  // a base class without hooks or tools of its own (onCompaction is a hook) serves nothing
+  return classes.map((cls) => new cls()).filter((s) => s.boundHooks().length || s.boundTools().length);
 }

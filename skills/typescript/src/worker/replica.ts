@@ -2,19 +2,21 @@
  * One replica of a hook-worker group, speaking the Python worker's protocol
  * (hookbus.services.worker.replica), so an orchestrator cannot tell the two apart:
  *
- * - consumer group `{group}` on `hooks:{group}` (every shard), consumer name unique per
- *   replica; an XREADGROUP loop on its own connection reads as many entries as there are
- *   free slots, so `--concurrency N` bounds prefetch + in flight exactly;
+ * - consumer group `{group}` on `hooks:{group}` (every shard) and on its version's stream
+ *   `hooks:{group}@{version}` (../bus/versions.ts), consumer name unique per replica; the
+ *   reading, claims, leases, heartbeat and janitor are its GroupMember's (../bus/member.ts);
  * - reply first, then ack: the replies finished in one event-loop turn go out in one
  *   pipeline, each followed by the XACK of its entry (a Redis connection runs a pipeline in
  *   order, so an entry is never acked before its reply is written); through a connection
  *   failure a hop's reply + ack is retried alone while its deadline allows;
- * - the announcement (with `protocol`), a heartbeat every `heartbeatEvery(claimIdle)`,
- *   claims of a dead sibling's entries once idle `claimIdle` seconds (only when steady),
- *   lease renewal (XCLAIM JUSTID) of running entries every `claimIdle / 3`, dead letters
- *   after `maxDeliveries`, a janitor that trims the stream up to what was acked;
- * - SIGTERM: stop reading and claiming, leave the registry, let in-flight hops finish (up
- *   to DRAIN_SECONDS) with their leases renewed, then exit.
+ * - the announcement (with `protocol`), the replica's version (`--version`, else
+ *   HOOKBUS_WORKER_VERSION, else the skills' `version`s, else a hash of its hooks:
+ *   ./versioning.ts) in `replica-versions:{group}`, dead letters after `maxDeliveries`;
+ * - a group with observers also consumes `observe:{group}` (./observer.ts);
+ * - SIGTERM: drain (./drain.ts): marked draining, it keeps serving while requests pinned to
+ *   its version are left and no sibling of its version serves on; then it stops reading
+ *   and claiming, leaves the registry, lets in-flight hops finish (up to DRAIN_SECONDS)
+ *   with their leases renewed, deletes its consumer if it holds nothing, and exits.
  */
 
 import { hostname } from 'node:os';
@@ -23,16 +25,20 @@ import { addDeadLetter } from '../bus/deadLetters.js';
 import { EventWriter, type MonitorRecord } from '../bus/events.js';
 import { Keys } from '../bus/keys.js';
 import { announce, heartbeat, heartbeatEvery, leave } from '../bus/registry.js';
-import { claim, findOrphans, pairs, Steadiness, type Claimed } from '../bus/claims.js';
-import { pruneConsumers, trimAcked, TRIM_EVERY } from '../bus/trim.js';
+import { Steadiness } from '../bus/claims.js';
+import { GroupMember, sleep, type Entry } from '../bus/member.js';
+import { deleteConsumerIfIdle, TRIM_EVERY } from '../bus/trim.js';
+import { publish, replicaInfos, type ReplicaInfo } from '../bus/versions.js';
 import { DecodeError, decodeHop, encodeReply, failureReply, hopParts, type Fields, type HopEvent, type HopReply } from '../wire/envelopes.js';
 import type { GroupHost } from './host.js';
+import { servePinnedRequests } from './drain.js';
+import { ObserverConsumer } from './observer.js';
 import { sendOn, type Onward } from './sendOn.js';
+import { hooksFingerprint, replicaVersion } from './versioning.js';
 import { log } from '../log.js';
 
 export const DRAIN_SECONDS = 30;
 const REPLY_RETRY_GRACE = 5;
-const READ_BLOCK_MS = 1000;
 
 export interface ReplicaOptions {
   redisUrl: string;
@@ -43,6 +49,10 @@ export interface ReplicaOptions {
   claimIdle?: number;
   maxDeliveries?: number;
   trimEvery?: number;
+  /** The version this replica runs its group at (default: ./versioning.ts). */
+  version?: string;
+  /** Seconds the drain on SIGTERM waits for the requests pinned to the version, at most. */
+  drainSeconds?: number;
 }
 
 export function instanceName(role: string): string {
@@ -105,46 +115,59 @@ class ReplyBatcher {
 export class WorkerReplica {
   readonly group: string;
   readonly keys: Keys;
+  readonly version: string;
+  readonly hooksFingerprint: string;
   readonly streams: string[];
   readonly replica: string;
   readonly concurrency: number;
   readonly claimIdle: number;
   readonly maxDeliveries: number;
+  readonly member: GroupMember;
+  /** Runs the group's observers from its observer stream, when it has some. */
+  observer: ObserverConsumer | undefined;
   processed = 0;
-  claimed = 0;
   deadLettered = 0;
 
   private readonly client: Redis;
-  private readonly reader: Redis;
   private readonly batcher: ReplyBatcher;
   private readonly events: EventWriter;
   private readonly steadiness: Steadiness;
-  private readonly inFlight = new Map<string, { stream: string; entryId: string }>();
-  private readonly tasks = new Set<Promise<void>>();
-  private readonly timers = new Map<string, NodeJS.Timeout>();
-  private stopping = false;
-  private startedAt = performance.now();
-  private wake: (() => void) | undefined;
-  private readLoopDone: Promise<void> | undefined;
   private readonly trimEvery: number;
+  private readonly drainSeconds: number;
+  private readonly redisUrl: string;
+  private stopping = false;
+  private readonly startedAt = Date.now() / 1000;
 
   constructor(readonly host: GroupHost, options: ReplicaOptions) {
     this.group = host.group;
     this.keys = new Keys(options.prefix ?? 'hookbus:', options.shards ?? 1);
-    this.streams = this.keys.hookStreams(this.group);
+    this.hooksFingerprint = hooksFingerprint(host.announcement());
+    this.version = replicaVersion(options.version, host.skills, this.hooksFingerprint);
+    this.streams = [...this.keys.hookStreams(this.group), ...this.keys.pinnedHookStreams(this.group, this.version)];
     this.replica = options.replica ?? instanceName(`worker-${this.group}`);
     this.concurrency = options.concurrency ?? 16;
     this.claimIdle = options.claimIdle ?? 5.0;
     this.maxDeliveries = options.maxDeliveries ?? 3;
     this.trimEvery = options.trimEvery ?? TRIM_EVERY;
-    const connection = { maxRetriesPerRequest: null, retryStrategy: (n: number) => Math.min(50 * 2 ** n, 1000) };
-    this.client = new Redis(options.redisUrl, { ...connection, connectionName: this.replica });
-    this.reader = new Redis(options.redisUrl, { ...connection, connectionName: `${this.replica}-reader` });
+    this.drainSeconds = options.drainSeconds ?? DRAIN_SECONDS;
+    this.redisUrl = options.redisUrl;
+    this.client = new Redis(options.redisUrl, {
+      maxRetriesPerRequest: null, retryStrategy: (n: number) => Math.min(50 * 2 ** n, 1000), connectionName: this.replica,
+    });
     this.client.on('error', (e: Error) => log('redis_error', { error: e.message }));
-    this.reader.on('error', (e: Error) => log('redis_error', { connection: 'reader', error: e.message }));
     this.batcher = new ReplyBatcher(this.client, this.group);
     this.events = new EventWriter(this.client, this.keys);
     this.steadiness = new Steadiness(this.claimIdle, heartbeatEvery(this.claimIdle));
+    this.member = new GroupMember({
+      redisUrl: options.redisUrl, client: this.client, streams: this.streams, group: this.group, replica: this.replica,
+      heartbeats: this.keys.replicas(this.group), concurrency: this.concurrency, claimIdle: this.claimIdle,
+      trimEvery: this.trimEvery, steadiness: this.steadiness, run: (entry) => this.run(entry), label: 'hop',
+      beat: () => heartbeat(this.client, this.keys, this.group, this.replica), beatEvery: heartbeatEvery(this.claimIdle),
+    });
+  }
+
+  get claimed(): number {
+    return this.member.claimed;
   }
 
   async start(): Promise<void> {
@@ -152,97 +175,79 @@ export class WorkerReplica {
     if (/cluster_enabled:1/.test(info)) {
       throw new Error('REDIS_URL names a Redis Cluster node: the TypeScript worker supports a single Redis (or Valkey) only');
     }
-    await this.ensureGroups();
+    await this.member.ensureGroups();
     await announce(this.client, this.keys, this.host.announcement(), (event, fields) => log(event, fields as Record<string, unknown>));
+    await this.checkSiblings();
+    await publish(this.client, this.keys, this.group, this.replica, this.info(false));
     await heartbeat(this.client, this.keys, this.group, this.replica);
-    this.startedAt = performance.now();
     this.steadiness.started();
-    const every = heartbeatEvery(this.claimIdle);
-    this.repeat('heartbeat', every, async () => {
-      const began = performance.now();
-      await heartbeat(this.client, this.keys, this.group, this.replica);
-      this.steadiness.heartbeatOk(began);
-    });
-    this.repeat('claim', this.claimIdle / 2, () => this.claimOnce());
-    this.repeat('lease', this.claimIdle / 3, () => this.renewLeases());
-    this.repeat('janitor', this.trimEvery, () => this.janitorOnce());
-    this.readLoopDone = this.readLoop();
-    log('worker_started', { group: this.group, replica: this.replica, concurrency: this.concurrency, claim_idle: this.claimIdle, language: 'typescript' }, 'info');
+    this.member.start();
+    if (this.host.observes) {
+      this.observer = new ObserverConsumer(this.host, {
+        redisUrl: this.redisUrl, client: this.client, keys: this.keys, replica: this.replica, events: this.events,
+        concurrency: this.concurrency, claimIdle: this.claimIdle, maxDeliveries: this.maxDeliveries,
+        trimEvery: this.trimEvery, steadiness: this.steadiness,
+      });
+      await this.observer.start();
+    }
+    log('worker_started', {
+      group: this.group, replica: this.replica, version: this.version, hooks: this.hooksFingerprint,
+      concurrency: this.concurrency, claim_idle: this.claimIdle, language: 'typescript',
+    }, 'info');
   }
 
-  /** Drain: read and claim nothing more, leave the registry, finish what runs, ack, close. */
+  private info(draining: boolean): ReplicaInfo {
+    return { version: this.version, hooks: this.hooksFingerprint, draining, started: this.startedAt };
+  }
+
+  /** Log a sibling that announces this version with other hooks: the version no longer
+   * says what runs (orchestrators report it too). */
+  private async checkSiblings(): Promise<void> {
+    for (const [sibling, info] of await replicaInfos(this.client, this.keys, this.group)) {
+      if (sibling !== this.replica && info.version === this.version && info.hooks !== this.hooksFingerprint) {
+        log('version_hooks_differ', {
+          group: this.group, version: this.version, replica: this.replica, hooks: this.hooksFingerprint, sibling, sibling_hooks: info.hooks,
+        }, 'error');
+      }
+    }
+  }
+
+  /** Drain (./drain.ts), then read and claim nothing more, leave the registry, finish what
+   * runs (leases still renewed), send the acks owed, delete the consumer, close. */
   async stop(): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
-    this.wake?.();
-    this.reader.disconnect();
-    await this.readLoopDone;
-    for (const name of ['heartbeat', 'claim', 'janitor']) this.cancel(name);
-    await leave(this.client, this.keys, this.group, this.replica).catch(() => undefined);
-    if (this.tasks.size) {
-      await Promise.race([Promise.allSettled([...this.tasks]), sleep(DRAIN_SECONDS * 1000)]);
+    try {
+      await publish(this.client, this.keys, this.group, this.replica, this.info(true));
+      await servePinnedRequests(this.client, this.keys, this.group, this.replica, this.version, this.drainSeconds, this.claimIdle);
+    } catch (exc) {
+      log('drain_failed', { group: this.group, replica: this.replica, error: (exc as Error).message });
     }
-    this.cancel('lease');
+    await this.member.stopReading();
+    await this.observer?.stopReading();
+    this.member.stop('heartbeat');
+    await leave(this.client, this.keys, this.group, this.replica).catch(() => undefined);
+    await this.member.finish(DRAIN_SECONDS);
+    await this.observer?.stop(DRAIN_SECONDS);
+    this.member.stop();
+    for (const stream of [...this.streams, ...(this.observer?.member.streams ?? [])]) {
+      await deleteConsumerIfIdle(this.client, stream, this.group, this.replica);
+    }
     await this.events.stop();
     await this.client.quit().catch(() => undefined);
     log('worker_stopped', { group: this.group, replica: this.replica, processed: this.processed }, 'info');
   }
 
-  private async ensureGroups(): Promise<void> {
-    for (const stream of this.streams) {
-      try {
-        await this.client.xgroup('CREATE', stream, this.group, '0', 'MKSTREAM');
-      } catch (exc) {
-        if (!String((exc as Error).message).includes('BUSYGROUP')) throw exc;
-      }
+  /** One entry, read or claimed: dead-lettered past `maxDeliveries`, else answered. */
+  private async run(entry: Entry): Promise<void> {
+    if (entry.attempt <= this.maxDeliveries) return this.process(entry.stream, entry.entryId, entry.fields, entry.attempt);
+    let hop: HopEvent | undefined;
+    try {
+      hop = decodeHop(entry.fields);
+    } catch {
+      hop = undefined;
     }
-  }
-
-  // ------------------------------------------------------------------ read loop
-
-  private async readLoop(): Promise<void> {
-    let backoff = 50;
-    while (!this.stopping) {
-      const free = this.concurrency - this.inFlight.size;
-      if (free <= 0) {
-        await new Promise<void>((resolve) => (this.wake = resolve));
-        this.wake = undefined;
-        continue;
-      }
-      let result: Array<[string, Array<[string, string[]]>]> | null;
-      try {
-        result = (await this.reader.xreadgroup(
-          'GROUP', this.group, this.replica, 'COUNT', free, 'BLOCK', READ_BLOCK_MS,
-          'STREAMS', ...this.streams, ...this.streams.map(() => '>'),
-        )) as typeof result;
-        backoff = 50;
-      } catch (exc) {
-        if (this.stopping) break;
-        const message = (exc as Error).message;
-        log('read_failed', { error: message });
-        this.steadiness.trouble();
-        if (message.includes('NOGROUP')) await this.ensureGroups().catch(() => undefined);
-        await sleep(backoff);
-        backoff = Math.min(backoff * 2, 1000);
-        continue;
-      }
-      for (const [stream, entries] of result ?? []) {
-        for (const [entryId, flat] of entries) this.deliver(stream, entryId, pairs(flat), 1);
-      }
-    }
-  }
-
-  private deliver(stream: string, entryId: string, fields: Fields, attempt: number): void {
-    const key = `${stream} ${entryId}`;
-    this.inFlight.set(key, { stream, entryId });
-    const task = this.process(stream, entryId, fields, attempt)
-      .catch((exc) => log('hop_failed', { entry_id: entryId, error: String((exc as Error)?.message ?? exc) }))
-      .finally(() => {
-        this.inFlight.delete(key);
-        this.tasks.delete(task);
-        this.wake?.();
-      });
-    this.tasks.add(task);
+    return this.deadLetter(entry.stream, entry.entryId, entry.fields, `delivered ${entry.attempt} times without an answer`, hop);
   }
 
   // ------------------------------------------------------------------- one hop
@@ -337,95 +342,14 @@ export class WorkerReplica {
     const record: MonitorRecord = {
       v: 1, kind: 'hop', ts: Date.now() / 1000, completion_id: hop.completion_id, lifecycle: hop.lifecycle,
       hooks: hop.hooks.length ? hop.hooks.map((h) => `${h.skill}.${h.method}`) : hop.tool ? [`tool:${hop.tool.name}`] : [],
-      group: this.group, replica: this.replica, duration_ms: reply?.duration_ms ?? 0, outcome,
+      group: this.group, replica: this.replica, version: this.version, duration_ms: reply?.duration_ms ?? 0, outcome,
     };
     if (error) record.error = error;
     this.events.emit(record);
   }
 
-  // --------------------------------------------------------- background loops
-
-  private repeat(name: string, everySeconds: number, job: () => Promise<unknown>): void {
-    const tick = async (): Promise<void> => {
-      try {
-        await job();
-      } catch (exc) {
-        if (!this.stopping || name === 'lease') log(`${name}_failed`, { error: (exc as Error).message });
-        this.steadiness.trouble();
-      }
-      if (this.timers.has(name)) this.timers.set(name, setTimeout(tick, everySeconds * 1000));
-    };
-    this.timers.set(name, setTimeout(tick, everySeconds * 1000));
-  }
-
-  private cancel(name: string): void {
-    clearTimeout(this.timers.get(name));
-    this.timers.delete(name);
-  }
-
-  /** One claim pass over every shard: the orphans, as many as there is room for. */
-  async claimOnce(): Promise<number> {
-    if (this.stopping || !this.steadiness.steady()) return 0;
-    let taken = 0;
-    for (const stream of this.streams) {
-      const busy = new Set(this.inFlight.keys());
-      const room = this.concurrency - busy.size;
-      const orphans = await findOrphans(
-        this.client, stream, this.group, this.replica, this.keys.replicas(this.group), this.claimIdle,
-        Math.max(100, this.concurrency * 4),
-        { busy, spare: room > 0, uptimeSeconds: (performance.now() - this.startedAt) / 1000 },
-      );
-      if (!orphans.length || room <= 0 || !this.steadiness.steady()) continue;
-      const claimed = await claim(this.client, stream, this.group, this.replica, this.claimIdle, orphans.slice(0, room));
-      for (const entry of claimed) this.takeOver(entry);
-      taken += claimed.length;
-    }
-    this.claimed += taken;
-    return taken;
-  }
-
-  private takeOver(entry: Claimed): void {
-    log('claimed', { entry_id: entry.entryId, attempt: entry.attempt, replica: this.replica, previous_owner: entry.previousOwner }, 'info');
-    if (entry.attempt > this.maxDeliveries) {
-      let hop: HopEvent | undefined;
-      try {
-        hop = decodeHop(entry.fields);
-      } catch {
-        hop = undefined;
-      }
-      const key = `${entry.stream} ${entry.entryId}`;
-      this.inFlight.set(key, { stream: entry.stream, entryId: entry.entryId });
-      const task = this.deadLetter(entry.stream, entry.entryId, entry.fields, `delivered ${entry.attempt} times without an answer`, hop)
-        .catch((exc) => log('dead_letter_failed', { entry_id: entry.entryId, error: (exc as Error).message }))
-        .finally(() => {
-          this.inFlight.delete(key);
-          this.tasks.delete(task);
-        });
-      this.tasks.add(task);
-      return;
-    }
-    this.deliver(entry.stream, entry.entryId, entry.fields, entry.attempt);
-  }
-
-  /** Keep the claims on running hops fresh so siblings do not take them. */
-  private async renewLeases(): Promise<void> {
-    const byStream = new Map<string, string[]>();
-    for (const { stream, entryId } of this.inFlight.values()) byStream.set(stream, [...(byStream.get(stream) ?? []), entryId]);
-    for (const [stream, ids] of byStream) {
-      await this.client.xclaim(stream, this.group, this.replica, 0, ...ids, 'JUSTID');
-    }
-  }
-
   async janitorOnce(): Promise<number> {
-    let removed = 0;
-    for (const stream of this.streams) {
-      removed += await trimAcked(this.client, stream);
-      await pruneConsumers(this.client, stream, this.group, this.keys.replicas(this.group));
-    }
-    return removed;
+    return this.member.janitorOnce();
   }
 }
 
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
