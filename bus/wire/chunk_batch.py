@@ -45,7 +45,7 @@ class ChunkIn:
         )
 
 
-class _ChunkWire(TypedDict):
+class ChunkWire(TypedDict):
     """A chunk's HookData on the wire: its on_chunk fields, in HookData's field order."""
 
     lifecycle: str
@@ -56,7 +56,10 @@ class _ChunkWire(TypedDict):
     held: NotRequired[str]
 
 
-CHUNK_BATCH: TypeAdapter[list[_ChunkWire]] = TypeAdapter(list[_ChunkWire])
+CHUNK_WIRE: TypeAdapter[ChunkWire] = TypeAdapter(ChunkWire)
+"""One chunk's HookData as JSON, written from the chunk without building the HookData
+(dumped with `exclude_defaults`, the same bytes as the HookData's dump)."""
+CHUNK_BATCH: TypeAdapter[list[ChunkWire]] = TypeAdapter(list[ChunkWire])
 """The `d` field of a batched on_chunk hop (its JSON Schema is the protocol's ChunkBatch)."""
 _CHUNKS: TypeAdapter[list[HookData]] = TypeAdapter(list[HookData])
 CHUNK_RESULTS: TypeAdapter[list[HookData | None]] = TypeAdapter(list[HookData | None])
@@ -66,7 +69,7 @@ _SKIP_FULL = {"full_content"}
 
 def dump_chunks(chunks: Sequence[ChunkIn]) -> bytes:
     """The `d` field of a batch: `full_content` and `held` (with a window) only on the first chunk."""
-    items: list[_ChunkWire] = [
+    items: list[ChunkWire] = [
         {"lifecycle": "on_chunk", "chunk": c.chunk, "content": c.content, "chunk_index": c.index} for c in chunks
     ]
     items[0]["full_content"] = chunks[0].full

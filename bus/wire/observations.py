@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 from pydantic_core import to_json
 
+from hookbus.bus.wire.chunk_batch import CHUNK_WIRE, ChunkIn, ChunkWire
 from hookbus.bus.wire.envelopes import FIELD, Envelope
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
@@ -98,21 +99,40 @@ class BatchWriter:
     def add(self, data: HookData, hooks: list[str], stage_key: str, started: float, ended: float,
             state_json: bytes) -> None:
         """One stage; `state_json` is ctx.state's JSON as it ended (shared by the groups)."""
+        grow: bytes | None = None
+        if data.lifecycle == "on_chunk":
+            grow = self._grow(data.full_content or "")
+        dumped = data.model_dump_json(exclude_defaults=True, exclude=None if grow is None else {"full_content"})
+        self._append(data.lifecycle, hooks, stage_key, started, ended, state_json, grow, dumped.encode())
+
+    def add_chunk(self, chunk: ChunkIn, hooks: list[str], stage_key: str, started: float, ended: float,
+                  state_json: bytes) -> None:
+        """An on_chunk stage no hook ran at, from the chunk as it came: what `add` writes for
+        `chunk.data()`, without building that HookData (a stream's every chunk comes here)."""
+        grow = self._grow(chunk.full)
+        wire: ChunkWire = {"lifecycle": "on_chunk", "chunk": chunk.chunk, "content": chunk.content,
+                            "chunk_index": chunk.index}
+        if grow is None:
+            wire["full_content"] = chunk.full
+        if chunk.held is not None:
+            wire["held"] = chunk.held
+        self._append("on_chunk", hooks, stage_key, started, ended, state_json, grow,
+                     CHUNK_WIRE.dump_json(wire, exclude_defaults=True))
+
+    def _grow(self, full: str) -> bytes | None:
+        """An on_chunk stage's `grow` (JSON), None when its full_content goes whole."""
+        last, self._last_full = self._last_full, full
+        return to_json(full[len(last):]) if last is not None and full.startswith(last) else None
+
+    def _append(self, lifecycle: str, hooks: list[str], stage_key: str, started: float, ended: float,
+                state_json: bytes, grow: bytes | None, data_json: bytes) -> None:
         state = b"null" if state_json == self._last_state else state_json
         self._last_state = state_json
-        grow = b"null"
-        exclude: set[str] | None = None
-        if data.lifecycle == "on_chunk":
-            full = data.full_content or ""
-            last = self._last_full
-            if last is not None and full.startswith(last):
-                grow, exclude = to_json(full[len(last):]), {"full_content"}
-            self._last_full = full
         self._stages.append(
-            b'{"lifecycle":' + to_json(data.lifecycle) + b',"stage_key":' + to_json(stage_key)
+            b'{"lifecycle":' + to_json(lifecycle) + b',"stage_key":' + to_json(stage_key)
             + b',"hooks":' + to_json(hooks) + b',"started":' + to_json(started) + b',"ended":' + to_json(ended)
-            + b',"state":' + state + b',"grow":' + grow
-            + b',"data":' + data.model_dump_json(exclude_defaults=True, exclude=exclude).encode() + b"}"
+            + b',"state":' + state + b',"grow":' + (b"null" if grow is None else grow)
+            + b',"data":' + data_json + b"}"
         )
 
     def fields(self, completion_id: str, ctx_json: bytes) -> dict[bytes, bytes]:

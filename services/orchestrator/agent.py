@@ -534,6 +534,12 @@ class Agent:
                 yield chunk
 
     async def _on_chunk(self, state: RunState, given: ChunkIn) -> Judged:
+        scopes = state.ctx.auth.scopes
+        if state.observations is not None and not state.plan.segments(Lifecycle.ON_CHUNK, scopes):
+            # only observers: nothing runs on the chunk's path, they get the chunk as it came
+            key = f"on_chunk#{given.index}"
+            state.observations.record(state.plan.observers(Lifecycle.ON_CHUNK, scopes), given, key, time.time())
+            return Judged(given.chunk, given.held)
         data = await self._stage(state, given.data(), f"on_chunk#{given.index}")
         return _judged(data, given.content)
 
@@ -554,7 +560,7 @@ class Agent:
         observers = state.plan.observers(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
         if observers and state.observations is not None:
             for d, c in zip(shown, chunks, strict=False):
-                state.observations.record(observers, c.data() if d is None else d, f"on_chunk#{c.index}", began)
+                state.observations.record(observers, c if d is None else d, f"on_chunk#{c.index}", began)
         return [
             Judged(c.chunk) if d is None else _judged(d, c.content) for d, c in zip(shown, chunks, strict=False)
         ], result.abort

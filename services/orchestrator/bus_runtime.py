@@ -86,7 +86,9 @@ class BusRuntime:
         self.pins = VersionPins(registry.client, keys, registry)
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
         self._observing: set[asyncio.Task[None]] = set()
-        """Observation entries being appended (nobody waits for them but shutdown)."""
+        """Observation entries being appended (the request's ack and shutdown wait for them)."""
+        self._sending: dict[str, asyncio.Future[list[None]]] = {}
+        """Each request's observation entries being appended, by completion id."""
         self.observations_sent = 0
 
     # ------------------------------------------------------------- registry view
@@ -337,13 +339,29 @@ class BusRuntime:
 
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
         """Each group's entry goes out with the next pipeline of hops (ReplyRouter.append);
-        the request does not wait. One that Redis did not take is logged: its observations
-        are lost (at least once holds from the entry on)."""
+        no stage waits for it (`observations_stored`: the request's ack does). One that Redis
+        did not take is logged: its observations are lost (at least once holds from the
+        entry on)."""
+        tasks = []
         for group, fields in entries:
             stream = self.keys.observe_for(group, completion_id)
             task = asyncio.ensure_future(self._append_observations(stream, fields, completion_id))
             self._observing.add(task)
             task.add_done_callback(self._observing.discard)
+            tasks.append(task)
+        if tasks:
+            sending = self._sending[completion_id] = asyncio.gather(*tasks)
+            sending.add_done_callback(lambda _: self._sending.pop(completion_id, None))
+
+    async def observations_stored(self, completion_id: str, timeout: float) -> None:
+        """Wait (up to `timeout` s) until the request's observation entries are stored. The
+        request is acked after them: an orchestrator that dies in between leaves it pending,
+        and the one that recovers it publishes its finalize_connection's observation again,
+        so that one is delivered at least once. They went out with the request's last
+        appends, so this is at most the rest of that round trip."""
+        sending = self._sending.get(completion_id)
+        if sending is not None:
+            await asyncio.wait({sending}, timeout=timeout)
 
     async def _append_observations(self, stream: str, fields: dict[bytes, bytes], completion_id: str) -> None:
         try:

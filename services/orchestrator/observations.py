@@ -29,6 +29,7 @@ from typing import Protocol
 import structlog
 from pydantic_core import to_json
 
+from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.bus.wire.observations import BatchWriter
 from hookbus.services.orchestrator.plan import PlannedHook
 from hookbus.skills import Context, HookData
@@ -133,8 +134,12 @@ class RequestObservations:
         self._skipped = 0
         self._closed = False
 
-    def record(self, observers: Sequence[PlannedHook], data: HookData, stage_key: str, started: float) -> None:
-        """A stage ended with `data`, which `observers` (the stage's, non-empty) watch.
+    def record(
+        self, observers: Sequence[PlannedHook], data: HookData | ChunkIn, stage_key: str, started: float
+    ) -> None:
+        """A stage ended with `data`, which `observers` (the stage's, non-empty) watch; an
+        on_chunk stage no hook changed may come as the chunk as it came (its HookData is
+        then built only for in-process observers: a stream's every chunk comes here).
         Never raises: a stage that cannot be copied or dumped (a value that is not JSON in
         `ctx.state`) is logged and left unobserved, the request goes on."""
         if self._closed:
@@ -144,16 +149,20 @@ class RequestObservations:
         except Exception:  # noqa: BLE001 - an observer never fails a request
             log.exception("observation_not_recorded", completion_id=self._ctx.completion_id, stage=stage_key)
 
-    def _record(self, observers: Sequence[PlannedHook], data: HookData, stage_key: str, started: float) -> None:
+    def _record(
+        self, observers: Sequence[PlannedHook], data: HookData | ChunkIn, stage_key: str, started: float
+    ) -> None:
         ended = time.time()
         ctx = self._ctx
         local = [h.local for h in observers if h.local is not None]
         if local:
-            stage = StageSeen(data.model_copy(deep=True), copy_state(ctx.state), stage_key, started, ended)
+            seen = data.data() if isinstance(data, ChunkIn) else data
+            stage = StageSeen(seen.model_copy(deep=True), copy_state(ctx.state), stage_key, started, ended)
             self._local.submit(self._local_queue(), local, stage)
         if len(local) == len(observers):
             return
-        if data.lifecycle != "finalize_connection" and self._full():
+        finalize = not isinstance(data, ChunkIn) and data.lifecycle == "finalize_connection"
+        if not finalize and self._full():
             return
         state_json = to_json(ctx.state)
         by_group: dict[str, list[str]] = {}
@@ -164,7 +173,10 @@ class RequestObservations:
             writer = self._groups.get(group)
             if writer is None:
                 writer = self._groups[group] = BatchWriter(group)
-            writer.add(data, keys, stage_key, started, ended, state_json)
+            if isinstance(data, ChunkIn):
+                writer.add_chunk(data, keys, stage_key, started, ended, state_json)
+            else:
+                writer.add(data, keys, stage_key, started, ended, state_json)
 
     def close(self) -> None:
         """The request is over: its groups' entries go to the runtime, once."""

@@ -109,6 +109,8 @@ RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
 SHUTDOWN_WAIT = 30.0
 DRAIN_SECONDS = 60.0
 """How long a stopping orchestrator lets the requests it runs finish."""
+OBSERVATIONS_WAIT = 2.0
+"""How long a request's ack waits for its observation entries to be stored (Redis slow or away)."""
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 _SERVING: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
 """Services of this process running each agent. Services that share an agent share its LLM
@@ -464,6 +466,7 @@ class OrchestratorService(BusApp):
             )
         else:
             terminal = task.result()
+        await self.runtime.observations_stored(cid, OBSERVATIONS_WAIT)
         try:
             stored = await writer.finish(
                 terminal, ack=Ack(run.stream, ORCHESTRATOR_GROUP, run.entry_id)

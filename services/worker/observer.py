@@ -56,10 +56,13 @@ from hookbus.skills.runner import HookOutcome
 log = structlog.get_logger("hookbus.worker.observer")
 
 ACK_DELAY = 0.05
-LINGER = 0.5
+LINGER = 1.0
 """Seconds between two reads of the observer stream that deliver: the observations of the
-requests that end in that time cost one XREADGROUP and one XACK together."""
-READ_BLOCK_MS = 1000
+requests that end in that time cost one XREADGROUP, one XACK and one write of their
+`observe` records together (nobody waits for them, so only their lag grows with it)."""
+READ_BLOCK_MS = 2000
+"""An idle replica's blocking read of its observer stream: the longest the connection
+allows (hookbus.bus.connection.retrying.connect), so an idle group costs few reads."""
 
 EntryRef = tuple[str, str]
 

@@ -27,7 +27,10 @@ Observers (issue 30): the same mix runs a second time in the same run, beside th
 watching hooks declared observers (tests.bench.skills.WATCHING: after_llm_call, on_chunk,
 after_toolcall, on_message, finalize_connection; the checks stay blocking), and the
 figures are given as ratios to the undeclared run; every observer is checked to have
-been called for every measured request (the workers' `observe` monitor records).
+been called for every measured request (the workers' `observe` monitor records). A third
+stack runs the mix without its watching hooks at all (tests.bench.skills.CostPolicyChecks,
+CostAuditChecks): what the request costs when nothing watches, the floor no way of running
+the watching hooks gets below.
 
 Run alone: `python -m tests.bench.cost`.
 """
@@ -60,7 +63,9 @@ from tests.bench.skills import COST_ANSWER_WORDS, COST_PROMPT
 SEQUENTIAL = 40
 PARALLEL = 8
 PARALLEL_REQUESTS = 120
-IDLE_SECONDS = 3.0
+IDLE_SECONDS = 6.0
+"""The idle window whose rate is taken out: periodic work (janitors, registry reads, claims)
+makes a short one noisy, by a few commands a request."""
 TEXT_CHUNKS = COST_ANSWER_WORDS + 4
 SERVICES = ("gateway", "orchestrator", "worker-policy", "worker-audit")
 
@@ -142,6 +147,8 @@ UNDECLARED = {"policy": ["tests.bench.skills:CostPolicy"], "audit": ["tests.benc
 """The cost mix's worker groups, every hook on the request's path."""
 DECLARED = {"policy": ["tests.bench.skills:CostPolicyObserved"], "audit": ["tests.bench.skills:CostAuditObserved"]}
 """The same groups with their watching hooks declared observers."""
+CHECKS_ONLY = {"policy": ["tests.bench.skills:CostPolicyChecks"], "audit": ["tests.bench.skills:CostAuditChecks"]}
+"""The same groups without their watching hooks: no way of running those costs less."""
 
 
 async def start_stack(
@@ -378,8 +385,9 @@ def report(result: CostResult) -> list[Row]:
     ]
 
 
-def report_observers(undeclared: CostResult, declared: CostResult) -> list[Row]:
-    """The mix with its watching hooks declared observers, against the same mix undeclared."""
+def report_observers(undeclared: CostResult, declared: CostResult, checks: CostResult) -> list[Row]:
+    """The mix with its watching hooks declared observers, against the same mix undeclared;
+    and the mix without its watching hooks (`checks`), the floor of any observer design."""
     from tests.bench.skills import WATCHING
 
     expected = {f"cost-policy.p_{lc}" for lc in WATCHING} | {"cost-audit.a_finalize_connection"}
@@ -391,6 +399,10 @@ def report_observers(undeclared: CostResult, declared: CostResult) -> list[Row]:
           f"one of {declared.requests} requests): Redis commands {after.total_commands:.1f} vs "
           f"{before.total_commands:.1f}, Python CPU {after.python_cpu_ms:.1f} vs {before.python_cpu_ms:.1f} ms, "
           f"c={PARALLEL} {declared.rate:.1f} vs {undeclared.rate:.1f} requests/s")
+    floor = checks.cost
+    print(f"[cost] the floor, the watching hooks removed: Redis commands {floor.total_commands:.1f} "
+          f"({floor.total_commands / before.total_commands:.2f}x), Python CPU {floor.python_cpu_ms:.1f} ms "
+          f"({floor.python_cpu_ms / before.python_cpu_ms:.2f}x)")
     name = "watching hooks undeclared"
     return [
         Row("cost", "observers: Redis commands per streamed request", after.total_commands, "",
@@ -401,15 +413,20 @@ def report_observers(undeclared: CostResult, declared: CostResult) -> list[Row]:
         Row("cost", "observers: hops per streamed request", sum(declared.hops.values()) / declared.requests, "",
             sum(undeclared.hops.values()) / undeclared.requests, name),
         Row("cost", f"observers: streamed requests/s at c={PARALLEL}", declared.rate, "req/s", undeclared.rate, name),
+        Row("cost", "watching hooks removed: Redis commands per streamed request", floor.total_commands, "",
+            before.total_commands, name, note="the floor of any observer design"),
+        Row("cost", "watching hooks removed: Python CPU per streamed request", floor.python_cpu_ms, "ms",
+            before.python_cpu_ms, name, note="the floor of any observer design"),
     ]
 
 
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
-    undeclared, declared = await run_costs(redis_url, [UNDECLARED, DECLARED])
+    undeclared, declared, checks = await run_costs(redis_url, [UNDECLARED, DECLARED, CHECKS_ONLY])
     rows = report(undeclared)
     report(declared)
-    return rows + report_observers(undeclared, declared)
+    report(checks)
+    return rows + report_observers(undeclared, declared, checks)
 
 
 if __name__ == "__main__":

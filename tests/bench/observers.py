@@ -17,6 +17,7 @@ import asyncio
 import statistics
 import time
 
+from hookbus.services.worker.observer import LINGER
 from tests.bench.common import Row, new_prefix, processes, quiet_logs, run_alone, scaled
 from tests.bench.cost import observed_by, one_request, start_stack
 
@@ -52,7 +53,7 @@ async def measure(redis_url: str) -> list[Row]:
                         latencies[name].append(time.perf_counter() - began)
                         if name == "watched":
                             ids.add(completion_id)
-                await asyncio.sleep(1.0)  # the last observations
+                await asyncio.sleep(LINGER + 0.5)  # the last observations (a replica reads once per LINGER)
                 redis = connect(redis_url)
                 try:
                     observed = await observed_by(redis, watched_prefix, ids)

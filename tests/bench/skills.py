@@ -183,6 +183,17 @@ _noop_hooks(_audit_observed, ["on_connection", "before_toolcall", "finalize_conn
 CostAuditObserved = type("CostAuditObserved", (Skill,), _audit_observed)
 """CostAudit with its charge at the end (finalize_connection) declared an observer."""
 
+_policy_checks: dict[str, Any] = {"name": "cost-policy"}
+_noop_hooks(_policy_checks, [lc for lc in LIFECYCLES if lc not in WATCHING], 10, "p")
+CostPolicyChecks = type("CostPolicyChecks", (Skill,), _policy_checks)
+"""CostPolicy without its watching hooks: what the mix costs with no watching at all,
+the floor of any way of running them."""
+
+_audit_checks: dict[str, Any] = {"name": "cost-audit"}
+_noop_hooks(_audit_checks, ["on_connection", "before_toolcall"], 20, "a")
+CostAuditChecks = type("CostAuditChecks", (Skill,), _audit_checks)
+"""CostAudit without its charge at the end."""
+
 _watch_only: dict[str, Any] = {"name": "watch-only"}
 _noop_hooks(_watch_only, list(LIFECYCLES), 10, "w", frozenset(LIFECYCLES))
 WatchOnly = type("WatchOnly", (Skill,), _watch_only)

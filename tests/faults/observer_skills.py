@@ -2,7 +2,8 @@
 (`tests.faults.observer_skills:Watcher`).
 
 Every call is recorded in Redis under `{HOOKBUS_PREFIX}test:observed:{completion id}`
-(replica, lifecycle, attempt), so the test sees it after the replica was killed. A user
+(replica, lifecycle, attempt; for finalize_connection also `ctx.recovery` and the code
+of `data.error`), so the test sees it after the replica was killed. A user
 text with `ohold=SECONDS` makes the finalize_connection observer hold that long on the
 first delivery: the replica is then in the middle of the request's entry (its earlier
 stages observed, the last not yet), where a test kills it.
@@ -21,7 +22,9 @@ class Watcher(Skill):
     name = "watcher"
 
     async def _record(self, data: HookData, ctx: Context) -> None:
-        entry = {"by": NAME, "lifecycle": data.lifecycle, "attempt": ctx.call.attempt}
+        entry: dict[str, object] = {"by": NAME, "lifecycle": data.lifecycle, "attempt": ctx.call.attempt}
+        if data.lifecycle == "finalize_connection":
+            entry.update(recovery=ctx.recovery, error=data.error.code if data.error else None)
         await redis_client().rpush(fault_key("observed", ctx.completion_id), json.dumps(entry))
 
     @hook("on_connection", observe=True)

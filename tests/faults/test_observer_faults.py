@@ -111,3 +111,41 @@ async def test_a_stopped_observer_group_delays_no_request_and_its_backlog_drains
         return g.observe_lag == 0 and g.observe_pending == 0
 
     assert await wait_for(no_backlog, timeout=5)
+
+
+async def test_a_killed_orchestrators_request_is_observed_at_its_end_by_the_one_that_recovers_it(
+    procs: Processes, redis: aredis.Redis, keys: Keys, prefix: str
+) -> None:
+    """The observations of a run go out when it ends, so a SIGKILLed orchestrator takes
+    the stages it ran with it; the orchestrator that recovers the request runs its
+    finalize_connection and publishes that stage's observation: the finalize observer
+    sees the request's end (the 503 `orchestrator_lost`, `ctx.recovery`)."""
+    watcher = procs.worker("watch", WATCHER, replica="watch-a", claim_idle=1)
+    one = procs.orchestrator(AGENT, instance="orch-1", claim_idle=1)
+    two = procs.orchestrator(AGENT, instance="orch-2", claim_idle=1)
+    await procs.wait_ready(watcher, one, two)
+
+    cid = new_id("obs-orch-kill")
+    await submit(redis, keys, "[[words:40]] [[delay:100]]", completion_id=cid)  # about 4 s of streaming
+
+    async def streaming() -> dict[bytes, bytes] | None:
+        journal = await redis.hgetall(keys.journal(cid))
+        return journal if int(journal.get(b"written", 0)) >= 3 else None
+
+    journal = await wait_for(streaming, timeout=15)
+    assert journal, procs.logs()
+    victim, survivor = (one, two) if journal[b"owner"] == b"orch-1" else (two, one)
+    victim.kill()  # SIGKILL mid-request: its observations were not sent yet
+
+    outcome = await read_until_terminal(redis, keys, cid, timeout=30)
+    assert outcome.error is not None and outcome.error["code"] == "orchestrator_lost", procs.logs()
+
+    async def finalize_observed() -> list[dict[str, Any]]:
+        return [o for o in await observed(redis, prefix, cid) if o["lifecycle"] == "finalize_connection"]
+
+    seen = await wait_for(finalize_observed, timeout=15)
+    assert seen == [
+        {"by": "watch-a", "lifecycle": "finalize_connection", "attempt": 1, "recovery": True,
+         "error": "orchestrator_lost"}
+    ], (seen, procs.logs())
+    assert survivor.alive
