@@ -26,7 +26,7 @@ from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.keys import Keys
-from hookbus.bus.wire.envelopes import MonitorRecord
+from hookbus.bus.wire.envelopes import REQUEST_START, MonitorRecord
 from hookbus.services.cli.monitor import BusState, decoded_records, read_bus_state, recent_events
 from hookbus.services.console.dead_letters import DeadLetterView, list_dead_letters
 
@@ -52,6 +52,10 @@ class ReplicaView(BaseModel):
     name: str
     version: str | None = Field(default=None, description="The version the replica runs, when it announces one.")
     heartbeat_age: float = Field(description="Seconds since its last heartbeat.")
+    up_for: float | None = Field(
+        default=None,
+        description="Seconds since the replica started, as it says (None: a worker that does not say when).",
+    )
     seen_for: float = Field(description="Seconds this console has seen it alive (its age, at least).")
     in_flight: int
 
@@ -86,8 +90,8 @@ class BusView(BaseModel):
 
 class RequestView(BaseModel):
     completion_id: str
-    model: str | None = None
-    caller: str | None = None
+    model: str | None = Field(default=None, description="Known from its start (its request_start record).")
+    caller: str | None = Field(default=None, description="Known from its start (its request_start record).")
     status: int | None = Field(default=None, description="HTTP status; None while it runs.")
     outcome: str = Field(description="`running` while it runs, else the request record's outcome.")
     started: float
@@ -129,25 +133,28 @@ class RequestTrack:
     def __init__(self, completion_id: str) -> None:
         self.completion_id = completion_id
         self.records: list[MonitorRecord] = []
+        self.begun: MonitorRecord | None = None
         self.ended: MonitorRecord | None = None
 
     def add(self, record: MonitorRecord) -> None:
         if record.kind == "request":
             self.ended = record
+        elif record.lifecycle == REQUEST_START:  # its model and caller while it runs; not a step
+            self.begun = record
         elif len(self.records) < RECORDS_PER_REQUEST:
             self.records.append(record)
 
     def view(self, now: float) -> RequestView:
-        starts = [_start(r) for r in self.records]
-        ended = self.ended
-        if ended is not None:
-            starts.append(_start(ended))
+        starts = [_start(r) for r in (*self.records, self.begun, self.ended) if r is not None]
         started = min(starts)
         groups = sorted({r.group for r in self.records if r.group})
+        ended = self.ended
         if ended is None:
+            begun = self.begun
             return RequestView(
-                completion_id=self.completion_id, outcome="running", started=started,
-                duration_ms=(now - started) * 1000, groups=groups,
+                completion_id=self.completion_id, model=begun.model if begun else None,
+                caller=begun.caller if begun else None,
+                outcome="running", started=started, duration_ms=(now - started) * 1000, groups=groups,
             )
         return RequestView(
             completion_id=self.completion_id, model=ended.model, caller=ended.caller,
@@ -323,9 +330,11 @@ class ConsoleData:
         groups = []
         for group in state.groups:
             version_of = {replica: v.version for v in group.versions for replica in v.replicas}
+            started = {replica: at for v in group.versions for replica, at in v.started.items()}
             replicas = [
                 ReplicaView(
                     name=name, version=version_of.get(name), heartbeat_age=max(0.0, now - beat),
+                    up_for=max(0.0, now - started[name]) if name in started else None,
                     seen_for=now - self._seen(name, beat), in_flight=group.in_flight.get(name, 0),
                 )
                 for name, beat in sorted(group.heartbeats.items())
