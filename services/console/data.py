@@ -29,6 +29,7 @@ from hookbus.bus.keys import Keys
 from hookbus.bus.wire.envelopes import REQUEST_START, MonitorRecord
 from hookbus.services.cli.monitor import BusState, decoded_records, read_bus_state, recent_events
 from hookbus.services.console.dead_letters import DeadLetterView, list_dead_letters
+from hookbus.services.gateway.sse import sse_event
 
 log = structlog.get_logger("hookbus.console")
 
@@ -135,8 +136,12 @@ class RequestTrack:
         self.records: list[MonitorRecord] = []
         self.begun: MonitorRecord | None = None
         self.ended: MonitorRecord | None = None
+        self._ended_view: RequestView | None = None
+        """An ended request's view, kept until another record of it arrives: each poll
+        lists every kept request, and building thousands of views held the loop."""
 
     def add(self, record: MonitorRecord) -> None:
+        self._ended_view = None
         if record.kind == "request":
             self.ended = record
         elif record.lifecycle == REQUEST_START:  # its model and caller while it runs; not a step
@@ -145,6 +150,13 @@ class RequestTrack:
             self.records.append(record)
 
     def view(self, now: float) -> RequestView:
+        if self.ended is None:
+            return self._view(now)
+        if self._ended_view is None:
+            self._ended_view = self._view(now)
+        return self._ended_view
+
+    def _view(self, now: float) -> RequestView:
         starts = [_start(r) for r in (*self.records, self.begun, self.ended) if r is not None]
         started = min(starts)
         groups = sorted({r.group for r in self.records if r.group})
@@ -201,6 +213,7 @@ class ConsoleData:
         self._dead_letters: list[DeadLetterView] = []
         self._dead_letter_count = -1
         self._snapshot: Snapshot | None = None
+        self._frame: tuple[Snapshot, bytes] | None = None
         self._fresh = asyncio.Condition()
         self._reading = asyncio.Lock()  # a poll and an action's refresh never read the same events twice
         self._wanted_at = 0.0
@@ -226,6 +239,12 @@ class ConsoleData:
             await self._fresh.wait_for(lambda: self._snapshot is not after)
         assert self._snapshot is not None
         return self._snapshot
+
+    def live_frame(self, snapshot: Snapshot) -> bytes:
+        """`snapshot` as a live stream's event, encoded once for all viewers."""
+        if self._frame is None or self._frame[0] is not snapshot:
+            self._frame = (snapshot, sse_event(snapshot.model_dump(mode="json"), "snapshot"))
+        return self._frame[1]
 
     def waterfall(self, completion_id: str) -> Waterfall | None:
         track = self._requests.get(completion_id)

@@ -107,6 +107,8 @@ async def test_a_request_waterfall_holds_every_stage_in_order_with_its_hops(gate
     by_group = (await get(gateway, "/console/api/requests?group=audit&caller=alice")).json()
     assert completion_id in [r["completion_id"] for r in by_group]
     assert (await get(gateway, "/console/api/requests?group=nosuchgroup")).json() == []
+    assert len((await get(gateway, "/console/api/requests?limit=1")).json()) == 1
+    assert (await get(gateway, "/console/api/requests?limit=many")).status_code == 400
     stages = [s for s in waterfall["steps"] if s["kind"] == "stage"]
     assert [s["lifecycle"] for s in stages] == STAGE_ORDER
     starts = [s["start"] for s in waterfall["steps"]]

@@ -13,7 +13,8 @@ from hookbus.bus.connection.retrying import connect
 from hookbus.bus.groups.registry import GroupAnnouncement, announce, heartbeat
 from hookbus.bus.groups.versions import ReplicaInfo, publish
 from hookbus.bus.keys import Keys
-from hookbus.services.console.data import POLL_EVERY, ConsoleData
+from hookbus.bus.wire.envelopes import REQUEST_START, MonitorRecord
+from hookbus.services.console.data import POLL_EVERY, ConsoleData, RequestTrack
 from tests.waiting import wait_for
 
 
@@ -76,3 +77,18 @@ async def test_a_replica_is_up_for_as_long_as_it_says_and_seen_for_when_it_does_
     finally:
         await data.stop()
         await client.aclose()
+
+
+def test_an_ended_request_view_is_kept_until_a_late_record_of_it_arrives() -> None:
+    """A worker's last hop record can reach the events stream after the orchestrator's end
+    record: the kept view of the ended request must take it in."""
+    track = RequestTrack("chatcmpl-late")
+    track.add(MonitorRecord(completion_id="chatcmpl-late", lifecycle=REQUEST_START, model="m", caller="c", ts=100.0))
+    assert (track.view(101.0).outcome, track.view(101.0).model, track.view(101.0).caller) == ("running", "m", "c")
+    track.add(MonitorRecord(kind="hop", completion_id="chatcmpl-late", lifecycle="on_connection", group="a", ts=100.5))
+    track.add(MonitorRecord(kind="request", completion_id="chatcmpl-late", lifecycle="request", status=200, ts=102.0, duration_ms=2000))
+    ended = track.view(103.0)
+    assert (ended.outcome, ended.groups, ended.started) == ("ok", ["a"], 100.0)
+    assert track.view(104.0) is ended  # kept: an ended request's view does not change with time
+    track.add(MonitorRecord(kind="hop", completion_id="chatcmpl-late", lifecycle="finalize_connection", group="b", ts=102.1))
+    assert track.view(105.0).groups == ["a", "b"]
