@@ -53,7 +53,7 @@ class ReplicaInfo(BaseModel):
     version: str
     hooks: str = Field(description="Fingerprint of the hooks' set and priorities (and the tools) it serves.")
     draining: bool = Field(default=False, description="Told to stop: no new request is pinned to it.")
-    started: float = Field(default_factory=time.time)
+    started: float = Field(default_factory=time.time, description="When the replica started (unix time).")
 
 
 async def publish(client: aredis.Redis, keys: Keys, group: str, replica: str, info: ReplicaInfo) -> None:

@@ -198,11 +198,17 @@ class ResponseItem(Envelope):
     error: dict[str, Any] | None = None
 
 
+REQUEST_START = "request_start"
+"""The lifecycle of the stage record an orchestrator writes when it starts running a
+request, with the request's model and caller: readers show a running request with them."""
+
+
 class MonitorRecord(Envelope):
     """One line of the `events` firehose: a hop, a stage segment (an LLM call and a tool
-    call are stage records too, lifecycle `llm_call` and `tool_call`), a request's start or
-    end, or a worker group's observers of one lifecycle of a request (`observe`). `ts` is
-    when the step ended; it began `duration_ms` before."""
+    call are stage records too, lifecycle `llm_call` and `tool_call`; so is a request's
+    start, lifecycle REQUEST_START), a request's end (kind `request`), or a worker group's
+    observers of one lifecycle of a request (`observe`). `ts` is when the step ended; it
+    began `duration_ms` before."""
 
     kind: Literal["hop", "stage", "request", "observe"] = "stage"
     ts: float = Field(default_factory=time.time)
@@ -215,8 +221,12 @@ class MonitorRecord(Envelope):
     duration_ms: float = 0.0
     outcome: Outcome = Outcome.OK
     error: str | None = None
-    model: str | None = Field(default=None, description="A request record's model; an llm_call record's too.")
-    caller: str | None = Field(default=None, description="A request record's caller (its peer_user_id).")
+    model: str | None = Field(
+        default=None, description="A request (or request_start) record's model; an llm_call record's too."
+    )
+    caller: str | None = Field(
+        default=None, description="A request (or request_start) record's caller (its peer_user_id)."
+    )
     status: int | None = Field(default=None, description="A request record's HTTP status (200, or its error's).")
 
     @classmethod

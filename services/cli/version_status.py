@@ -25,6 +25,8 @@ class VersionStatus(BaseModel):
     hop_errors_last_minute: int
     canary_share: float | None = None
     """Set while this version is a group's canary (`hookbus rollout`)."""
+    started: dict[str, float] = {}
+    """Replica -> when it started (unix time), as its ReplicaInfo says."""
 
 
 async def read_versions(
@@ -46,6 +48,7 @@ async def read_versions(
             hops_last_minute=sum(1 for h in mine if h.version == version),
             hop_errors_last_minute=sum(1 for h in mine if h.version == version and h.outcome != "ok"),
             canary_share=rollout.share if rollout is not None and rollout.canary == version else None,
+            started={replica: infos[replica].started for replica in state.replicas},
         )
         for version, state in states.items()
     ]

@@ -26,9 +26,10 @@ from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.keys import Keys
-from hookbus.bus.wire.envelopes import MonitorRecord
+from hookbus.bus.wire.envelopes import REQUEST_START, MonitorRecord
 from hookbus.services.cli.monitor import BusState, decoded_records, read_bus_state, recent_events
 from hookbus.services.console.dead_letters import DeadLetterView, list_dead_letters
+from hookbus.services.gateway.sse import sse_event
 
 log = structlog.get_logger("hookbus.console")
 
@@ -52,6 +53,10 @@ class ReplicaView(BaseModel):
     name: str
     version: str | None = Field(default=None, description="The version the replica runs, when it announces one.")
     heartbeat_age: float = Field(description="Seconds since its last heartbeat.")
+    up_for: float | None = Field(
+        default=None,
+        description="Seconds since the replica started, as it says (None: a worker that does not say when).",
+    )
     seen_for: float = Field(description="Seconds this console has seen it alive (its age, at least).")
     in_flight: int
 
@@ -86,8 +91,8 @@ class BusView(BaseModel):
 
 class RequestView(BaseModel):
     completion_id: str
-    model: str | None = None
-    caller: str | None = None
+    model: str | None = Field(default=None, description="Known from its start (its request_start record).")
+    caller: str | None = Field(default=None, description="Known from its start (its request_start record).")
     status: int | None = Field(default=None, description="HTTP status; None while it runs.")
     outcome: str = Field(description="`running` while it runs, else the request record's outcome.")
     started: float
@@ -129,25 +134,39 @@ class RequestTrack:
     def __init__(self, completion_id: str) -> None:
         self.completion_id = completion_id
         self.records: list[MonitorRecord] = []
+        self.begun: MonitorRecord | None = None
         self.ended: MonitorRecord | None = None
+        self._ended_view: RequestView | None = None
+        """An ended request's view, kept until another record of it arrives: each poll
+        lists every kept request, and building thousands of views held the loop."""
 
     def add(self, record: MonitorRecord) -> None:
+        self._ended_view = None
         if record.kind == "request":
             self.ended = record
+        elif record.lifecycle == REQUEST_START:  # its model and caller while it runs; not a step
+            self.begun = record
         elif len(self.records) < RECORDS_PER_REQUEST:
             self.records.append(record)
 
     def view(self, now: float) -> RequestView:
-        starts = [_start(r) for r in self.records]
-        ended = self.ended
-        if ended is not None:
-            starts.append(_start(ended))
+        if self.ended is None:
+            return self._view(now)
+        if self._ended_view is None:
+            self._ended_view = self._view(now)
+        return self._ended_view
+
+    def _view(self, now: float) -> RequestView:
+        starts = [_start(r) for r in (*self.records, self.begun, self.ended) if r is not None]
         started = min(starts)
         groups = sorted({r.group for r in self.records if r.group})
+        ended = self.ended
         if ended is None:
+            begun = self.begun
             return RequestView(
-                completion_id=self.completion_id, outcome="running", started=started,
-                duration_ms=(now - started) * 1000, groups=groups,
+                completion_id=self.completion_id, model=begun.model if begun else None,
+                caller=begun.caller if begun else None,
+                outcome="running", started=started, duration_ms=(now - started) * 1000, groups=groups,
             )
         return RequestView(
             completion_id=self.completion_id, model=ended.model, caller=ended.caller,
@@ -194,6 +213,7 @@ class ConsoleData:
         self._dead_letters: list[DeadLetterView] = []
         self._dead_letter_count = -1
         self._snapshot: Snapshot | None = None
+        self._frame: tuple[Snapshot, bytes] | None = None
         self._fresh = asyncio.Condition()
         self._reading = asyncio.Lock()  # a poll and an action's refresh never read the same events twice
         self._wanted_at = 0.0
@@ -219,6 +239,12 @@ class ConsoleData:
             await self._fresh.wait_for(lambda: self._snapshot is not after)
         assert self._snapshot is not None
         return self._snapshot
+
+    def live_frame(self, snapshot: Snapshot) -> bytes:
+        """`snapshot` as a live stream's event, encoded once for all viewers."""
+        if self._frame is None or self._frame[0] is not snapshot:
+            self._frame = (snapshot, sse_event(snapshot.model_dump(mode="json"), "snapshot"))
+        return self._frame[1]
 
     def waterfall(self, completion_id: str) -> Waterfall | None:
         track = self._requests.get(completion_id)
@@ -323,9 +349,11 @@ class ConsoleData:
         groups = []
         for group in state.groups:
             version_of = {replica: v.version for v in group.versions for replica in v.replicas}
+            started = {replica: at for v in group.versions for replica, at in v.started.items()}
             replicas = [
                 ReplicaView(
                     name=name, version=version_of.get(name), heartbeat_age=max(0.0, now - beat),
+                    up_for=max(0.0, now - started[name]) if name in started else None,
                     seen_for=now - self._seen(name, beat), in_flight=group.in_flight.get(name, 0),
                 )
                 for name, beat in sorted(group.heartbeats.items())

@@ -4,7 +4,7 @@
     GET  /console/static/{name}                      its script and style sheet
     GET  /console/api/live                           server-sent events: a Snapshot after each poll
     GET  /console/api/bus                            the latest BusView
-    GET  /console/api/requests?outcome=&group=&caller=   kept requests, newest first
+    GET  /console/api/requests?outcome=&group=&caller=&limit=   kept requests, newest first
     GET  /console/api/requests/{completion_id}       one request's Waterfall
     GET  /console/api/dead-letters                   the newest dead letters
     GET  /console/api/dead-letters/{id}?content=1    one dead letter and its original
@@ -31,10 +31,10 @@ from starlette.routing import Mount, Route
 from hookbus.bus.keys import Keys
 from hookbus.services.console import dead_letters
 from hookbus.services.console.access import require_admin, require_loopback_when_open
-from hookbus.services.console.data import ConsoleData
+from hookbus.services.console.data import KEPT_REQUESTS, LIVE_REQUESTS, ConsoleData
 from hookbus.services.gateway.auth import Authenticator
 from hookbus.services.gateway.errors import GatewayError
-from hookbus.services.gateway.sse import SSE_HEADERS, sse_event
+from hookbus.services.gateway.sse import SSE_HEADERS
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
@@ -106,7 +106,7 @@ async def live(request: Request) -> Response:
     async def frames() -> AsyncIterator[bytes]:
         snapshot = await data.snapshot()
         while True:
-            yield sse_event(snapshot.model_dump(mode="json"), "snapshot")
+            yield data.live_frame(snapshot)
             if time.monotonic() >= ends:
                 return
             snapshot = await data.next_snapshot(snapshot)
@@ -124,7 +124,16 @@ async def requests(request: Request) -> Response:
     await data.snapshot()
     query = request.query_params
     found = data.requests(outcome=query.get("outcome"), group=query.get("group"), caller=query.get("caller"))
-    return JSONResponse([view.model_dump(mode="json") for view in found])
+    return JSONResponse([view.model_dump(mode="json") for view in found[: _limit(query.get("limit"))]])
+
+
+def _limit(given: str | None) -> int:
+    """How many requests a list answers: `limit`, LIVE_REQUESTS by default, at most KEPT_REQUESTS."""
+    if not given:
+        return LIVE_REQUESTS
+    if not given.isdigit():
+        raise GatewayError(400, "invalid_limit", f"limit must be a whole number, got {given!r}")
+    return min(int(given), KEPT_REQUESTS)
 
 
 async def waterfall(request: Request) -> Response:

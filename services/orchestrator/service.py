@@ -70,6 +70,7 @@ from hookbus.bus.store.response_stream import RESPONSE_TTL, Ack, Fence, Response
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.envelopes import (
     FIELD,
+    REQUEST_START,
     DecodeError,
     MonitorRecord,
     RequestEnvelope,
@@ -441,6 +442,13 @@ class OrchestratorService(BusApp):
         )
         if run.cancel_reason is not None and mode == RunMode.RUN:
             mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
+        if mode == RunMode.RUN:  # so that a running request shows its model and caller (the console)
+            self.runtime.events.emit(
+                MonitorRecord(
+                    completion_id=cid, lifecycle=REQUEST_START, replica=self.instance,
+                    model=self.agent.model, caller=request.auth.peer_user_id,
+                )
+            )
         task = asyncio.create_task(
             self._produce(request, writer, mode, error), name=f"request-{cid}",
             context=_with_run(run),  # its hooks' tasks see which run they belong to

@@ -302,6 +302,9 @@ class WorkerReplica(BusApp):
             busy=lambda: self._in_flight, beat=self._heartbeat, renew=self._renew_leases,
             tidy=self.janitor_once, take_over=self._take_over, streams=self.streams,
         )
+        self.started = time.time()
+        """When this replica started: its ReplicaInfo keeps it when it re-publishes (draining),
+        so the version order and the console's "up for" do not move."""
         self.processed = 0
         self.dead_lettered = 0
         self.trimmed = 0
@@ -372,7 +375,7 @@ class WorkerReplica(BusApp):
         )
 
     def _info(self, *, draining: bool = False) -> ReplicaInfo:
-        return ReplicaInfo(version=self.version, hooks=self.hooks_fingerprint, draining=draining)
+        return ReplicaInfo(version=self.version, hooks=self.hooks_fingerprint, draining=draining, started=self.started)
 
     async def _check_siblings(self) -> None:
         """Log a sibling that announces this version with other hooks: the version no

@@ -3,11 +3,13 @@
 and a real gateway with keys in front.
 
 Keys: ADMIN_KEY has the console's admin scope; USER_KEY is an ordinary caller; BOOM_KEY's
-requests are aborted by a worker hook in before_llm_call.
+requests are aborted by a worker hook in before_llm_call; HOLD_KEY's wait in before_llm_call
+until the test lets them go (the `hold` fixture's `release`), so they can be seen running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -26,10 +28,12 @@ from tests.waiting import wait_for
 ADMIN_KEY = "sk-test-console-admin"
 USER_KEY = "sk-test-console-user"
 BOOM_KEY = "sk-test-console-boom"
+HOLD_KEY = "sk-test-console-hold"
 API_KEYS: dict[str, Any] = {
     ADMIN_KEY: {"peer_user_id": "ops", "scopes": [ADMIN_SCOPE]},
     USER_KEY: {"peer_user_id": "alice", "scopes": []},
     BOOM_KEY: {"peer_user_id": "bob", "scopes": ["boom"]},
+    HOLD_KEY: {"peer_user_id": "carol", "scopes": ["hold"]},
 }
 STAGE_ORDER = [
     "on_connection", "before_llm_call", "llm_call", "after_llm_call", "before_toolcall", "tool_call",
@@ -76,6 +80,22 @@ class Compliance(Skill):
         raise HookError(503, "compliance_down", FAILURE)
 
 
+class Hold(Skill):
+    """Holds a request in before_llm_call until `release` is set (at most HOLD_LIMIT s)."""
+
+    name = "hold"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    @hook("before_llm_call", 20, scope="hold")
+    async def wait(self, data: HookData, ctx: Context) -> None:
+        await asyncio.wait_for(self.release.wait(), HOLD_LIMIT)
+
+
+HOLD_LIMIT = 30.0
+
+
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -86,8 +106,14 @@ def module_prefix() -> str:
 
 
 @pytest.fixture(scope="module")
-async def stack(redis_url: str, module_prefix: str) -> AsyncIterator[Any]:
-    groups = {"audit": [Audit(), Compliance(), Notes()]}
+def hold() -> Hold:
+    """The stack's Hold (both replicas of `audit` share it)."""
+    return Hold()
+
+
+@pytest.fixture(scope="module")
+async def stack(redis_url: str, module_prefix: str, hold: Hold) -> AsyncIterator[Any]:
+    groups = {"audit": [Audit(), Compliance(), hold, Notes()]}
     async with running_stack(redis_url, module_prefix, Agent("console-test"), groups, replicas=2) as running:
         yield running
 

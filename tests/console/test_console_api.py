@@ -16,16 +16,19 @@ import pytest
 from hookbus.bus.connection.embedded import free_port
 from hookbus.bus.groups.dead_letters import ORIGINAL_RETENTION, original_key
 from hookbus.bus.groups.registry import GroupAnnouncement, announce
+from hookbus.bus.groups.versions import parse_infos
 from hookbus.services.console.data import BEHIND_LAG, POLL_EVERY
 from hookbus.services.console.routes import LIVE_STREAM_SECONDS
 from tests.console.conftest import (
     ADMIN_KEY,
     BOOM_KEY,
     FAILURE,
+    HOLD_KEY,
     SECRET,
     STAGE_ORDER,
     TOOL_PROMPT,
     USER_KEY,
+    Hold,
     bearer,
     dead_letter_a_request,
     send,
@@ -65,19 +68,25 @@ async def test_the_page_loads_for_anyone_but_its_data_only_for_an_admin_key(gate
     assert (await get(gateway, "/console/static/../app.py", key=None)).status_code == 404
 
 
-async def test_the_bus_view_shows_each_group_with_its_live_replicas(gateway: RunningGateway) -> None:
-    async def audit_group() -> dict[str, Any] | None:
+async def test_the_bus_view_shows_each_group_with_its_live_replicas(gateway: RunningGateway, stack: Any) -> None:
+    async def audit_bus() -> dict[str, Any] | None:
         bus = (await get(gateway, "/console/api/bus")).json()
-        return next((g for g in bus["groups"] if g["name"] == "audit" and len(g["replicas"]) == 2), None)
+        found = any(g["name"] == "audit" and len(g["replicas"]) == 2 for g in bus["groups"])
+        return bus if found else None
 
-    group = await wait_for(audit_group, timeout=10, every=0.3)
-    assert group is not None
+    seen = await wait_for(audit_bus, timeout=10, every=0.3)
+    assert seen is not None
+    group = next(g for g in seen["groups"] if g["name"] == "audit")
     assert [r["name"] for r in group["replicas"]] == ["audit-0", "audit-1"]
     assert group["live"] and not group["behind"]
     assert all(r["heartbeat_age"] < 10 and r["in_flight"] >= 0 for r in group["replicas"])
     versions = {r["version"] for r in group["replicas"]}  # the same skills: one derived version
     assert len(versions) == 1 and versions.pop().startswith("h-")
     assert "audit.connected@on_connection:50" in group["hooks"] and group["tools"] == ["remember"]
+    redis, keys = stack[0].redis, stack[0].keys
+    infos = parse_infos(await redis.hgetall(keys.replica_versions("audit")), ["audit-0", "audit-1"])
+    for replica in group["replicas"]:  # up since the replica started, as it says, not since the console saw it
+        assert replica["up_for"] == pytest.approx(seen["at"] - infos[replica["name"]].started, abs=0.01)
     bus = (await get(gateway, "/console/api/bus")).json()
     assert [o["name"] for o in bus["orchestrators"]] == ["orch-0"]
 
@@ -98,6 +107,8 @@ async def test_a_request_waterfall_holds_every_stage_in_order_with_its_hops(gate
     by_group = (await get(gateway, "/console/api/requests?group=audit&caller=alice")).json()
     assert completion_id in [r["completion_id"] for r in by_group]
     assert (await get(gateway, "/console/api/requests?group=nosuchgroup")).json() == []
+    assert len((await get(gateway, "/console/api/requests?limit=1")).json()) == 1
+    assert (await get(gateway, "/console/api/requests?limit=many")).status_code == 400
     stages = [s for s in waterfall["steps"] if s["kind"] == "stage"]
     assert [s["lifecycle"] for s in stages] == STAGE_ORDER
     starts = [s["start"] for s in waterfall["steps"]]
@@ -109,6 +120,28 @@ async def test_a_request_waterfall_holds_every_stage_in_order_with_its_hops(gate
     tool = next(s for s in stages if s["lifecycle"] == "tool_call")
     assert tool["hooks"] == ["remember"] and tool["outcome"] == "ok"
     assert all(s["outcome"] == "ok" for s in waterfall["steps"])
+
+
+async def test_a_running_request_shows_its_model_and_caller_before_it_ends(gateway: RunningGateway, hold: Hold) -> None:
+    sent = asyncio.create_task(send(gateway, HOLD_KEY, "hello"))  # held in before_llm_call until released
+
+    async def running() -> dict[str, Any] | None:
+        listed = (await get(gateway, "/console/api/requests?caller=carol&outcome=running")).json()
+        return listed[0] if listed else None
+
+    try:
+        view = await wait_for(running, timeout=15, every=0.3)
+        assert view is not None and not sent.done()
+        assert (view["outcome"], view["status"], view["model"], view["caller"]) == ("running", None, "offline", "carol")
+    finally:
+        hold.release.set()
+    completion_id, status = await sent
+    assert status == 200 and view["completion_id"] == completion_id
+    ended = await request_view(gateway, caller="carol")
+    assert ended is not None and (ended["completion_id"], ended["status"], ended["outcome"]) == (completion_id, 200, "ok")
+    waterfall = (await get(gateway, f"/console/api/requests/{completion_id}")).json()
+    assert waterfall["request"]["started"] <= min(s["start"] for s in waterfall["steps"])  # from the start record
+    assert "request_start" not in {s["lifecycle"] for s in waterfall["steps"]}
 
 
 async def test_a_hook_that_fails_shows_its_error_and_finalize_still_ran(gateway: RunningGateway) -> None:

@@ -7,6 +7,8 @@ Skipped only where /usr/bin/chromium is missing; CI installs it (.ci/run).
 
 from __future__ import annotations
 
+import asyncio
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,10 +21,12 @@ from tests.console.conftest import (
     ADMIN_KEY,
     BOOM_KEY,
     FAILURE,
+    HOLD_KEY,
     SECRET,
     STAGE_ORDER,
     TOOL_PROMPT,
     USER_KEY,
+    Hold,
     dead_letter_a_request,
     send,
 )
@@ -66,7 +70,7 @@ async def shoot(page: Page, name: str) -> None:
 
 
 async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_dead_letter(
-    page: Page, gateway: RunningGateway, stack: Any
+    page: Page, gateway: RunningGateway, stack: Any, hold: Hold
 ) -> None:
     expect.set_options(timeout=WAIT_MS)
     completion_id, status = await send(gateway, USER_KEY, TOOL_PROMPT)
@@ -96,16 +100,28 @@ async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_d
     await expect(group.locator("tr[data-replica=audit-0]")).to_contain_text("audit-0")
     await expect(group.locator("tr[data-replica=audit-1]")).to_contain_text("audit-1")
     await expect(group).to_contain_text("2 live")
+    up_for = group.locator("tr[data-replica=audit-0] td.up-for")
+    await expect(up_for).to_have_text(re.compile(r"^\d+ (s|min)$"))  # as the replica says, not "≥ seen for"
     await expect(page.locator("[data-testid=orchestrators]")).to_contain_text("orch-0")
     await expect(page.locator("#live")).to_contain_text("live")
     await shoot(page, "bus")
 
-    # Requests: the failed one is there with its status; filtering by caller keeps it alone
+    # Requests: one still running (held by a hook) with its model and caller; the failed one
+    # with its status; filtering by caller keeps it alone
+    held = asyncio.create_task(send(gateway, HOLD_KEY, "hello"))
     await page.click("nav a[data-view=requests]")
     rows = page.locator("[data-testid=requests] tr[data-completion-id]")
-    await expect(rows.filter(has_text="503")).to_have_count(1)
-    await expect(page.locator(f"tr[data-completion-id='{completion_id}']")).to_contain_text("alice")
-    await shoot(page, "requests")
+    running = rows.filter(has_text="carol")
+    try:
+        await expect(running.locator("td.status")).to_have_text("running")
+        await expect(running).to_contain_text("offline")
+        await expect(rows.filter(has_text="503")).to_have_count(1)
+        await expect(page.locator(f"tr[data-completion-id='{completion_id}']")).to_contain_text("alice")
+        await shoot(page, "requests")
+    finally:
+        hold.release.set()
+    assert (await held)[1] == 200
+    await expect(running.locator("td.status")).to_have_text("200 ok")
     await page.fill("[data-filter=caller]", "bob")
     await expect(rows).to_have_count(1)
     await expect(rows.first).to_contain_text("503")

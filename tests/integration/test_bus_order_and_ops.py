@@ -90,13 +90,14 @@ async def test_status_and_monitor_show_what_happened(redis_url, prefix, service_
         assert await wait_for(recorded, timeout=5)
         status = await asyncio.to_thread(hookbus, service_env, "status")
         events = await asyncio.to_thread(
-            hookbus, service_env, "monitor", "--from-start", "--completion-id", completion.id, "--count", "3",
+            hookbus, service_env, "monitor", "--from-start", "--completion-id", completion.id, "--count", "4",
         )
     assert "orch-0" in status
     assert "group-a" in status and "group-a-0" in status and "group-a-1" in status
     assert "tag-a10.tag@on_connection:10" in status
     assert "finished in the last minute 1" in status
     lines = events.strip().splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert all(completion.id[-12:] in line for line in lines)
-    assert "on_connection" in lines[0] and "group-a" in lines[0] and "tag-a10.tag" in lines[0]
+    assert "request_start" in lines[0]  # the orchestrator took the request
+    assert "on_connection" in lines[1] and "group-a" in lines[1] and "tag-a10.tag" in lines[1]

@@ -196,10 +196,14 @@ function groupCard(group, withVersion) {
     ),
     h("div", { className: "muted mono" }, [...group.hooks, ...group.tools.map((t) => `tool:${t}`)].join("  ")),
     group.replicas.length ? h("table", {},
-      h("tr", {}, h("th", {}, "replica"), withVersion && h("th", {}, "version"), h("th", {}, "seen for"), h("th", {}, "in flight"), h("th", {}, "last heartbeat")),
+      h("tr", {}, h("th", {}, "replica"), withVersion && h("th", {}, "version"), h("th", {}, "up for"), h("th", {}, "in flight"), h("th", {}, "last heartbeat")),
       group.replicas.map((r) => h("tr", { "data-replica": r.name },
         h("td", { className: "mono" }, r.name), withVersion && h("td", {}, r.version || "-"),
-        h("td", {}, span(r.seen_for)), h("td", {}, r.in_flight), h("td", {}, ago(r.heartbeat_age)))),
+        // a worker that does not say when it started: how long this console has seen it (at least its age)
+        r.up_for === null
+          ? h("td", { className: "up-for", title: "seen for (the worker does not say when it started)" }, `≥ ${span(r.seen_for)}`)
+          : h("td", { className: "up-for" }, span(r.up_for)),
+        h("td", {}, r.in_flight), h("td", {}, ago(r.heartbeat_age)))),
     ) : null,
   );
 }
