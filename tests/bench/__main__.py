@@ -1,11 +1,12 @@
 """Run every benchmark and print one table of figures and ratios (`make bench`).
 
-    python -m tests.bench                    # everything (about 6-8 minutes on 2 cores)
+    python -m tests.bench                    # everything (about 10 minutes on 2 cores)
     python -m tests.bench hop peer           # some of them
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations
 
-Benches: hop, cost, observers, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster.
+Benches: hop, cost, observers, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster,
+console.
 RESULTS.md holds the current figures and what each bench measures; the git log, their history.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
 embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
@@ -36,6 +37,7 @@ def _with_redis(measure: Callable[[str], Awaitable[list[Row]]]) -> Callable[[], 
 def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
     from tests.bench import (
         cluster,
+        console,
         cost,
         full,
         hop,
@@ -60,6 +62,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         "tokens": tokens.measure,
         "tracing": _with_redis(tracing.measure),
         "cluster": cluster.measure,
+        "console": _with_redis(console.measure),
     }
 
 

@@ -3,6 +3,7 @@ load spreads over the slots, and a single Redis keeps its plain names."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections import Counter
 
@@ -31,7 +32,12 @@ def test_a_single_redis_keeps_the_plain_names() -> None:
     assert keys.observe_streams("telemetry") == ["hookbus:observe:telemetry"]
 
 
-@pytest.mark.parametrize("completion_id", ["chatcmpl-" + uuid.uuid4().hex for _ in range(50)] + ["odd{id}x", "{}"])
+# Seeded, so every pytest-xdist worker collects the same 50 ids.
+_IDS = random.Random(34)
+_COMPLETION_IDS = ["chatcmpl-" + f"{_IDS.getrandbits(128):032x}" for _ in range(50)]
+
+
+@pytest.mark.parametrize("completion_id", [*_COMPLETION_IDS, "odd{id}x", "{}"])
 def test_every_key_of_one_request_is_in_one_slot(completion_id: str) -> None:
     """The journal scripts touch the requests shard, journal, responses and cancel
     marker together; a hop goes to the hook-stream shard on the same node."""
