@@ -1,9 +1,11 @@
 """Version pins on a real Redis: the groups a hop and its route go to are pinned in one
 journal script, a pin the journal already holds (a recovered request's) wins for its
-group alone, and `serving:` counts the request under the version it is pinned to."""
+group alone, `serving:` counts the request under the version it is pinned to, and hops
+that belong to no request pin nothing."""
 
 from __future__ import annotations
 
+from hookbus import Agent, CompactionPolicy
 from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.groups.registry import RegistryView
@@ -12,6 +14,9 @@ from hookbus.bus.store.journal import Journal
 from hookbus.services.orchestrator.version_pins import VersionPins
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
+from tests.conversations import conversation
+from tests.integration.stack import running_stack
+from tests.integration.test_compaction_remote import Noted
 from tests.unit.test_versions import Guard
 
 
@@ -60,3 +65,20 @@ async def test_a_route_s_groups_are_pinned_together_and_the_journal_s_own_pin_wi
         for replica in replicas:
             await replica.stop()
         await client.aclose()
+
+
+async def test_a_compaction_between_turns_sent_on_from_group_to_group_pins_no_version(redis_url, prefix):
+    """Its hops belong to no request, so nothing would release a pin: neither its first
+    hop nor the route its worker sends the stage on along pins a version."""
+    agent = Agent("bus", compaction_policy=CompactionPolicy(window=1000))
+    first, second = Noted("first-noted"), Noted("second-noted")
+    async with running_stack(redis_url, prefix, agent, {"first": [first], "second": [second]}) as (client, services, _):
+        outcome = await agent.compact(conversation(3))
+        runtime = services[0].runtime
+        assert runtime is not None and runtime.forwarded == 1  # the stage was sent on to `second`
+        cid = f"compaction-{outcome.id}"
+        assert first.calls == second.calls == [(outcome.id, True, cid)]
+        assert runtime.pins.pinned(cid) == {}
+        for group in ("first", "second"):
+            versions = list(runtime.registry.versions[group])
+            assert versions and await serving_counts(client.redis, client.keys, group, versions) == dict.fromkeys(versions, 0)
