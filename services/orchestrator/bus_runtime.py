@@ -141,7 +141,7 @@ class BusRuntime:
                         segment, data, ctx, stage_key, route=ahead, sent=sent.hop_id
                     )
                 else:
-                    ahead = await self._route(segments[index + 1 :], ctx.completion_id)
+                    ahead = await self._route(segment, segments[index + 1 :], ctx.completion_id)
                     result, went_on = await self._stage_hop(segment, data, ctx, stage_key, route=ahead)
                 if not went_on:
                     self.router.forget(step.hop_id for step in ahead)
@@ -151,23 +151,30 @@ class BusRuntime:
         finally:
             self.router.forget(step.hop_id for step in ahead)
 
-    async def _route(self, onward: Sequence[Segment], completion_id: str) -> list[RouteStep]:
-        """The segments after a hop that its worker may send the stage on to: those up to
-        the first one in-process or in a group with no live replica (the stage then
-        comes back here first); each to the stream of the version the request is pinned
-        to in that group (hookbus.services.orchestrator.version_pins)."""
+    async def _route(self, segment: Segment, onward: Sequence[Segment], completion_id: str) -> list[RouteStep]:
+        """The segments after `segment`'s hop that its worker may send the stage on to:
+        those up to the first one in-process or in a group with no live replica (the
+        stage then comes back here first); each to the stream of the version the request
+        is pinned to in that group (hookbus.services.orchestrator.version_pins). The hop's
+        own group and the route's are pinned together, in one round trip."""
         if not self.send_on or tracing.enabled():
             return []
-        route = []
-        for segment in onward:
-            if segment.group is None or self.registry.unavailable(segment.group) is not None:
+        groups = []
+        for step in onward:
+            if step.group is None or self.registry.unavailable(step.group) is not None:
                 break
-            route.append(RouteStep(
-                group=segment.group, stream=await self.pins.stream_for(segment.group, completion_id),
-                hop_id=self.router.new_hop_id(), hooks=_hook_refs(segment),
-                timeout=self._segment_timeout(segment),
-            ))
-        return route
+            groups.append(step.group)
+        pin = _pins_versions(completion_id)
+        if groups and pin:
+            lead = [segment.group] if segment.group and self.registry.unavailable(segment.group) is None else []
+            await self.pins.pin([*lead, *groups], completion_id)
+        return [
+            RouteStep(
+                group=group, stream=await self.pins.stream_for(group, completion_id, pin=pin),
+                hop_id=self.router.new_hop_id(), hooks=_hook_refs(step), timeout=self._segment_timeout(step),
+            )
+            for group, step in zip(groups, onward, strict=False)
+        ]
 
     async def _stage_hop(
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str,
@@ -264,7 +271,7 @@ class BusRuntime:
         JSON) of a hook hop, sent in the split format (encode_hop). The hop goes to the
         version of `group` the request is pinned to (`pin=False`: a hop outside any
         request, to the newest version)."""
-        pin = pin and not event.completion_id.startswith(BETWEEN_TURNS_PREFIX)
+        pin = pin and _pins_versions(event.completion_id)
         stream = await self.pins.stream_for(group, event.completion_id, pin=pin)
         version = self.pins.pinned(event.completion_id).get(group) if pin else None
         with tracing.hop_span(group, stream, event.lifecycle, hooks, version) as span:
@@ -423,6 +430,12 @@ class BusRuntime:
                 model=name if lifecycle == "llm_call" else None,
             )
         )
+
+
+def _pins_versions(completion_id: str) -> bool:
+    """Whether hops of this id pin versions: not those of an on_compaction stage between
+    turns, which belong to no request."""
+    return not completion_id.startswith(BETWEEN_TURNS_PREFIX)
 
 
 def _hook_refs(segment: Segment) -> list[HookRef]:

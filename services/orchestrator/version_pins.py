@@ -8,6 +8,11 @@ request keeps it: the journal's pin wins over a new choice), and in the version'
 that group goes to the pinned version's stream, `hooks:{group}@{version}`, and so does
 a stage a worker sends on (the route's streams are chosen here too).
 
+The groups a hop and its route go to are pinned together (`pin`): one journal script
+(HMGET, HSET) for all of them beside one pipeline of their `serving:` counts, instead of
+a script and a count per group. What is pinned, and when, is the same: a route's groups
+were always pinned before its first hop went out.
+
 The rule when no replica of the pinned version is left (each one crashed, or left
 after its drain limit): the request moves to the version `choose_version` picks, at its
 next hop to that group (a stage boundary: a hop is never split over versions), logged
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import redis.asyncio as aredis
 import structlog
@@ -39,15 +45,25 @@ from hookbus.skills.errors import RedisOutOfMemory
 
 log = structlog.get_logger("hookbus.version_pins")
 
-# KEYS: journal. ARGV: field, candidate. The pin already in the journal, else the
-# candidate (stored there when the journal exists: a request run without one keeps its
-# pins in memory only).
+# KEYS: journal. ARGV: (field, candidate) per group. Per group, the pin already in the
+# journal, else the candidate (stored there when the journal exists, which its `epoch`
+# says: a request run without one keeps its pins in memory only).
 _PIN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return ARGV[2] end
-local pinned = redis.call('HGET', KEYS[1], ARGV[1])
-if pinned then return pinned end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return ARGV[2]
+local fields = {}
+for i = 1, #ARGV / 2 do fields[i] = ARGV[2 * i - 1] end
+local j = redis.call('HMGET', KEYS[1], 'epoch', unpack(fields))
+local pinned, new = {}, {}
+for i = 1, #fields do
+  local version = j[i + 1]
+  if not version then
+    version = ARGV[2 * i]
+    new[#new + 1] = fields[i]
+    new[#new + 1] = version
+  end
+  pinned[i] = version
+end
+if j[1] and #new > 0 then redis.call('HSET', KEYS[1], unpack(new)) end
+return pinned
 """
 
 # KEYS: journal. ARGV: group, old version, new version. Records a move (module docstring).
@@ -83,51 +99,70 @@ class VersionPins:
         return self.keys.pinned_hooks_for(group, version, completion_id)
 
     async def version_for(self, group: str, completion_id: str) -> str | None:
-        """The version this request runs `group` on, pinned at its first hop there. Redis
-        refusing the pin at `maxmemory` is the request's 503 `redis_out_of_memory`, as a
-        refused hop is."""
+        """The version this request runs `group` on, pinned at its first hop there."""
+        if not self.registry.versions.get(group):
+            return None
+        current = self._pins.get(completion_id, {}).get(group)
+        if current is None:
+            await self.pin([group], completion_id)
+            current = self._pins.get(completion_id, {}).get(group)
+        states = self.registry.versions.get(group)
+        if current is None or not states:  # its versions left while the pin was stored
+            return None
+        if current in states:
+            return current
+        candidate = self._choose(group)
+        assert candidate is not None
+        await self._move(group, completion_id, current, candidate)
+        self._pins[completion_id][group] = candidate
+        return candidate
+
+    async def pin(self, groups: Sequence[str], completion_id: str) -> None:
+        """Pin the request in each of `groups` it is not pinned in yet (those that have
+        versions), all in one round trip to its journal beside one to their `serving:`
+        counts. Redis refusing a pin at `maxmemory` is the request's 503
+        `redis_out_of_memory`, as a refused hop is."""
+        pinned = self._pins.get(completion_id, {})
+        candidates: dict[str, str] = {}
+        for group in groups:
+            if group not in pinned and (version := self._choose(group)) is not None:
+                candidates[group] = version
+        if not candidates:
+            return
         try:
-            return await self._version_for(group, completion_id)
+            found = await self._first_pins(candidates, completion_id)
         except ResponseError as exc:
             if out_of_memory(exc):
                 raise RedisOutOfMemory() from exc
             raise
-
-    async def _version_for(self, group: str, completion_id: str) -> str | None:
-        states = self.registry.versions.get(group)
-        if not states:
-            return None
-        pins = self._pins.setdefault(completion_id, {})
-        current = pins.get(group)
-        if current is not None and current in states:
-            return current
-        candidate = self._choose(group)
-        assert candidate is not None
-        if current is None:
-            current = await self._first_pin(group, completion_id, candidate)
-            if current in states:
-                pins[group] = current
-                return current
-        await self._move(group, completion_id, current, candidate)
-        pins[group] = candidate
-        return candidate
+        self._pins.setdefault(completion_id, {}).update(found)
 
     def _choose(self, group: str) -> str | None:
         return choose_version(self.registry.versions.get(group, {}), self.registry.rollouts.get(group))
 
-    async def _first_pin(self, group: str, completion_id: str, candidate: str) -> str:
-        """Pin in the journal (one round trip beside the `serving:` count): the journal's
-        own pin if it has one (a recovered request), else `candidate`."""
+    async def _first_pins(self, candidates: dict[str, str], completion_id: str) -> dict[str, str]:
+        """Pin in the journal (one script for every group, beside one pipeline of the
+        `serving:` counts): the journal's own pin where it has one (a recovered request),
+        else the candidate."""
         journal = self.keys.journal(completion_id)
-        pinned_raw, _ = await asyncio.gather(
-            self._pin(keys=[journal], args=[f"pin:{group}", candidate]),
-            self.client.zadd(self.keys.serving(group, candidate), {completion_id: time.time()}),
-        )
-        pinned = text(pinned_raw)
-        if pinned != candidate:
+        now = time.time()
+
+        async def count() -> None:
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.zrem(self.keys.serving(group, candidate), completion_id)
-                pipe.zadd(self.keys.serving(group, pinned), {completion_id: time.time()})
+                for group, version in candidates.items():
+                    pipe.zadd(self.keys.serving(group, version), {completion_id: now})
+                await pipe.execute()
+
+        pinned_raw, _ = await asyncio.gather(
+            self._pin(keys=[journal], args=[x for g, v in candidates.items() for x in (f"pin:{g}", v)]), count()
+        )
+        pinned = {group: text(v) for group, v in zip(candidates, pinned_raw, strict=True)}
+        differ = {g: v for g, v in pinned.items() if v != candidates[g]}
+        if differ:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for group, version in differ.items():
+                    pipe.zrem(self.keys.serving(group, candidates[group]), completion_id)
+                    pipe.zadd(self.keys.serving(group, version), {completion_id: now})
                 await pipe.execute()
         return pinned
 

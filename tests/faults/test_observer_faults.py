@@ -1,10 +1,13 @@
 """Observer groups that die or stop, with real `hookbus worker` and `hookbus orchestrator`
 processes: no observation is lost (at least once), no request waits for them, and a
-backlog drains when a replica returns. ("Stopped for a minute" is a few seconds here.)"""
+backlog drains when a replica returns. ("Stopped for a minute" is DOWN_SECONDS here: 4 s in
+the suite; `OBSERVER_DOWN_SECONDS=60` runs the issue's full minute.)"""
 
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import time
 import uuid
 from typing import Any
@@ -22,6 +25,9 @@ from tests.waiting import wait_for
 WATCHER = "tests.faults.observer_skills:Watcher"
 AGENT = "tests.faults.fault_skills:agent"
 EXPECTED = {"on_connection", "after_llm_call", "finalize_connection"}
+
+DOWN_SECONDS = float(os.environ.get("OBSERVER_DOWN_SECONDS", "4"))
+"""How long the observer group stays stopped while requests run."""
 
 pytestmark = pytest.mark.slow  # real processes: their start-up alone takes seconds on a busy machine
 
@@ -86,11 +92,15 @@ async def test_a_stopped_observer_group_delays_no_request_and_its_backlog_drains
     stopped_at = time.monotonic()
     during: list[float] = []
     cids: list[str] = []
-    while time.monotonic() - stopped_at < 4.0:  # "a minute", shortened to a few seconds
+    while time.monotonic() - stopped_at < DOWN_SECONDS:
         cid, took = await request(redis, keys, "[[echo]] while the watchers are away", "obs-down")
         cids.append(cid)
         during.append(took)
     baseline = sorted(before)[len(before) // 2]
+    print(
+        f"observer group stopped {DOWN_SECONDS:g} s: {len(during)} requests, p50 {statistics.median(during) * 1000:.1f} ms, "
+        f"max {max(during) * 1000:.1f} ms; with the group up: p50 {baseline * 1000:.1f} ms"
+    )
     assert max(during) < max(3 * baseline, baseline + 0.5), (before, during)
     assert not [cid for cid in cids if await observed(redis, prefix, cid)]  # nobody watched them yet
     status = await read_status(redis, keys)
@@ -104,7 +114,9 @@ async def test_a_stopped_observer_group_delays_no_request_and_its_backlog_drains
         seen = [await observed(redis, prefix, cid) for cid in cids]
         return all({o["lifecycle"] for o in s} == EXPECTED for s in seen)
 
-    assert await wait_for(drained, timeout=15), procs.logs()
+    began = time.monotonic()
+    assert await wait_for(drained, timeout=15 + len(cids) / 20), procs.logs()
+    print(f"backlog of {len(cids)} requests drained {time.monotonic() - began:.1f} s after a replica returned")
 
     async def no_backlog() -> bool:
         (g,) = [g for g in (await read_status(redis, keys)).groups if g.name == "watch"]
