@@ -1,5 +1,5 @@
 """`hookbus run` with a model that fails: the demo request failing does not stop the stack,
-and it is said in one line."""
+and it is said in one line; the curl line it then prints asks for the configured model."""
 
 from __future__ import annotations
 
