@@ -99,7 +99,8 @@ class LLM:
         self.token_scale = TokenScale(exact=self.offline)
         self.unstreamed_tool_rounds = False
         """Set once the endpoint ended a stream with `tool_choice: "auto"` at once and
-        answered the same call unstreamed (llama-cpp-python): such calls go unstreamed."""
+        answered the same call unstreamed (llama-cpp-python's `chatml-function-calling`
+        format): such calls go unstreamed."""
 
     @property
     def offline(self) -> bool:
