@@ -11,6 +11,7 @@ import datetime as dt
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aredis
@@ -148,6 +149,9 @@ class GroupStatus(BaseModel):
     in_flight: dict[str, int] = Field(
         default_factory=dict, description="Replica -> entries delivered to it and not yet acked."
     )
+    hops_last_minute: dict[str, int] = Field(
+        default_factory=dict, description="Live replica -> the hops it finished in the last minute."
+    )
 
 
 class BusState(BaseModel):
@@ -210,6 +214,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
                 observe_pending=observe_pending,
                 heartbeats=beats,
                 in_flight=await _in_flight(client, streams, name),
+                hops_last_minute={r: sum(1 for h in hops if h.group == name and h.replica == r) for r in replicas},
             )
         )
     requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
@@ -304,14 +309,23 @@ def format_status(status: Status) -> str:
         if group.observe_lag or group.observe_pending:
             lines.append(f"{'':<16}   observer backlog: lag {group.observe_lag}, pending {group.observe_pending}")
         versioned = {r for v in group.versions for r in v.replicas}
-        lines += format_versions(group.versions, group.replica_protocols)
+        lines += format_versions(group.versions, partial(replica_work, group))
         lines += [
-            f"{'':<16}   - {replica} (protocol {group.replica_protocols.get(replica, '?')})"
+            f"{'':<16}   - {replica} {replica_work(group, replica)}"
             for replica in group.replicas if replica not in versioned
         ]
     if not status.groups:
         lines.append("(no worker groups registered)")
     return "\n".join(lines)
+
+
+def replica_work(group: GroupStatus, replica: str) -> str:
+    """What one replica's status line says after its name: the protocol it speaks and the
+    work it takes (a replica just started shows its first hops within the minute)."""
+    return (
+        f"(protocol {group.replica_protocols.get(replica, '?')}): "
+        f"{group.hops_last_minute.get(replica, 0)} hops in the last minute, {group.in_flight.get(replica, 0)} in flight"
+    )
 
 
 async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.1) -> bool:

@@ -40,7 +40,16 @@ DEMO_FAILED = 2
 """`demo`'s answer when the services came up but the demo request failed."""
 DEMO_PROMPT = 'What is 2 + 3? [[tool:add {"a": 2, "b": 3}]]'
 """The demo request to the offline model, whose directive makes it call the tool."""
-REAL_MODEL_PROMPT = "What is 2 + 3? Use the add tool, then answer in one sentence."
+REAL_MODEL_EXAMPLE = [
+    {"role": "user", "content": "Which city is the capital of Italy?"},
+    {"role": "assistant", "content": "Rome."},
+]
+"""One exchange before the real model's demo question: a base (pretrained) model, such as the
+Gemma 3 270M GGUF `make check-real-model` serves, continues a conversation in the form it is
+shown but echoes a bare question; an instruction-tuned one answers either way."""
+REAL_MODEL_PROMPT = "Which city is the capital of France?"
+REAL_MODEL_SETTINGS = {"temperature": 0, "max_tokens": 24}
+"""The same answer on every run, and short: a base model runs on until its token limit."""
 STATE_DIR = run_state.STATE_DIR
 
 
@@ -134,13 +143,16 @@ async def demo(redis_url: str, prefix: str, replicas: int, port: int, prompt: st
     await asyncio.sleep(0.6)  # let the orchestrator's registry view see the group
     say(f"gateway on http://127.0.0.1:{port}/v1 ; console on http://127.0.0.1:{port}{CONSOLE_PATH}")
     say("sending a streamed request through the queue:")
-    print(f"\n>>> {prompt}\n<<< ", end="", flush=True)
     # A real model on a small machine can take minutes for a tool round; the offline one, ms.
-    timeout = DEFAULT_TIMEOUT if prompt == REAL_MODEL_PROMPT else 60
-    async with HookbusClient(redis_url, prefix=prefix, timeout=timeout) as hookbus:
+    real = prompt == REAL_MODEL_PROMPT
+    messages = [*REAL_MODEL_EXAMPLE, {"role": "user", "content": prompt}] if real else [{"role": "user", "content": prompt}]
+    shown = "".join(f"\n{'>>>' if m['role'] == 'user' else '<<<'} {m['content']}" for m in messages)
+    print(f"{shown}\n<<< ", end="", flush=True)
+    async with HookbusClient(redis_url, prefix=prefix, timeout=DEFAULT_TIMEOUT if real else 60) as hookbus:
         completion_id = ""
         try:
-            async for chunk in hookbus.stream(prompt, session_id="demo"):
+            stream = hookbus.stream(messages, session_id="demo", model_settings=REAL_MODEL_SETTINGS if real else None)
+            async for chunk in stream:
                 completion_id = chunk.id
                 if chunk.choices and chunk.choices[0].delta.content:
                     print(chunk.choices[0].delta.content, end="", flush=True)

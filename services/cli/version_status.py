@@ -5,7 +5,7 @@ canary share, read from the keys of hookbus.bus.groups.versions."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aredis
 from pydantic import BaseModel
@@ -54,9 +54,9 @@ async def read_versions(
     ]
 
 
-def format_versions(versions: Sequence[VersionStatus], protocols: Mapping[str, str]) -> list[str]:
-    """One line per version (and its replicas below it, with the protocol each speaks),
-    for the status table."""
+def format_versions(versions: Sequence[VersionStatus], describe: Callable[[str], str]) -> list[str]:
+    """One line per version (and its replicas below it, each with what `describe` says of
+    it: its protocol and its work), for the status table."""
     lines = []
     for v in versions:
         canary = f", canary {v.canary_share:.0%}" if v.canary_share is not None else ""
@@ -65,7 +65,7 @@ def format_versions(versions: Sequence[VersionStatus], protocols: Mapping[str, s
             f"{v.hops_last_minute} hops in the last minute ({v.hop_errors_last_minute} failed){canary}"
         )
         lines += [
-            f"{'':<16}     - {r} (protocol {protocols.get(r, '?')}){' (draining)' if r in v.draining else ''}"
+            f"{'':<16}     - {r} {describe(r)}{' (draining)' if r in v.draining else ''}"
             for r in v.replicas
         ]
     return lines

@@ -99,7 +99,8 @@ class LLM:
         self.token_scale = TokenScale(exact=self.offline)
         self.unstreamed_tool_rounds = False
         """Set once the endpoint ended a stream with `tool_choice: "auto"` at once and
-        answered the same call unstreamed (llama-cpp-python): such calls go unstreamed."""
+        answered the same call unstreamed (llama-cpp-python's `chatml-function-calling`
+        format): such calls go unstreamed."""
 
     @property
     def offline(self) -> bool:
@@ -180,10 +181,10 @@ class LLM:
         """Ask the endpoint's tokenizer how it counts a sample text, where it can tell
         (llama-cpp-python, llama.cpp, vLLM); nothing for the offline model and OpenAI.
 
-        An endpoint that answers on `/extras/tokenize` is llama-cpp-python's server, whose
-        function-calling chat format refuses `tool_choice: "auto"` on a stream only after
-        deciding the call (33 s on a busy 2-core machine): its tool rounds go unstreamed
-        from the start instead of after that first refusal."""
+        Being llama-cpp-python says nothing about its tool rounds: its
+        `chatml-function-calling` format ends a stream under `tool_choice: "auto"` without a
+        chunk (`stream` then goes unstreamed for such calls), but a chat handler that
+        streams them (the Gemma one of `make check-real-model`) keeps its stream."""
         if self.offline:
             return
         headers = {"Authorization": f"Bearer {self._api_key}"}
@@ -198,11 +199,7 @@ class LLM:
                 theirs = _token_count(await _post_json(http, url, body))
                 if theirs:
                     self.token_scale.probed(model, theirs, count_text(SAMPLE_TEXT))
-                    self.unstreamed_tool_rounds = url.endswith("/extras/tokenize")
-                    log.info(
-                        "tokenizer_from_endpoint", model=model, scale=self.token_scale.of(model),
-                        unstreamed_tool_rounds=self.unstreamed_tool_rounds,
-                    )
+                    log.info("tokenizer_from_endpoint", model=model, scale=self.token_scale.of(model), url=url)
                     return
 
     def _report_usage(

@@ -1,5 +1,5 @@
 """`hookbus run` with a model that fails: the demo request failing does not stop the stack,
-and it is said in one line."""
+and it is said in one line; the curl line it then prints asks for the configured model."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def test_hookbus_run_keeps_the_stack_up_when_the_demo_request_fails(tmp_path):
         try:
             child.expect(r"hookbus: the demo request failed \(503 overloaded: model is loading\); the services are up")
             child.expect("the stack keeps running")
+            # The curl line it prints asks for the model the stack serves, as JSON.
+            child.expect(r"curl -s localhost:\d+/v1/chat/completions -H 'Content-Type: application/json' "
+                         r"""-d '\{"model": "slow-model", "messages": """)
             child.kill(signal.SIGINT)
             child.expect("hookbus: stopped")
             child.expect(pexpect.EOF)

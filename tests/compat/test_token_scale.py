@@ -16,7 +16,7 @@ from hookbus.services.orchestrator.token_scale import (
     TokenScale,
 )
 from hookbus.services.orchestrator.tokens import count_messages, count_text
-from tests.compat.upstream import RecordingUpstream, Reply, completion
+from tests.compat.upstream import RecordingUpstream, Reply, completion, text_stream
 
 LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}
 
@@ -121,3 +121,22 @@ async def test_the_tools_offered_count_on_both_sides_of_a_usage_report():
         await llm.complete("gemma-3-270m", messages, tools)
     assert server.received[-1]["tools"] == tools
     assert abs(llm.token_scale.of("gemma-3-270m") - 1.2) < 0.02
+
+
+async def test_an_endpoint_known_as_llama_cpp_python_still_gets_its_tool_rounds_streamed():
+    """Answering llama-cpp-python's tokenize endpoint says nothing of how it answers a tool
+    round: a chat handler that streams `tool_choice: "auto"` (the Gemma one of `make
+    check-real-model`) is asked for a stream every time. One that ends such a stream at once
+    goes unstreamed after that first time
+    (`test_upstream.py::test_tool_rounds_go_unstreamed_once_an_endpoint_ends_their_stream_at_once`)."""
+    with RecordingUpstream(props=LLAMA_PROPS, tokens_per_char=0.3) as server:
+        agent = Agent("tools", model="gemma-3-270m", skills=[Weather()],
+                      llm=LLM(base_url=server.url, api_key="k", timeout=5))
+        server.script.extend([text_stream("Sunny."), text_stream("Rainy.")])
+        answers = []
+        for question in ("Weather in Paris?", "Weather in Oslo?"):
+            chunks = [c async for c in agent.run_stream(question)]
+            answers.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    assert "/extras/tokenize" in server.paths
+    assert answers == ["Sunny.", "Rainy."]
+    assert [(r.get("stream", False), r.get("tool_choice")) for r in server.received] == [(True, "auto")] * 2

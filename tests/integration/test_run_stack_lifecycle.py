@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from hookbus.bus.connection.embedded import free_port
@@ -19,6 +20,7 @@ from hookbus.bus.connection.embedded import free_port
 pytestmark = pytest.mark.slow
 
 HOOKBUS = [sys.executable, "-m", "hookbus.services.cli.main"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def clean_env() -> dict[str, str]:
@@ -134,3 +136,32 @@ def test_status_against_an_unreachable_redis_is_one_line_not_a_traceback(tmp_pat
     assert status.returncode == 1
     assert "cannot reach Redis at redis://:***@127.0.0.1" in status.stderr, status.stderr
     assert "Traceback" not in status.stderr and "secret" not in status.stderr
+
+
+def test_ctrl_c_in_the_terminal_stops_make_run_within_3_s(tmp_path):
+    """`make run` in a terminal, as the README says, then Ctrl-C: the terminal's SIGINT
+    reaches make and `hookbus run` (the services are in sessions of their own), and the
+    prompt is back within 3 s. Run from another folder with this checkout's Makefile and
+    venv, so the stack's state is that folder's."""
+    venv = Path(sys.executable).parent.parent
+    stamp = venv / ".installed"
+    if not stamp.exists() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
+        pytest.skip(f"{venv} is not a venv `make venv` built and up to date: make would install into it")
+    (tmp_path / "pyproject.toml").symlink_to(ROOT / "pyproject.toml")  # the venv's prerequisite
+    child = pexpect.spawn(
+        "make", ["-f", str(ROOT / "Makefile"), f"VENV={venv}", "run"],
+        cwd=str(tmp_path), env=clean_env(), encoding="utf-8", timeout=120,
+    )
+    try:
+        child.expect("the stack keeps running")
+        child.expect("curl ")
+        child.sendintr()  # what Ctrl-C in the terminal does: SIGINT to its foreground group
+        started = time.monotonic()
+        child.expect("hookbus: stopped", timeout=30)
+        child.expect(pexpect.EOF, timeout=30)
+        took = time.monotonic() - started
+    finally:
+        if child.isalive():
+            child.close(force=True)
+    assert took < 3.0, f"Ctrl-C took {took:.1f} s"
+    assert not (tmp_path / ".hookbus" / "redis-url").exists()

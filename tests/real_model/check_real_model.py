@@ -8,7 +8,8 @@ with `OPENAI_BASE_URL` pointing at it and `HOOKBUS_CONTEXT_WINDOW=2048`: the dem
 offered on every call), the built-in worker group and the gateway. Then, through the gateway
 with the official openai client, at temperature 0, it checks:
 
-1. `hookbus run`'s own demo request answered (non-empty), streamed;
+1. `hookbus run`'s own demo request answered on topic (the capital named), streamed, and
+   the curl line it prints answered as pasted (its Content-Type, the configured model);
 2. a question answered on topic (the capital named), streamed and not;
 3. a client tool under `tool_choice: "auto"`, streamed: the model calls it with the right
    argument, its result goes back in, and the answer uses it;
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -130,10 +131,24 @@ def start_hookbus(base_url: str, folder: Path) -> tuple[subprocess.Popen[str], s
 
 
 def demo_answer(lines: list[str]) -> str:
-    """The text `hookbus run` printed after `<<< ` for its demo request."""
-    output = "".join(lines)
-    found = re.search(r"<<< (.*?)\n\n", output, re.DOTALL)
-    return found.group(1).strip() if found else ""
+    """The text `hookbus run` printed after its last `<<< ` (the first is the example's
+    answer) for its demo request."""
+    _, said, answer = "".join(lines).rpartition("\n<<< ")
+    return answer.partition("\n\n")[0].strip() if said else ""
+
+
+def curl_line(lines: list[str]) -> None:
+    """The curl line `hookbus run` printed, run as pasted: JSON with its Content-Type, for
+    the model the stack serves (it said `offline` whatever was set, and curl's form type got
+    a 415)."""
+    line = next(line.strip() for line in lines if line.strip().startswith("curl "))
+    done = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=600)
+    try:
+        body = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        body = {}
+    ok = body.get("object") == "chat.completion" and body.get("model") == MODEL
+    say("the printed curl line", ok, f"{line[:60]}...: {done.stdout.strip()[:160]!r}")
 
 
 def streamed_text(client: openai.OpenAI, **arguments: Any) -> tuple[str, list[Any]]:
@@ -227,11 +242,14 @@ def median_ms(call: Callable[[], Any]) -> float:
 
 
 def first_text_ms(call: Callable[[], Any]) -> float:
+    """Milliseconds to the first chunk with text; the stream is then read to its end, so
+    the next call does not wait for the server to finish this one's generation."""
     started = time.perf_counter()
+    took = float("nan")
     for chunk in call():
-        if chunk.choices and chunk.choices[0].delta.content:
-            return (time.perf_counter() - started) * 1000
-    return float("nan")
+        if math.isnan(took) and chunk.choices and chunk.choices[0].delta.content:
+            took = (time.perf_counter() - started) * 1000
+    return took
 
 
 def overhead(direct: openai.OpenAI, through: openai.OpenAI) -> None:
@@ -268,16 +286,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON", ".hookbus/llama-venv/bin/python"))
     args = parser.parse_args()
+    started = time.monotonic()
     port = free_port()
     server = start_server(Path(args.llama_python), port)
     base_url = f"http://127.0.0.1:{port}/v1"
     folder = Path(tempfile.mkdtemp(prefix="hookbus-real-model-"))
     run, gateway, lines = start_hookbus(base_url, folder)
     try:
-        say("hookbus run's demo request", run.poll() is None and bool(demo_answer(lines)), repr(demo_answer(lines)[:80]))
+        answer = demo_answer(lines)
+        say("hookbus run's demo request", run.poll() is None and names_paris(answer), repr(answer[:80]))
         through = openai.OpenAI(base_url=gateway, api_key="local", max_retries=0, timeout=600)
         direct = openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
         checks: list[tuple[str, Callable[[], None]]] = [
+            ("curl line", lambda: curl_line(lines)),
             ("on topic", lambda: on_topic(through)),
             ("tool under auto", lambda: tool_under_auto(through)),
             ("fact past the window", lambda: fact_past_the_window(through, folder / ".hookbus/logs/orchestrator.log")),
@@ -293,7 +314,8 @@ def main() -> int:
         run.wait(timeout=30)
         server.terminate()
         server.wait(timeout=30)
-    print("real-model check:", "FAILED: " + ", ".join(failures) if failures else "passed", flush=True)
+    verdict = "FAILED: " + ", ".join(failures) if failures else "passed"
+    print(f"real-model check: {verdict} in {time.monotonic() - started:.0f} s", flush=True)
     return 1 if failures else 0
 
 

@@ -89,12 +89,14 @@ def gemma_tools(*, llama: Any, messages: list[dict[str, Any]], tools: list[dict[
     """Under `"auto"` with tools, a turn the model begins with `call` (its first token at
     temperature 0, as the template shows a call) is a call of the tool it then names; its
     arguments are the named-tool path's (a grammar from the tool's schema). Any other
-    beginning is an answer."""
+    beginning is an answer, generated from the same prompt (the tools listed, no tool
+    forced): it begins as the choice did, and llama.cpp reuses the choice's evaluation of
+    that prompt instead of evaluating a second one without the tools."""
     if tools and tool_choice == "auto":
         prompt = llama.tokenize(formatter(messages=messages, tools=tools).prompt.encode(), add_bos=False, special=True)
         call = llama.tokenize(b"call", add_bos=False, special=False)
         if llama.create_completion(prompt=prompt, temperature=0, max_tokens=1)["choices"][0]["text"] != "call":
-            return answer_or_named_call(llama=llama, messages=messages, **kwargs)
+            return answer_or_named_call(llama=llama, messages=messages, tools=tools, **kwargs)
         name = preferred(llama, prompt + call, [f" {tool['function']['name']}" for tool in tools])
         tool_choice = {"type": "function", "function": {"name": name.strip()}}
     return answer_or_named_call(llama=llama, messages=messages, tools=tools, tool_choice=tool_choice, **kwargs)
