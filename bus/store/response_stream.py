@@ -5,6 +5,13 @@ batch, so a fast stream costs far fewer round trips than chunks. A batch is one 
 the response stream (a ResponseBatch of its items, hookbus.bus.wire.envelopes), so it costs
 one XADD too; readers unpack it (hookbus.bus.wire.envelopes.response_items).
 
+The first batch goes out at once (the time to first chunk); each later one at least
+`LINGER` seconds after the one before it started, so a stream faster than that costs a
+batch per `LINGER`, not one per write's round trip (each batch is a journal script of
+3-4 commands, and an entry the reader reads). What is still held when `finish` is called
+goes with the terminal item, in its script: a short answer is often one batch and the
+finish. The price: a chunk after the first reaches the reader up to `LINGER` later.
+
 With a `Fence` (the orchestrator always gives one), each batch is one journal script
 (hookbus.bus.store.journal) that writes only while the request's epoch is still the writer's, and
 the terminal item goes with the request's ack in one script (`finish`). A fenced-out
@@ -43,6 +50,8 @@ log = structlog.get_logger("hookbus.responses")
 RESPONSE_TTL = 3600
 TERMINAL_KINDS = frozenset({"final", "error", "done"})
 RETRY_CAP = 1.0
+LINGER = 0.01
+"""Least time between the starts of two batches of one writer (module docstring)."""
 _WRITE_ERRORS = (*RECONNECT_ERRORS, ResponseError)
 """What a write may fail with: those worth a retry are sorted out by `retryable`."""
 
@@ -80,9 +89,12 @@ class ResponseWriter:
         on_fenced: Callable[[], None] | None = None,
         on_lost: Callable[[], None] | None = None,
         first_seq: int = 0,
+        linger: float = LINGER,
     ) -> None:
         """`first_seq` is the journal's item count when this writer starts (0 for a new
-        run; -1 when unknown, as in a recovery, which writes only the terminal item)."""
+        run; -1 when unknown, as in a recovery, which writes only the terminal item);
+        `linger`: least time between the starts of two batches (module docstring)."""
+        self._linger = linger
         self._client = client
         self.stream = stream
         self._ttl = ttl
@@ -94,6 +106,10 @@ class ResponseWriter:
         """Monotonic time this writer's first batch set the stream's TTL (None: not set)."""
         self._pending: list[ResponseItem] = []
         self._drain: asyncio.Task[None] | None = None
+        self._next_batch_at = 0.0
+        """Monotonic time before which no batch starts (the linger after the last one)."""
+        self._finishing = asyncio.Event()
+        """Set by `finish`: the drain stops lingering and leaves what it holds to it."""
         self.written = 0
         self.fenced = False
         self.lost = False
@@ -118,6 +134,7 @@ class ResponseWriter:
         assert terminal.kind in TERMINAL_KINDS
         if self.fenced:
             return False
+        self._finishing.set()
         while self._drain is not None and not self._drain.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._drain), give_up_after)
@@ -184,7 +201,13 @@ class ResponseWriter:
 
     async def _write_pending(self) -> None:
         backoff = 0.05
-        while self._pending and not (self.fenced or self.lost):
+        while self._pending and not (self.fenced or self.lost or self._finishing.is_set()):
+            wait = self._next_batch_at - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._finishing.wait(), wait)
+                continue
+            self._next_batch_at = time.monotonic() + self._linger
             batch = self._pending[:]
             try:
                 if self._fence is None:

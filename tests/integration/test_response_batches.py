@@ -3,6 +3,7 @@ by item, in order, next to the bare single-item entries older writers wrote."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -70,10 +71,38 @@ async def test_a_multi_item_write_is_one_entry_and_the_client_reads_each_item_in
     )
 
     entries = await client.redis.xrange(stream)
-    assert [texts(response_items(fields)) for _id, fields in entries] == [["one", "two", "three"], ["four"], ["done"]]
+    # "four" came within the linger after the first batch: it goes with the terminal item
+    assert [texts(response_items(fields)) for _id, fields in entries] == [["one", "two", "three"], ["four", "done"]]
     assert (await journal.read(cid))["written"] == "5"  # items, not entries
     assert texts(await read_all(client, cid)) == ["one", "two", "three", "four", "done"]
     assert not await client.redis.exists(stream)  # the client deletes it at the terminal item
+
+
+async def test_chunks_within_the_linger_after_a_batch_go_out_together_and_the_first_at_once(client):
+    journal, cid, entry = await begun(client)
+    stream = client.keys.responses(cid)
+    writer = ResponseWriter(client.redis, stream, fence=Fence(journal, cid, 1), linger=1.0)
+    began = time.monotonic()
+    writer.add(chunk(cid, "first"))
+    assert await wait_for(lambda: client.redis.exists(stream), every=0.005)
+    assert time.monotonic() - began < 0.5  # not held back
+    for word in ("a", "b", "c"):  # apart, each within the linger after the first batch
+        await asyncio.sleep(0.05)
+        writer.add(chunk(cid, word))
+    assert await client.redis.xlen(stream) == 1
+
+    async def two_entries() -> bool:
+        return await client.redis.xlen(stream) == 2
+
+    assert await wait_for(two_entries)
+    assert time.monotonic() - began >= 1.0
+    writer.add(chunk(cid, "d"))  # held, and then handed to finish with the terminal item
+    assert await writer.finish(
+        ResponseItem(kind="done", completion_id=cid), ack=Ack(client.keys.requests_for(cid), GROUP, entry)
+    )
+    assert time.monotonic() - began < 1.5  # finish did not wait out the linger
+    entries = await client.redis.xrange(stream)
+    assert [texts(response_items(fields)) for _id, fields in entries] == [["first"], ["a", "b", "c"], ["d", "done"]]
 
 
 async def test_entries_of_one_bare_item_still_read_between_batches(client):
