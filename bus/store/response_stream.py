@@ -18,8 +18,9 @@ the terminal item goes with the request's ack in one script (`finish`). A fenced
 writer drops what it holds, calls `on_fenced` and writes nothing more. A writer whose
 journal is gone (Redis lost its data: hookbus.bus.store.journal, LOST) drops its chunks,
 calls `on_lost`, and stores only the terminal item. A batch that
-failed because Redis was unreachable is retried with backoff, in order; the journal's
-item count makes a retried batch idempotent, so no chunk is stored twice.
+failed because Redis was unreachable is retried with backoff, in order; each batch's
+entry id, numbered by the items before it, makes a retried batch idempotent, so no chunk
+is stored twice.
 
 A write Redis refuses for want of memory (`maxmemory`, policy noeviction) is retried the
 same way, but never given up: the request's lease is still renewed meanwhile (the
@@ -113,7 +114,6 @@ class ResponseWriter:
         self.written = 0
         self.fenced = False
         self.lost = False
-        self.stage = ""
         self.refused_since: float | None = None
         """Monotonic time Redis started refusing this writer's writes for want of memory."""
 
@@ -264,7 +264,7 @@ class ResponseWriter:
         sent_at = time.monotonic()
         result = await fence.journal.write(
             fence.completion_id, self.stream, fence.epoch, batch,
-            ttl=self._ttl, first_seq=self._seq, stage=self.stage,
+            ttl=self._ttl, first_seq=self._seq,
         )
         if result == FENCED:
             self._fenced_out()

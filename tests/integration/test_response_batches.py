@@ -74,6 +74,7 @@ async def test_a_multi_item_write_is_one_entry_and_the_client_reads_each_item_in
     # "four" came within the linger after the first batch: it goes with the terminal item
     assert [texts(response_items(fields)) for _id, fields in entries] == [["one", "two", "three"], ["four", "done"]]
     assert (await journal.read(cid))["written"] == "5"  # items, not entries
+    assert await journal.written(cid) == 5
     assert texts(await read_all(client, cid)) == ["one", "two", "three", "four", "done"]
     assert not await client.redis.exists(stream)  # the client deletes it at the terminal item
 
@@ -147,6 +148,17 @@ async def test_a_retried_write_or_finish_stores_no_item_twice(client):
     for _attempt in range(2):
         assert await journal.finish(cid, stream, 1, last, ttl=60, requests=requests, group=GROUP, entry_id=entry, first_seq=2) == 4
     assert [texts(response_items(fields)) for _id, fields in await client.redis.xrange(stream)] == [["a", "b"], ["c", "done"]]
+
+
+async def test_an_entry_the_writer_did_not_number_is_appended_after_not_taken_for_a_retry(client):
+    journal, cid, entry = await begun(client)
+    stream, requests = client.keys.responses(cid), client.keys.requests_for(cid)
+    await client.redis.xadd(stream, {"e": encode_response_batch([chunk(cid, "foreign")])})
+    assert await journal.write(cid, stream, 1, [chunk(cid, "a")], ttl=60, first_seq=0) == 1
+    done = ResponseItem(kind="done", completion_id=cid)
+    assert await journal.finish(cid, stream, 1, [done], ttl=60, requests=requests, group=GROUP, entry_id=entry, first_seq=1) == 2
+    assert [texts(response_items(fields)) for _id, fields in await client.redis.xrange(stream)] == [["foreign"], ["a"], ["done"]]
+    assert 0 < await client.redis.ttl(stream) <= 60
 
 
 async def test_an_owner_that_lost_the_epoch_writes_no_batch(client):
