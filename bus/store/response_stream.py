@@ -114,6 +114,9 @@ class ResponseWriter:
         self.written = 0
         self.fenced = False
         self.lost = False
+        self.owned_at: float | None = None
+        """Monotonic time the last journal write that found this writer's epoch current
+        was sent (None: none yet, or unfenced)."""
         self.refused_since: float | None = None
         """Monotonic time Redis started refusing this writer's writes for want of memory."""
 
@@ -272,6 +275,7 @@ class ResponseWriter:
         if result == LOST:
             self._lost()
             return
+        self.owned_at = sent_at
         if self._seq == 0:  # the first batch: the script set the stream's TTL
             self._ttl_set_at = sent_at
         if self._seq >= 0:

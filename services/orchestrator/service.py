@@ -112,6 +112,9 @@ DRAIN_SECONDS = 60.0
 """How long a stopping orchestrator lets the requests it runs finish."""
 OBSERVATIONS_WAIT = 2.0
 """How long a request's ack waits for its observation entries to be stored (Redis slow or away)."""
+RECENTLY_OWNED = 0.25
+"""How recent a response write that found the run's epoch current answers `still_owner`
+(at most a quarter of `claim_idle`)."""
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 _SERVING: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
 """Services of this process running each agent. Services that share an agent share its LLM
@@ -440,6 +443,7 @@ class OrchestratorService(BusApp):
             on_lost=lambda: self.runs.lose(run),
             first_seq=first_seq,
         )
+        run.writer = writer
         if run.cancel_reason is not None and mode == RunMode.RUN:
             mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
         if mode == RunMode.RUN:  # so that a running request shows its model and caller (the console)
@@ -515,12 +519,20 @@ class OrchestratorService(BusApp):
         """Whether the run asking (the one whose task this is) may finalize its request:
         no, only when it knows it lost it (fenced out, or the journal's epoch is past its
         own: a peer claimed the request and runs its finalize). When in doubt, yes:
-        finalize must run at least once, and every write after it is fenced anyway."""
+        finalize must run at least once, and every write after it is fenced anyway.
+
+        A response write that found the epoch ours less than RECENTLY_OWNED seconds ago
+        answers without asking Redis: a peer claims a request only after its owner's
+        heartbeat was missing for `claim_idle`, or after it idled far longer, and a process
+        that stalled since that write sees the time gone by."""
         run = _current_run.get()
         if run is None or run.completion_id != completion_id or not run.epoch:
             return True
         if run.fenced:
             return False
+        owned_at = run.writer.owned_at if run.writer is not None else None
+        if owned_at is not None and time.monotonic() - owned_at < min(RECENTLY_OWNED, self.claim_idle / 4):
+            return True
         try:
             epoch = await self.client.hget(self.keys.journal(completion_id), "epoch")
         except RECONNECT_ERRORS:

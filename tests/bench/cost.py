@@ -366,6 +366,10 @@ async def _rates(
     rounds), where time-driven work (event flushes, acks, observer reads) is shared by
     more requests than at c=1."""
     per_round = max(PARALLEL, scaled(PARALLEL_REQUESTS) // rounds)
+    # the connection pools grow to the concurrency first (each new connection's HELLO and
+    # CLIENT SETINFO are not a request's cost): one unmeasured round of PARALLEL each
+    for client in clients:
+        await asyncio.gather(*(one_request(client) for _ in range(PARALLEL)))
     spent = [0.0 for _ in clients]
     windows: list[Snapshot | None] = [None for _ in clients]
     for _ in range(rounds):
