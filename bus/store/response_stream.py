@@ -5,12 +5,15 @@ batch, so a fast stream costs far fewer round trips than chunks. A batch is one 
 the response stream (a ResponseBatch of its items, hookbus.bus.wire.envelopes), so it costs
 one XADD too; readers unpack it (hookbus.bus.wire.envelopes.response_items).
 
-The first batch goes out at once (the time to first chunk); each later one at least
-`LINGER` seconds after the one before it started, so a stream faster than that costs a
-batch per `LINGER`, not one per write's round trip (each batch is a journal script of
+A batch goes out at least `LINGER` seconds after the one before it started (the first:
+after the first item was added), unless an item added `at_once` is in it (the
+orchestrator's first chunk that carries text or a tool call: the time to first token does
+not wait; the role-only chunk before it goes with it); so a stream faster than that costs
+a batch per `LINGER`, not one per write's round trip (each batch is a journal script of
 3-4 commands, and an entry the reader reads). What is still held when `finish` is called
-goes with the terminal item, in its script: a short answer is often one batch and the
-finish. The price: a chunk after the first reaches the reader up to `LINGER` later.
+goes with the terminal item, in its script. The price: a chunk after the first text
+reaches the reader up to `LINGER` later (an answer's last chunks do not wait: `finish`
+takes them), and a first item not added `at_once` up to `LINGER` later.
 
 With a `Fence` (the orchestrator always gives one), each batch is one journal script
 (hookbus.bus.store.journal) that writes only while the request's epoch is still the writer's, and
@@ -107,10 +110,13 @@ class ResponseWriter:
         """Monotonic time this writer's first batch set the stream's TTL (None: not set)."""
         self._pending: list[ResponseItem] = []
         self._drain: asyncio.Task[None] | None = None
-        self._next_batch_at = 0.0
-        """Monotonic time before which no batch starts (the linger after the last one)."""
-        self._finishing = asyncio.Event()
-        """Set by `finish`: the drain stops lingering and leaves what it holds to it."""
+        self._next_batch_at: float | None = None
+        """Monotonic time before which no batch starts (the linger after the last one, or
+        after the first item; None: no item yet)."""
+        self._finishing = False
+        """Set by `finish`: the drain leaves what it holds to it."""
+        self._wake = asyncio.Event()
+        """Ends the drain's linger early (`finish`, an item added `at_once`)."""
         self.written = 0
         self.fenced = False
         self.lost = False
@@ -120,10 +126,16 @@ class ResponseWriter:
         self.refused_since: float | None = None
         """Monotonic time Redis started refusing this writer's writes for want of memory."""
 
-    def add(self, item: ResponseItem) -> None:
+    def add(self, item: ResponseItem, *, at_once: bool = False) -> None:
+        """Queue `item`; `at_once`: its batch does not wait out the linger."""
         if self.fenced or self.lost:
             return
         self._pending.append(item)
+        if at_once:
+            self._next_batch_at = 0.0
+            self._wake.set()
+        elif self._next_batch_at is None:
+            self._next_batch_at = time.monotonic() + self._linger
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write_pending())
 
@@ -137,7 +149,8 @@ class ResponseWriter:
         assert terminal.kind in TERMINAL_KINDS
         if self.fenced:
             return False
-        self._finishing.set()
+        self._finishing = True
+        self._wake.set()
         while self._drain is not None and not self._drain.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._drain), give_up_after)
@@ -204,11 +217,12 @@ class ResponseWriter:
 
     async def _write_pending(self) -> None:
         backoff = 0.05
-        while self._pending and not (self.fenced or self.lost or self._finishing.is_set()):
-            wait = self._next_batch_at - time.monotonic()
+        while self._pending and not (self.fenced or self.lost or self._finishing):
+            wait = (self._next_batch_at or 0.0) - time.monotonic()
             if wait > 0:
+                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._finishing.wait(), wait)
+                    await asyncio.wait_for(self._wake.wait(), wait)
                 continue
             self._next_batch_at = time.monotonic() + self._linger
             batch = self._pending[:]

@@ -43,6 +43,7 @@ import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
+from openai.types.chat import ChatCompletionChunk
 from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.cluster import forget_topology, in_order, keys_for, ready
@@ -606,8 +607,14 @@ class OrchestratorService(BusApp):
         def progress(line: str) -> None:
             writer.add(ResponseItem(kind="progress", completion_id=cid, progress=line))
 
+        first_output = True
         async for chunk in self.agent.run_stream(request.messages, on_progress=progress, **kwargs):
-            writer.add(ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)))
+            at_once = first_output and _carries_output(chunk)
+            first_output = first_output and not at_once
+            writer.add(
+                ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)),
+                at_once=at_once,
+            )
         return ResponseItem(kind="done", completion_id=cid)
 
     async def _cancel_listener(self) -> None:
@@ -656,6 +663,12 @@ def _with_run(run: Running) -> contextvars.Context:
 
 def _check_limits(raw: bytes, limits: RequestLimits) -> None:
     check_document(parse_json(raw, limits), limits)
+
+
+def _carries_output(chunk: ChatCompletionChunk) -> bool:
+    """Whether the chunk holds text or a tool call (not only a role or a finish reason):
+    the answer's first such chunk is written without the response writer's linger."""
+    return any(choice.delta.content or choice.delta.tool_calls for choice in chunk.choices)
 
 
 def _peek_completion_id(raw: bytes | None, *, parse: bool = True) -> str | None:

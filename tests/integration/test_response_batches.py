@@ -84,7 +84,7 @@ async def test_chunks_within_the_linger_after_a_batch_go_out_together_and_the_fi
     stream = client.keys.responses(cid)
     writer = ResponseWriter(client.redis, stream, fence=Fence(journal, cid, 1), linger=1.0)
     began = time.monotonic()
-    writer.add(chunk(cid, "first"))
+    writer.add(chunk(cid, "first"), at_once=True)
     assert await wait_for(lambda: client.redis.exists(stream), every=0.005)
     assert time.monotonic() - began < 0.5  # not held back
     for word in ("a", "b", "c"):  # apart, each within the linger after the first batch
@@ -104,6 +104,24 @@ async def test_chunks_within_the_linger_after_a_batch_go_out_together_and_the_fi
     assert time.monotonic() - began < 1.5  # finish did not wait out the linger
     entries = await client.redis.xrange(stream)
     assert [texts(response_items(fields)) for _id, fields in entries] == [["first"], ["a", "b", "c"], ["d", "done"]]
+
+
+async def test_an_item_added_at_once_does_not_wait_out_the_linger_and_takes_what_waited_with_it(client):
+    journal, cid, entry = await begun(client)
+    stream = client.keys.responses(cid)
+    writer = ResponseWriter(client.redis, stream, fence=Fence(journal, cid, 1), linger=5.0)
+    began = time.monotonic()
+    writer.add(chunk(cid, "role only"))  # waits: the first item too
+    await asyncio.sleep(0.1)
+    assert not await client.redis.exists(stream)
+    writer.add(chunk(cid, "first text"), at_once=True)
+    assert await wait_for(lambda: client.redis.exists(stream), every=0.005)
+    assert time.monotonic() - began < 2.5
+    assert await writer.finish(
+        ResponseItem(kind="done", completion_id=cid), ack=Ack(client.keys.requests_for(cid), GROUP, entry)
+    )
+    entries = await client.redis.xrange(stream)
+    assert [texts(response_items(fields)) for _id, fields in entries] == [["role only", "first text"], ["done"]]
 
 
 async def test_entries_of_one_bare_item_still_read_between_batches(client):
