@@ -12,7 +12,7 @@ step is one atomic round trip:
 | `entry` | the `requests` entry id (another entry with the same completion id is a duplicate) |
 | `stage` | the last lifecycle stage a hook ran at (`started` before any, `done` at the end) |
 | `started` | unix time the first run started |
-| `written` | response items stored so far (chunks and the terminal item; items, not entries) |
+| `written` | response items stored (chunks and the terminal item; items, not entries), set by `finish`; while the run writes, the response stream's entry ids say it (`Journal.written`) |
 | `terminal` | "1" once the terminal item is stored |
 | `finalized` | "1" once finalize_connection ran and the terminal item is stored |
 | `done` | "1" once the request entry is acked |
@@ -21,14 +21,19 @@ step is one atomic round trip:
 
 Every script is safe to run twice (the client retries a call whose reply was lost in a
 dropped connection): `begin` recognises its own journal, `write` and `finish` skip items
-already stored (by the journal's item count), `claim` just bumps the epoch again.
+already stored (by the entry's id, below), `claim` just bumps the epoch again.
 
 Response stream entries: each `write` and `finish` stores its items as one entry of
 `responses:{completion_id}`, a ResponseBatch (hookbus.bus.wire.envelopes) holding them in
-order, the terminal item last (one XADD per write, not one per item). `written` still
-counts items: a script stores its whole batch or nothing, so "has `written` reached the
-writer's first_seq" decides a retry exactly as before, and a new owner after a takeover
-(which writes only the terminal item, first_seq -1) neither repeats nor drops an item.
+order, the terminal item last (one XADD per write, not one per item). A writer that knows
+how many items are stored before its batch (`first_seq`: 0 for a new run) gives the entry
+the id `0-N`, N the items stored with it, so the ids grow as XADD requires; a call run again
+after its reply was lost finds XADD refusing that id and the stream's last entry carrying
+it, and stores nothing. That costs no journal write per batch (before: an HSET of the count
+in every batch). An entry the writer did not number on top of the stream (one XADD `*` put
+there, which only a misuse of the completion id does) makes it append after it, with `*`;
+a new owner after a takeover (which writes only the terminal item, first_seq -1) appends
+with `*` too, after every numbered entry, so it neither repeats nor drops an item.
 Readers also read entries of one bare ResponseItem (writers before batching, and the
 orchestrator's refusals of bad requests); a reader from before batching skips batch
 entries, so upgrade gateways and clients before orchestrators.
@@ -49,8 +54,8 @@ a new journal done (`lost`), so a copy of the entry delivered again is refused, 
 Cost on a request's path: `begin` is one round trip at the start (it also reads the
 cancel marker: one EXISTS of both keys, then HSET and EXPIRE); `finish` replaces the two
 round trips a request used to end with (the last response write and the XACK) by one;
-each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD, HSET
-(`written`, `stage`) and, for the first batch only, the stream's EXPIRE. `finish` sets
+each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD and, for
+the first batch only, the stream's EXPIRE. `finish` sets
 that TTL again only when asked (the writer does not when its own first batch set it less
 than half a TTL ago). Lease renewal and stage notes go in one script per orchestrator
 every few seconds, for all its requests together.
@@ -113,25 +118,30 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {'claimed', tostring(epoch), j[3] or '0', j[4] or '', j[5] or '0'}
 """
 
-# KEYS: journal, responses. ARGV: epoch, ttl, first_seq, stage, item count, batch entry.
-# first_seq >= 0 makes a retried batch idempotent: if `written` moved past it, the batch
-# is already stored (a script runs whole or not at all).
+# KEYS: journal, responses. ARGV: epoch, ttl, first_seq, item count, batch entry.
+# first_seq >= 0 makes a retried batch idempotent through the entry's id (module docstring):
+# XADD refuses an id at or below the stream's last one, and the last one is this batch's own
+# when the call that stored it lost its reply.
 _WRITE = """
-local j = redis.call('HMGET', KEYS[1], 'epoch', 'written', 'terminal')
+local j = redis.call('HMGET', KEYS[1], 'epoch', 'terminal')
 if not j[1] then return -2 end
-if j[1] ~= ARGV[1] or j[3] == '1' then return -1 end
-local written = tonumber(j[2] or '0')
+if j[1] ~= ARGV[1] or j[2] == '1' then return -1 end
 local first = tonumber(ARGV[3])
-if first >= 0 and written ~= first then return written end
-redis.call('XADD', KEYS[2], '*', 'e', ARGV[6])
--- the TTL is set by the first batch and renewed by `finish`, not once per batch
-if written == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
-written = written + tonumber(ARGV[5])
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[1], 'written', written, 'stage', ARGV[4])
-else
-  redis.call('HSET', KEYS[1], 'written', written)
+if first < 0 then
+  redis.call('XADD', KEYS[2], '*', 'e', ARGV[5])
+  return 0
 end
+local written = first + tonumber(ARGV[4])
+local id = '0-' .. written
+local stored = redis.pcall('XADD', KEYS[2], id, 'e', ARGV[5])
+if type(stored) == 'table' and stored.err then
+  local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  if top[1] and top[1][1] == id then return written end
+  -- an entry this writer did not number is on top: append after it
+  redis.call('XADD', KEYS[2], '*', 'e', ARGV[5])
+end
+-- the TTL is set by the first batch and renewed by `finish`, not once per batch
+if first == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 return written
 """
 
@@ -155,9 +165,23 @@ if j[1] ~= ARGV[1] then return -1 end
 local written = tonumber(j[2] or '0')
 if j[3] ~= '1' then
   local first = tonumber(ARGV[3])
-  if first < 0 or written == first then
-    redis.call('XADD', KEYS[2], '*', 'e', ARGV[9])
+  local stored = nil
+  if first >= 0 then
+    written = first + tonumber(ARGV[7])
+    stored = redis.pcall('XADD', KEYS[2], '0-' .. written, 'e', ARGV[9])
+  end
+  if first < 0 then
+    -- a recovery's terminal item: the count is in the id of the last numbered entry
+    local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+    if top[1] then
+      local ms, seq = string.match(top[1][1], '^(%d+)-(%d+)$')
+      if ms == '0' then written = tonumber(seq) end
+    end
     written = written + tonumber(ARGV[7])
+  end
+  if first < 0 or (type(stored) == 'table' and stored.err) then
+    -- a recovery's terminal item, or an entry this writer did not number is on top
+    redis.call('XADD', KEYS[2], '*', 'e', ARGV[9])
   end
   if ARGV[8] == '1' then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 end
@@ -332,16 +356,16 @@ class Journal:
         *,
         ttl: int,
         first_seq: int = -1,
-        stage: str = "",
     ) -> int:
         """Append response items, as one batch entry, if `epoch` still owns the request;
         FENCED (-1) if not, LOST (-2) if the journal is gone.
 
-        Returns the journal's count of written items."""
+        Returns the count of items written, this batch's included (`first_seq` plus its
+        items; 0 when `first_seq` is -1)."""
         return int(
             await self._write(
                 keys=[self.key(completion_id), responses],
-                args=[epoch, ttl, first_seq, stage, len(items), encode_response_batch(list(items))],
+                args=[epoch, ttl, first_seq, len(items), encode_response_batch(list(items))],
             )
         )
 
@@ -379,3 +403,14 @@ class Journal:
     async def read(self, completion_id: str) -> dict[str, str]:
         raw = await self.client.hgetall(self.key(completion_id))
         return {text(k): text(v) for k, v in raw.items()}
+
+    async def written(self, completion_id: str) -> int:
+        """Response items a run stored so far: the number in the id of the response
+        stream's last numbered entry (module docstring), or the journal's `written` once
+        the request finished (the client deletes the stream at the terminal item)."""
+        top = await self.client.xrevrange(self.keys.responses(completion_id), count=1)
+        if top:
+            ms, seq = text(top[0][0]).split("-")
+            if ms == "0":
+                return int(seq)
+        return int((await self.read(completion_id)).get("written", 0))

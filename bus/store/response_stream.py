@@ -5,14 +5,25 @@ batch, so a fast stream costs far fewer round trips than chunks. A batch is one 
 the response stream (a ResponseBatch of its items, hookbus.bus.wire.envelopes), so it costs
 one XADD too; readers unpack it (hookbus.bus.wire.envelopes.response_items).
 
+A batch goes out at least `LINGER` seconds after the one before it started (the first:
+after the first item was added), unless an item added `at_once` is in it (the
+orchestrator's first chunk that carries text or a tool call: the time to first token does
+not wait; the role-only chunk before it goes with it); so a stream faster than that costs
+a batch per `LINGER`, not one per write's round trip (each batch is a journal script of
+3-4 commands, and an entry the reader reads). What is still held when `finish` is called
+goes with the terminal item, in its script. The price: a chunk after the first text
+reaches the reader up to `LINGER` later (an answer's last chunks do not wait: `finish`
+takes them), and a first item not added `at_once` up to `LINGER` later.
+
 With a `Fence` (the orchestrator always gives one), each batch is one journal script
 (hookbus.bus.store.journal) that writes only while the request's epoch is still the writer's, and
 the terminal item goes with the request's ack in one script (`finish`). A fenced-out
 writer drops what it holds, calls `on_fenced` and writes nothing more. A writer whose
 journal is gone (Redis lost its data: hookbus.bus.store.journal, LOST) drops its chunks,
 calls `on_lost`, and stores only the terminal item. A batch that
-failed because Redis was unreachable is retried with backoff, in order; the journal's
-item count makes a retried batch idempotent, so no chunk is stored twice.
+failed because Redis was unreachable is retried with backoff, in order; each batch's
+entry id, numbered by the items before it, makes a retried batch idempotent, so no chunk
+is stored twice.
 
 A write Redis refuses for want of memory (`maxmemory`, policy noeviction) is retried the
 same way, but never given up: the request's lease is still renewed meanwhile (the
@@ -43,6 +54,8 @@ log = structlog.get_logger("hookbus.responses")
 RESPONSE_TTL = 3600
 TERMINAL_KINDS = frozenset({"final", "error", "done"})
 RETRY_CAP = 1.0
+LINGER = 0.05
+"""Least time between the starts of two batches of one writer (module docstring)."""
 _WRITE_ERRORS = (*RECONNECT_ERRORS, ResponseError)
 """What a write may fail with: those worth a retry are sorted out by `retryable`."""
 
@@ -80,9 +93,12 @@ class ResponseWriter:
         on_fenced: Callable[[], None] | None = None,
         on_lost: Callable[[], None] | None = None,
         first_seq: int = 0,
+        linger: float = LINGER,
     ) -> None:
         """`first_seq` is the journal's item count when this writer starts (0 for a new
-        run; -1 when unknown, as in a recovery, which writes only the terminal item)."""
+        run; -1 when unknown, as in a recovery, which writes only the terminal item);
+        `linger`: least time between the starts of two batches (module docstring)."""
+        self._linger = linger
         self._client = client
         self.stream = stream
         self._ttl = ttl
@@ -94,17 +110,32 @@ class ResponseWriter:
         """Monotonic time this writer's first batch set the stream's TTL (None: not set)."""
         self._pending: list[ResponseItem] = []
         self._drain: asyncio.Task[None] | None = None
+        self._next_batch_at: float | None = None
+        """Monotonic time before which no batch starts (the linger after the last one, or
+        after the first item; None: no item yet)."""
+        self._finishing = False
+        """Set by `finish`: the drain leaves what it holds to it."""
+        self._wake = asyncio.Event()
+        """Ends the drain's linger early (`finish`, an item added `at_once`)."""
         self.written = 0
         self.fenced = False
         self.lost = False
-        self.stage = ""
+        self.owned_at: float | None = None
+        """Monotonic time the last journal write that found this writer's epoch current
+        was sent (None: none yet, or unfenced)."""
         self.refused_since: float | None = None
         """Monotonic time Redis started refusing this writer's writes for want of memory."""
 
-    def add(self, item: ResponseItem) -> None:
+    def add(self, item: ResponseItem, *, at_once: bool = False) -> None:
+        """Queue `item`; `at_once`: its batch does not wait out the linger."""
         if self.fenced or self.lost:
             return
         self._pending.append(item)
+        if at_once:
+            self._next_batch_at = 0.0
+            self._wake.set()
+        elif self._next_batch_at is None:
+            self._next_batch_at = time.monotonic() + self._linger
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write_pending())
 
@@ -118,6 +149,8 @@ class ResponseWriter:
         assert terminal.kind in TERMINAL_KINDS
         if self.fenced:
             return False
+        self._finishing = True
+        self._wake.set()
         while self._drain is not None and not self._drain.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._drain), give_up_after)
@@ -184,7 +217,14 @@ class ResponseWriter:
 
     async def _write_pending(self) -> None:
         backoff = 0.05
-        while self._pending and not (self.fenced or self.lost):
+        while self._pending and not (self.fenced or self.lost or self._finishing):
+            wait = (self._next_batch_at or 0.0) - time.monotonic()
+            if wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                continue
+            self._next_batch_at = time.monotonic() + self._linger
             batch = self._pending[:]
             try:
                 if self._fence is None:
@@ -241,7 +281,7 @@ class ResponseWriter:
         sent_at = time.monotonic()
         result = await fence.journal.write(
             fence.completion_id, self.stream, fence.epoch, batch,
-            ttl=self._ttl, first_seq=self._seq, stage=self.stage,
+            ttl=self._ttl, first_seq=self._seq,
         )
         if result == FENCED:
             self._fenced_out()
@@ -249,6 +289,7 @@ class ResponseWriter:
         if result == LOST:
             self._lost()
             return
+        self.owned_at = sent_at
         if self._seq == 0:  # the first batch: the script set the stream's TTL
             self._ttl_set_at = sent_at
         if self._seq >= 0:

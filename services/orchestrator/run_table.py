@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from hookbus.bus.store.response_stream import ResponseWriter
 from hookbus.skills import Cancelled, HookbusError, ServiceError
 from hookbus.skills.lifecycle import Lifecycle
 
@@ -34,6 +35,8 @@ class Running:
     stop_error: HookbusError | None = None
     """Why this process stopped the run itself, when not for its client (Redis lost its state)."""
     started: float = field(default_factory=time.perf_counter)
+    writer: ResponseWriter | None = None
+    """Its response writer, whose last journal write says when the epoch was last ours."""
 
 
 class RunTable:

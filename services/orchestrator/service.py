@@ -43,6 +43,7 @@ import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
+from openai.types.chat import ChatCompletionChunk
 from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.cluster import forget_topology, in_order, keys_for, ready
@@ -112,6 +113,9 @@ DRAIN_SECONDS = 60.0
 """How long a stopping orchestrator lets the requests it runs finish."""
 OBSERVATIONS_WAIT = 2.0
 """How long a request's ack waits for its observation entries to be stored (Redis slow or away)."""
+RECENTLY_OWNED = 0.25
+"""How recent a response write that found the run's epoch current answers `still_owner`
+(at most a quarter of `claim_idle`)."""
 _CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 _SERVING: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
 """Services of this process running each agent. Services that share an agent share its LLM
@@ -440,6 +444,7 @@ class OrchestratorService(BusApp):
             on_lost=lambda: self.runs.lose(run),
             first_seq=first_seq,
         )
+        run.writer = writer
         if run.cancel_reason is not None and mode == RunMode.RUN:
             mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
         if mode == RunMode.RUN:  # so that a running request shows its model and caller (the console)
@@ -515,12 +520,20 @@ class OrchestratorService(BusApp):
         """Whether the run asking (the one whose task this is) may finalize its request:
         no, only when it knows it lost it (fenced out, or the journal's epoch is past its
         own: a peer claimed the request and runs its finalize). When in doubt, yes:
-        finalize must run at least once, and every write after it is fenced anyway."""
+        finalize must run at least once, and every write after it is fenced anyway.
+
+        A response write that found the epoch ours less than RECENTLY_OWNED seconds ago
+        answers without asking Redis: a peer claims a request only after its owner's
+        heartbeat was missing for `claim_idle`, or after it idled far longer, and a process
+        that stalled since that write sees the time gone by."""
         run = _current_run.get()
         if run is None or run.completion_id != completion_id or not run.epoch:
             return True
         if run.fenced:
             return False
+        owned_at = run.writer.owned_at if run.writer is not None else None
+        if owned_at is not None and time.monotonic() - owned_at < min(RECENTLY_OWNED, self.claim_idle / 4):
+            return True
         try:
             epoch = await self.client.hget(self.keys.journal(completion_id), "epoch")
         except RECONNECT_ERRORS:
@@ -594,8 +607,14 @@ class OrchestratorService(BusApp):
         def progress(line: str) -> None:
             writer.add(ResponseItem(kind="progress", completion_id=cid, progress=line))
 
+        first_output = True
         async for chunk in self.agent.run_stream(request.messages, on_progress=progress, **kwargs):
-            writer.add(ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)))
+            at_once = first_output and _carries_output(chunk)
+            first_output = first_output and not at_once
+            writer.add(
+                ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)),
+                at_once=at_once,
+            )
         return ResponseItem(kind="done", completion_id=cid)
 
     async def _cancel_listener(self) -> None:
@@ -644,6 +663,12 @@ def _with_run(run: Running) -> contextvars.Context:
 
 def _check_limits(raw: bytes, limits: RequestLimits) -> None:
     check_document(parse_json(raw, limits), limits)
+
+
+def _carries_output(chunk: ChatCompletionChunk) -> bool:
+    """Whether the chunk holds text or a tool call (not only a role or a finish reason):
+    the answer's first such chunk is written without the response writer's linger."""
+    return any(choice.delta.content or choice.delta.tool_calls for choice in chunk.choices)
 
 
 def _peek_completion_id(raw: bytes | None, *, parse: bool = True) -> str | None:

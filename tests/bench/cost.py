@@ -247,6 +247,8 @@ class Loaded:
     """Redis commands per request."""
     python_cpu_ms: float
     """Python CPU per request, all service processes."""
+    by_command: dict[str, float] = field(default_factory=dict)
+    """Redis commands per request, by command."""
 
 
 @dataclass
@@ -364,6 +366,10 @@ async def _rates(
     rounds), where time-driven work (event flushes, acks, observer reads) is shared by
     more requests than at c=1."""
     per_round = max(PARALLEL, scaled(PARALLEL_REQUESTS) // rounds)
+    # the connection pools grow to the concurrency first (each new connection's HELLO and
+    # CLIENT SETINFO are not a request's cost): one unmeasured round of PARALLEL each
+    for client in clients:
+        await asyncio.gather(*(one_request(client) for _ in range(PARALLEL)))
     spent = [0.0 for _ in clients]
     windows: list[Snapshot | None] = [None for _ in clients]
     for _ in range(rounds):
@@ -385,7 +391,7 @@ async def _rates(
     for seconds, summed, quiet in zip(spent, windows, idle, strict=True):
         assert summed is not None
         cost = per_request(summed, quiet, rounds * per_round)
-        loaded.append(Loaded(rounds * per_round / seconds, cost.total_commands, cost.python_cpu_ms))
+        loaded.append(Loaded(rounds * per_round / seconds, cost.total_commands, cost.python_cpu_ms, cost.commands))
     return loaded
 
 
@@ -402,7 +408,8 @@ def report(result: CostResult) -> list[Row]:
     print(f"  wall {cost.wall_ms:.1f} ms per request; c={PARALLEL}: {result.rate:.1f} requests/s")
     if result.loaded is not None:
         print(f"  at c={PARALLEL}: Redis commands {result.loaded.commands:.1f}, "
-              f"Python CPU {result.loaded.python_cpu_ms:.1f} ms per request")
+              f"Python CPU {result.loaded.python_cpu_ms:.1f} ms per request; by command: "
+              + ", ".join(f"{name} {n:.1f}" for name, n in sorted(result.loaded.by_command.items(), key=lambda kv: -kv[1])))
     hops = sum(result.hops.values())
     print(f"  hops {hops / result.requests:.1f} per request: "
           + ", ".join(f"{lc} {n / result.requests:.1f}" for lc, n in sorted(result.hops.items())))

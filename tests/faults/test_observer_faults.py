@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aredis
 
 from hookbus.bus.keys import Keys
+from hookbus.bus.store.journal import Journal
 from hookbus.services.cli.monitor import read_status
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import read_until_terminal, submit
@@ -140,13 +141,13 @@ async def test_a_killed_orchestrators_request_is_observed_at_its_end_by_the_one_
     cid = new_id("obs-orch-kill")
     await submit(redis, keys, "[[words:40]] [[delay:100]]", completion_id=cid)  # about 4 s of streaming
 
-    async def streaming() -> dict[bytes, bytes] | None:
-        journal = await redis.hgetall(keys.journal(cid))
-        return journal if int(journal.get(b"written", 0)) >= 3 else None
+    async def streaming() -> dict[str, str] | None:
+        journal = Journal(redis, keys)
+        return await journal.read(cid) if await journal.written(cid) >= 3 else None
 
     journal = await wait_for(streaming, timeout=15)
     assert journal, procs.logs()
-    victim, survivor = (one, two) if journal[b"owner"] == b"orch-1" else (two, one)
+    victim, survivor = (one, two) if journal["owner"] == "orch-1" else (two, one)
     victim.kill()  # SIGKILL mid-request: its observations were not sent yet
 
     outcome = await read_until_terminal(redis, keys, cid, timeout=30)

@@ -36,8 +36,7 @@ async def started(redis, prefix, cid, chunks: int = 1) -> dict[str, str]:
     journal = Journal(redis, Keys(prefix))
 
     async def ready():
-        data = await journal.read(cid)
-        return data if int(data.get("written", 0)) >= chunks else None
+        return await journal.read(cid) if await journal.written(cid) >= chunks else None
 
     return await wait_for(ready, timeout=15)
 
@@ -151,7 +150,7 @@ async def test_requests_a_dead_orchestrator_had_not_started_are_run_not_failed(p
     journal = Journal(redis, Keys(prefix))
 
     async def two_running():
-        written = [int((await journal.read(cid)).get("written", 0)) for cid in cids]
+        written = [await journal.written(cid) for cid in cids]
         return sum(w >= 1 for w in written) >= 2
 
     assert await wait_for(two_running, timeout=15), procs.logs()

@@ -3,6 +3,7 @@ by item, in order, next to the bare single-item entries older writers wrote."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -70,10 +71,57 @@ async def test_a_multi_item_write_is_one_entry_and_the_client_reads_each_item_in
     )
 
     entries = await client.redis.xrange(stream)
-    assert [texts(response_items(fields)) for _id, fields in entries] == [["one", "two", "three"], ["four"], ["done"]]
+    # "four" came within the linger after the first batch: it goes with the terminal item
+    assert [texts(response_items(fields)) for _id, fields in entries] == [["one", "two", "three"], ["four", "done"]]
     assert (await journal.read(cid))["written"] == "5"  # items, not entries
+    assert await journal.written(cid) == 5
     assert texts(await read_all(client, cid)) == ["one", "two", "three", "four", "done"]
     assert not await client.redis.exists(stream)  # the client deletes it at the terminal item
+
+
+async def test_chunks_within_the_linger_after_a_batch_go_out_together_and_the_first_at_once(client):
+    journal, cid, entry = await begun(client)
+    stream = client.keys.responses(cid)
+    writer = ResponseWriter(client.redis, stream, fence=Fence(journal, cid, 1), linger=1.0)
+    began = time.monotonic()
+    writer.add(chunk(cid, "first"), at_once=True)
+    assert await wait_for(lambda: client.redis.exists(stream), every=0.005)
+    assert time.monotonic() - began < 0.5  # not held back
+    for word in ("a", "b", "c"):  # apart, each within the linger after the first batch
+        await asyncio.sleep(0.05)
+        writer.add(chunk(cid, word))
+    assert await client.redis.xlen(stream) == 1
+
+    async def two_entries() -> bool:
+        return await client.redis.xlen(stream) == 2
+
+    assert await wait_for(two_entries)
+    assert time.monotonic() - began >= 1.0
+    writer.add(chunk(cid, "d"))  # held, and then handed to finish with the terminal item
+    assert await writer.finish(
+        ResponseItem(kind="done", completion_id=cid), ack=Ack(client.keys.requests_for(cid), GROUP, entry)
+    )
+    assert time.monotonic() - began < 1.5  # finish did not wait out the linger
+    entries = await client.redis.xrange(stream)
+    assert [texts(response_items(fields)) for _id, fields in entries] == [["first"], ["a", "b", "c"], ["d", "done"]]
+
+
+async def test_an_item_added_at_once_does_not_wait_out_the_linger_and_takes_what_waited_with_it(client):
+    journal, cid, entry = await begun(client)
+    stream = client.keys.responses(cid)
+    writer = ResponseWriter(client.redis, stream, fence=Fence(journal, cid, 1), linger=5.0)
+    began = time.monotonic()
+    writer.add(chunk(cid, "role only"))  # waits: the first item too
+    await asyncio.sleep(0.1)
+    assert not await client.redis.exists(stream)
+    writer.add(chunk(cid, "first text"), at_once=True)
+    assert await wait_for(lambda: client.redis.exists(stream), every=0.005)
+    assert time.monotonic() - began < 2.5
+    assert await writer.finish(
+        ResponseItem(kind="done", completion_id=cid), ack=Ack(client.keys.requests_for(cid), GROUP, entry)
+    )
+    entries = await client.redis.xrange(stream)
+    assert [texts(response_items(fields)) for _id, fields in entries] == [["role only", "first text"], ["done"]]
 
 
 async def test_entries_of_one_bare_item_still_read_between_batches(client):
@@ -118,6 +166,17 @@ async def test_a_retried_write_or_finish_stores_no_item_twice(client):
     for _attempt in range(2):
         assert await journal.finish(cid, stream, 1, last, ttl=60, requests=requests, group=GROUP, entry_id=entry, first_seq=2) == 4
     assert [texts(response_items(fields)) for _id, fields in await client.redis.xrange(stream)] == [["a", "b"], ["c", "done"]]
+
+
+async def test_an_entry_the_writer_did_not_number_is_appended_after_not_taken_for_a_retry(client):
+    journal, cid, entry = await begun(client)
+    stream, requests = client.keys.responses(cid), client.keys.requests_for(cid)
+    await client.redis.xadd(stream, {"e": encode_response_batch([chunk(cid, "foreign")])})
+    assert await journal.write(cid, stream, 1, [chunk(cid, "a")], ttl=60, first_seq=0) == 1
+    done = ResponseItem(kind="done", completion_id=cid)
+    assert await journal.finish(cid, stream, 1, [done], ttl=60, requests=requests, group=GROUP, entry_id=entry, first_seq=1) == 2
+    assert [texts(response_items(fields)) for _id, fields in await client.redis.xrange(stream)] == [["foreign"], ["a"], ["done"]]
+    assert 0 < await client.redis.ttl(stream) <= 60
 
 
 async def test_an_owner_that_lost_the_epoch_writes_no_batch(client):

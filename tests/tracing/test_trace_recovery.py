@@ -42,8 +42,8 @@ async def test_a_recovered_request_links_to_its_first_trace(service_env: dict[st
             )
 
             async def streaming() -> dict[str, str] | None:
-                journal = await Journal(redis, keys).read(cid)
-                return journal if int(journal.get("written", 0)) >= 3 else None
+                journal = Journal(redis, keys)
+                return await journal.read(cid) if await journal.written(cid) >= 3 else None
 
             journal = await wait_for(streaming, timeout=20)
             assert journal, procs.logs()
