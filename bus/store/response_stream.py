@@ -54,7 +54,7 @@ log = structlog.get_logger("hookbus.responses")
 RESPONSE_TTL = 3600
 TERMINAL_KINDS = frozenset({"final", "error", "done"})
 RETRY_CAP = 1.0
-LINGER = 0.05
+LINGER = 0.01
 """Least time between the starts of two batches of one writer (module docstring)."""
 _WRITE_ERRORS = (*RECONNECT_ERRORS, ResponseError)
 """What a write may fail with: those worth a retry are sorted out by `retryable`."""

@@ -8,7 +8,8 @@ the orchestrator it took the GIL from the orchestrator's loop while it streamed)
 request whose caller holds that scope gets the hook on every chunk, one without gets no
 hook at all, so both cases share every process. Requests go through HookbusClient.stream()
 one at a time, alternating with and without the hook. Time to first chunk is from the
-call to the first chunk the client gets; total is to the end of the stream.
+call to the first chunk with text the client gets (a role-only chunk shows nothing, and
+the response writer sends it with the first text); total is to the end of the stream.
 
 Run alone: `python -m tests.bench.streaming`.
 """
@@ -85,11 +86,10 @@ async def run_streaming(
                 first = None
                 words = 0
                 async for chunk in client.stream(STREAM_PROMPT, auth={"scopes": scopes}):
-                    if first is None:
-                        first = time.perf_counter() - began
-                        if into is hooked:
-                            hooked_ids.add(chunk.id)
+                    if into is hooked:
+                        hooked_ids.add(chunk.id)
                     if chunk.choices and chunk.choices[0].delta.content:
+                        first = first or time.perf_counter() - began
                         words += len(chunk.choices[0].delta.content.split())
                 total = time.perf_counter() - began
                 if words != CHUNKS:
