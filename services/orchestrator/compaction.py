@@ -71,11 +71,11 @@ counts as a failed summary: the oldest turns are then dropped instead.
 
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 SUMMARY_INSTRUCTION = "You compact a conversation between a user and an AI assistant."
+"""How the summary request's system prompt begins (a real model reads it as the task; the
+offline stand-in model recognises a summary request by it)."""
 TRANSCRIPT_CUT = "\n\n[the rest of the transcript was cut to fit the context window]"
 SUMMARY_REQUEST_OVERHEAD = 32
 """Tokens of a summary request beyond its two texts: message framing, the user line's header."""
-"""How the summary request's system prompt begins (a real model reads it as the task; the
-offline stand-in model recognises a summary request by it)."""
 SETTLE = 0.75
 """After compacting, the conversation is at most this share of ``at``."""
 CLEAR_MIN_TOKENS = 200
