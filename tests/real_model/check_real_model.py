@@ -15,7 +15,9 @@ with the official openai client, at temperature 0, it checks:
    argument, its result goes back in, and the answer uses it;
 4. a conversation past the 2048 window whose first message holds a fact: the orchestrator
    logs a summarizing compaction and the answer still names the fact (when it does not, the
-   line shows the summary the model writes for that conversation);
+   line shows the summary the model writes for that conversation, whether hookbus's summary
+   message still holds the fact in the user's quoted words, and what the model answers when
+   the user's first message itself stands where the summary was);
 5. the same answer direct and through hookbus for the same upstream request, and the
    overhead of hookbus over calling the server directly (warm cache, the median of a few
    calls each way): not streamed, streamed to the end and to the first text.
@@ -233,23 +235,36 @@ def fact_past_the_window(client: openai.OpenAI, direct: openai.OpenAI, orchestra
     ]
     summarized = [c for c in compactions if c["stage"] == "summarized"]
     kept = "pixel" in text.lower() and bool(summarized)
-    summary = "" if kept or not summarized else (
-        f"; the model's summary, asked directly: {summary_asked_directly(direct, messages, summarized[-1]['window'])[:160]!r}")
+    summary = "" if kept or not summarized else "; " + summary_asked_directly(direct, messages, summarized[-1]["window"])
     say("a fact kept past the window", kept, f"{text.strip()[:60]!r} in {took:.1f} s; compactions {compactions}{summary}")
 
 
 def summary_asked_directly(direct: openai.OpenAI, messages: list[dict[str, Any]], window: int) -> str:
-    """The summary the model writes when hookbus compacts `messages` (behind the demo agent's
-    instructions, as the orchestrator holds them) inside a run for the window it logged:
-    the same split and summary request, sent straight to the server without a temperature,
-    as the orchestrator sends it. The orchestrator logs the compaction, not the summary."""
+    """Where the fact went when the answer lost it: hookbus compacts `messages` (behind the
+    demo agent's instructions, as the orchestrator holds them) inside a run for the window it
+    logged, with the same split and summary request sent straight to the server without a
+    temperature, as the orchestrator sends it (the orchestrator logs the compaction, not the
+    summary). Says what the model's summary is, whether the summary message still holds the
+    fact (the user's quoted words), and what the model answers, tools offered as hookbus
+    offers them, when the user's first message itself stands where the summary was: the
+    answer a perfect summary could at best get."""
     async def summarize(request: list[dict[str, Any]]) -> str:
         return direct.chat.completions.create(model=MODEL, messages=request).choices[0].message.content or ""
 
     conversation = [{"role": "system", "content": demo.agent.instructions}, *messages]
     outcome = asyncio.run(compaction.compact_in_run(
         conversation, compaction.CompactionPolicy(), window, summarize, len(conversation) - 1))
-    return outcome.summary or f"(no summary: {outcome.stage}, {outcome.reason})"
+    if outcome.stage != "summarized":
+        return f"asked directly, no summary: {outcome.stage}, {outcome.reason}"
+    held = "pixel" in outcome.messages[1]["content"].lower()
+    in_place = [conversation[0], messages[0], *outcome.messages[2:]]
+    offered: dict[str, Any] = {"tools": demo.agent.plan().tool_schemas([]), "tool_choice": "auto"}
+    control = direct.chat.completions.create(
+        model=MODEL, messages=in_place, max_tokens=12, temperature=0, **offered
+    ).choices[0].message.content or ""
+    return (f"the model's summary, asked directly: {(outcome.summary or '')[:120]!r}; the fact in the summary "
+            f"message: {'yes' if held else 'no'}; with the first message itself in its place the model answers "
+            f"{control.strip()[:40]!r}")
 
 
 def median_ms(call: Callable[[], Any]) -> float:
