@@ -36,6 +36,8 @@ left, unless that is below this: a few words of the task beat none."""
 QUOTE_SHARE = 2
 """Quotes take at most 1/2 of the summary's token limit; the model's summary has the rest."""
 ELLIPSIS = "…"
+_CLIP_CHARS = CLIP_TOKENS * 16
+"""Characters of a message read for its quote: far more than CLIP_TOKENS tokens of text."""
 _QUOTE = "> "
 _LEFT_OUT = re.compile(r"^\[(\d+) more of the user's messages (?:is|are) not quoted\]$")
 
@@ -45,9 +47,14 @@ Entry = str | int
 
 def clip(text: str) -> str:
     """``text`` on one line, at most :data:`CLIP_TOKENS` tokens with the ellipsis."""
-    line = " ".join(text.split())
-    if count_text(line) <= CLIP_TOKENS:
-        return line
+    head = " ".join(text[:_CLIP_CHARS].split())  # a long message is never encoded whole
+    if count_text(head) > CLIP_TOKENS:
+        return _clipped(head)
+    line = head if len(text) <= _CLIP_CHARS else " ".join(text.split())
+    return line if count_text(line) <= CLIP_TOKENS else _clipped(line)
+
+
+def _clipped(line: str) -> str:
     return truncate_text(line, CLIP_TOKENS - count_text(ELLIPSIS)).rstrip() + ELLIPSIS
 
 

@@ -565,6 +565,13 @@ def test_repeated_compaction_keeps_the_first_words_and_does_not_grow_the_quotes(
     assert sizes[-1] <= sizes[1]  # the same budget every time: no growth
 
 
+def test_a_quote_is_one_line_of_at_most_48_tokens_whatever_the_message() -> None:
+    assert clip("  two\n\nlines  ") == "two lines"
+    pasted = clip("word " * 50_000)  # a pasted file: read from its start only
+    assert pasted.endswith("…") and count_text(pasted) <= 48 and pasted.startswith("word word")
+    assert clip("x" * 2_000).endswith("…")  # few words, many tokens
+
+
 # ---------------------------------------------------------------- on request
 
 
