@@ -22,7 +22,10 @@ target (``settle`` = 0.75 x ``at``, so the next turn does not compact again):
    knows what it did and can run it again.
 2. *summarized*: one summarize call turns everything before the recent part
    (including an earlier summary, which is rolled in) into one ``system``
-   message right after the system prompt.
+   message right after the system prompt. Under the model's summary it quotes
+   the user's own messages from that part, bounded
+   (hookbus.services.orchestrator.user_quotes): a model that summarizes badly
+   cannot lose what the user asked.
 3. *dropped*: when the summary fails, the oldest whole turns are dropped
    until the rest fits, and a system note says how many.
 
