@@ -22,7 +22,10 @@ target (``settle`` = 0.75 x ``at``, so the next turn does not compact again):
    knows what it did and can run it again.
 2. *summarized*: one summarize call turns everything before the recent part
    (including an earlier summary, which is rolled in) into one ``system``
-   message right after the system prompt.
+   message right after the system prompt. Under the model's summary it quotes
+   the user's own messages from that part, bounded
+   (hookbus.services.orchestrator.user_quotes): a model that summarizes badly
+   cannot lose what the user asked.
 3. *dropped*: when the summary fails, the oldest whole turns are dropped
    until the rest fits, and a system note says how many.
 
@@ -47,6 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from hookbus.services.orchestrator import user_quotes
 from hookbus.services.orchestrator.tokens import (
     count_content,
     count_message,
@@ -71,11 +75,11 @@ counts as a failed summary: the oldest turns are then dropped instead.
 
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 SUMMARY_INSTRUCTION = "You compact a conversation between a user and an AI assistant."
+"""How the summary request's system prompt begins (a real model reads it as the task; the
+offline stand-in model recognises a summary request by it)."""
 TRANSCRIPT_CUT = "\n\n[the rest of the transcript was cut to fit the context window]"
 SUMMARY_REQUEST_OVERHEAD = 32
 """Tokens of a summary request beyond its two texts: message framing, the user line's header."""
-"""How the summary request's system prompt begins (a real model reads it as the task; the
-offline stand-in model recognises a summary request by it)."""
 SETTLE = 0.75
 """After compacting, the conversation is at most this share of ``at``."""
 CLEAR_MIN_TOKENS = 200
@@ -530,9 +534,18 @@ async def _summarize(
     instructions: str | None,
     focus: str | None,
 ) -> bool:
-    """Turn ``run.body[:start]`` into one summary message; False (with a reason) if that failed."""
+    """Turn ``run.body[:start]`` into one summary message; False (with a reason) if that failed.
+
+    The message holds the model's summary and, after it, the user's own earlier messages
+    quoted (hookbus.services.orchestrator.user_quotes), all within ``limit`` tokens: the
+    model's part gets what the quotes leave."""
+    quotes = user_quotes.quote_block(_user_entries(run.body[:start]), limit)
+    own_limit = limit - count_text(quotes)
+    # the request still leaves the room of the whole summary free: the margin that makes a
+    # count a few percent off the model's (calibrated, not exact) still fit its window
     request = summary_request(
-        run.body[:start], limit=limit, instructions=instructions, focus=focus, window=run.resolved.window
+        run.body[:start], limit=own_limit, instructions=instructions, focus=focus,
+        window=run.resolved.window - count_text(quotes),
     )
     try:
         text = await summarize(request)
@@ -542,11 +555,27 @@ async def _summarize(
     if not isinstance(text, str) or not text.strip():
         run.reason = "summarizer returned an empty summary"
         return False
-    run.summary = truncate_text(text.strip(), limit)
-    run.body = [_summary_message(run.summary), *run.body[start:]]
+    run.summary = truncate_text(user_quotes.without_quotes(text.strip()), own_limit)
+    while run.summary and count_text(run.summary + quotes) > limit:  # joined texts can count one more
+        run.summary = truncate_text(run.summary, count_text(run.summary) - 1)
+    run.body = [_summary_message(run.summary + quotes), *run.body[start:]]
     run.summarized = start
     run.reach("summarized")
     return True
+
+
+def _user_entries(older: Sequence[Mapping[str, Any]]) -> list[user_quotes.Entry]:
+    """What the user said in ``older``, oldest first: their messages clipped, and the quotes an
+    earlier summary carries (a summary is a system message, so it is never quoted itself)."""
+    entries: list[user_quotes.Entry] = []
+    for message in older:
+        if is_summary(message):
+            entries += user_quotes.split_summary(message["content"])[1]
+        elif message.get("role") == "user":
+            quote = user_quotes.clip(_plain_text(message.get("content")))
+            if quote:
+                entries.append(quote)
+    return entries
 
 
 def _drop_oldest(run: _Run, start: int) -> None:

@@ -14,7 +14,10 @@ with the official openai client, at temperature 0, it checks:
 3. a client tool under `tool_choice: "auto"`, streamed: the model calls it with the right
    argument, its result goes back in, and the answer uses it;
 4. a conversation past the 2048 window whose first message holds a fact: the orchestrator
-   logs a summarizing compaction and the answer still names the fact;
+   logs a summarizing compaction and the answer still names the fact (when it does not, the
+   line shows the summary the model writes for that conversation, whether hookbus's summary
+   message still holds the fact in the user's quoted words, and what the model answers when
+   the user's first message itself stands where the summary was);
 5. the same answer direct and through hookbus for the same upstream request, and the
    overhead of hookbus over calling the server directly (warm cache, the median of a few
    calls each way): not streamed, streamed to the end and to the first text.
@@ -30,6 +33,7 @@ Not part of `make test` (building llama-cpp-python takes minutes). Prints one li
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -47,7 +51,7 @@ from typing import Any
 import openai
 
 from hookbus.bus.connection.embedded import free_port
-from hookbus.services.orchestrator import demo
+from hookbus.services.orchestrator import compaction, demo
 
 MODEL = "gemma-3-270m"
 WINDOW = 2048
@@ -196,12 +200,14 @@ def tool_under_auto(client: openai.OpenAI) -> None:
     say("tool result used", "sunny" in text.lower() or "21" in text, repr(text.strip()[:80]))
 
 
-def fact_past_the_window(client: openai.OpenAI, orchestrator_log: Path) -> None:
+def fact_past_the_window(client: openai.OpenAI, direct: openai.OpenAI, orchestrator_log: Path) -> None:
     """A fact in the first message, turns that push the conversation past the window, then a
     question about it. The recent part shows the form of the answer (the dog's name, also
     given in the first message) and the cat's name is only in the first message, so the
     answer can name it only if the summary kept it; the orchestrator's log says the older
-    part was summarized, not dropped."""
+    part was summarized, not dropped. When the fact is lost, the line also shows what the
+    model answers to hookbus's summary request for the same conversation (see
+    `summary_asked_directly`): whether the summary lost it."""
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Remember this: my cat is called Pixel and my dog is called Rex."},
         {"role": "assistant", "content": "Got it: your cat is called Pixel and your dog is called Rex."},
@@ -228,8 +234,37 @@ def fact_past_the_window(client: openai.OpenAI, orchestrator_log: Path) -> None:
         if event.get("event") == "compacted"
     ]
     summarized = [c for c in compactions if c["stage"] == "summarized"]
-    say("a fact kept past the window", "pixel" in text.lower() and bool(summarized),
-        f"{text.strip()[:60]!r} in {took:.1f} s; compactions {compactions}")
+    kept = "pixel" in text.lower() and bool(summarized)
+    summary = "" if kept or not summarized else "; " + summary_asked_directly(direct, messages, summarized[-1]["window"])
+    say("a fact kept past the window", kept, f"{text.strip()[:60]!r} in {took:.1f} s; compactions {compactions}{summary}")
+
+
+def summary_asked_directly(direct: openai.OpenAI, messages: list[dict[str, Any]], window: int) -> str:
+    """Where the fact went when the answer lost it: hookbus compacts `messages` (behind the
+    demo agent's instructions, as the orchestrator holds them) inside a run for the window it
+    logged, with the same split and summary request sent straight to the server without a
+    temperature, as the orchestrator sends it (the orchestrator logs the compaction, not the
+    summary). Says what the model's summary is, whether the summary message still holds the
+    fact (the user's quoted words), and what the model answers, tools offered as hookbus
+    offers them, when the user's first message itself stands where the summary was: the
+    answer a perfect summary could at best get."""
+    async def summarize(request: list[dict[str, Any]]) -> str:
+        return direct.chat.completions.create(model=MODEL, messages=request).choices[0].message.content or ""
+
+    conversation = [{"role": "system", "content": demo.agent.instructions}, *messages]
+    outcome = asyncio.run(compaction.compact_in_run(
+        conversation, compaction.CompactionPolicy(), window, summarize, len(conversation) - 1))
+    if outcome.stage != "summarized":
+        return f"asked directly, no summary: {outcome.stage}, {outcome.reason}"
+    held = "pixel" in outcome.messages[1]["content"].lower()
+    in_place = [conversation[0], messages[0], *outcome.messages[2:]]
+    offered: dict[str, Any] = {"tools": demo.agent.plan().tool_schemas([]), "tool_choice": "auto"}
+    control = direct.chat.completions.create(
+        model=MODEL, messages=in_place, max_tokens=12, temperature=0, **offered
+    ).choices[0].message.content or ""
+    return (f"the model's summary, asked directly: {(outcome.summary or '')[:120]!r}; the fact in the summary "
+            f"message: {'yes' if held else 'no'}; with the first message itself in its place the model answers "
+            f"{control.strip()[:40]!r}")
 
 
 def median_ms(call: Callable[[], Any]) -> float:
@@ -301,7 +336,7 @@ def main() -> int:
             ("curl line", lambda: curl_line(lines)),
             ("on topic", lambda: on_topic(through)),
             ("tool under auto", lambda: tool_under_auto(through)),
-            ("fact past the window", lambda: fact_past_the_window(through, folder / ".hookbus/logs/orchestrator.log")),
+            ("fact past the window", lambda: fact_past_the_window(through, direct, folder / ".hookbus/logs/orchestrator.log")),
             ("overhead", lambda: overhead(direct, through)),
         ]
         for name, check in checks:

@@ -18,6 +18,7 @@ from hookbus import Agent, Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_INSTRUCTION, is_summary
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.tokens import count_messages
+from hookbus.services.orchestrator.user_quotes import QUOTES_HEADER
 from hookbus.skills import ContextTooLong, Skill, hook, tool
 from tests.conversations import SYSTEM, conversation
 
@@ -173,11 +174,11 @@ async def test_compact_if_needed_summarizes_the_older_part_exactly() -> None:
     assert (outcome.before, outcome.window, outcome.target) == (826, 1000, 580)
     assert (outcome.summarized, outcome.kept, outcome.cleared, outcome.dropped) == (9, 3, 0, 0)
     assert outcome.summary == f"Summary: user: {TRANSCRIPT_HEAD}"
-    assert outcome.messages == [
-        SYSTEM,
-        {"role": "system", "content": f"{SUMMARY_HEADER}\nSummary: user: {TRANSCRIPT_HEAD}"},
-        *original[-3:],
-    ]
+    assert outcome.messages[0] == SYSTEM and outcome.messages[2:] == original[-3:]
+    summary = outcome.messages[1]["content"]
+    assert summary.startswith(f"{SUMMARY_HEADER}\nSummary: user: {TRANSCRIPT_HEAD}\n\n{QUOTES_HEADER}\n")
+    assert summary.endswith("> Question 0: alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha…\n"
+                            "[4 more of the user's messages are not quoted]")  # the first, clipped to the room left
     assert outcome.after == count_messages(outcome.messages) <= outcome.target
     assert outcome.sentence() == (
         f"Compacted the conversation: summarized 9 messages, kept 3. "
@@ -218,6 +219,24 @@ async def test_forced_compaction_carries_the_focus_into_the_summary_prompt() -> 
     assert outcome.messages[0] == SYSTEM and is_summary(outcome.messages[1])
     assert outcome.messages[2:] == original[-2:]  # the latest exchange, verbatim
     assert agent.last_compaction is outcome
+
+
+async def test_the_users_words_survive_the_offline_models_summary() -> None:
+    """The offline model's summary is the transcript's first 40 characters: the fact given in
+    the first message is not in it, but the summary message still holds it, word for word."""
+    fact = "My cat is called Pixel; the report is due on 2026-12-24."
+    messages = [SYSTEM, {"role": "user", "content": fact}, {"role": "assistant", "content": "Noted."}]
+    messages += conversation(3)[1:]
+    agent = Agent("a", compaction_policy=CompactionPolicy(window=1000))
+
+    outcome = await agent.compact(messages, focus="the deadline")
+
+    assert outcome.stage == "summarized" and outcome.summary is not None
+    assert "Pixel" not in outcome.summary  # the model's part lost it
+    assert outcome.messages[1]["content"].endswith(
+        f"\n\n{QUOTES_HEADER}\n> {fact}\n[2 more of the user's messages are not quoted]"
+    )
+    assert outcome.messages[2:] == messages[-2:]  # the latest exchange is not quoted: it is kept
 
 
 async def test_compact_with_nothing_before_the_latest_exchange_changes_nothing() -> None:
@@ -315,6 +334,7 @@ async def test_the_in_run_stop_summarizes_earlier_turns_and_leaves_request_usage
     summarized = listener.calls[0][0]
     assert (summarized.summarized, summarized.kept, summarized.target) == (23, 4, 2457)
     assert summarized.messages[0] == SYSTEM and is_summary(summarized.messages[1])
+    assert "\n> Question 0: alpha" in summarized.messages[1]["content"]  # the user's first words, quoted
     assert summarized.messages[2:4] == original[-2:]  # last answer kept, the turn whole
     assert [m["role"] for m in summarized.messages[4:]] == ["assistant", "tool"]
     # every prompt after the stop starts with the system prompt and the summary

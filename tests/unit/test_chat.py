@@ -86,14 +86,14 @@ async def test_the_local_chat_compacts_by_itself_and_on_request() -> None:
         "compacts at: 819 tokens (80%)",
         "summary carried: no",
         # before the third message, the conversation plus the message passes 819 tokens
-        "you> Compacted the conversation: summarized 3 messages, kept 1. Context 52% full.",
+        "you> Compacted the conversation: summarized 3 messages, kept 1. Context 55% full.",
         "third message",
         "you> model: offline-tiny",
         "window: 1024 tokens",
-        "used: 549 tokens (54%) in 5 messages",
+        "used: 579 tokens (57%) in 5 messages",
         "compacts at: 819 tokens (80%)",
         "summary carried: yes",
-        "you> Compacted the conversation: summarized 2 messages, kept 2. Context 5% full.",
+        "you> Compacted the conversation: summarized 2 messages, kept 2. Context 8% full.",
         "you> Started a new conversation.",
         "you> model: offline-tiny",
         "window: 1024 tokens",
@@ -174,7 +174,7 @@ async def test_the_queue_chat_streams_through_the_bus_and_compacts_with_its_own_
         "you> WORDS(250)",
         "you> WORDS(250)",
         # no system prompt here (the orchestrator's agent adds its own): 51%, not 52%
-        "you> Compacted the conversation: summarized 3 messages, kept 1. Context 51% full.",
+        "you> Compacted the conversation: summarized 3 messages, kept 1. Context 54% full.",
         "third message",
     ]
     assert lines[9] == "summary carried: yes"
@@ -221,7 +221,7 @@ def test_the_chat_in_a_pseudo_terminal(redis_url, prefix) -> None:
             child.expect_exact("you> ")
         child.sendline("[[echo]] third message")
         child.expect_exact(
-            "Compacted the conversation: summarized 3 messages, kept 1. Context 52% full.\r\n"
+            "Compacted the conversation: summarized 3 messages, kept 1. Context 55% full.\r\n"
         )
         child.expect_exact("third message\r\n")
         child.expect_exact("you> ")

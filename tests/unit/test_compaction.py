@@ -30,6 +30,7 @@ from hookbus.services.orchestrator.tokens import (
     count_messages,
     count_text,
 )
+from hookbus.services.orchestrator.user_quotes import Entry, clip, split_summary
 
 Message = dict[str, Any]
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent."}
@@ -96,6 +97,17 @@ class Recorder:
         if self.error is not None:
             raise self.error
         return self.answer
+
+
+def summary_parts(message: Message) -> tuple[str, list[Entry]]:
+    """A summary message's model-written text and the user's quotes under it."""
+    assert is_summary(message)
+    return split_summary(message["content"].removeprefix(f"{SUMMARY_HEADER}\n"))
+
+
+def accounted(entries: list[Entry]) -> int:
+    """User messages the quotes stand for: each quote, plus every one counted as left out."""
+    return sum(entry if isinstance(entry, int) else 1 for entry in entries)
 
 
 def run(coroutine: Awaitable[Compaction]) -> Compaction:
@@ -313,11 +325,11 @@ def test_summarizing_keeps_the_recent_part_verbatim() -> None:
     kept = outcome.kept
     recent = messages[-kept:]
     assert count_messages(recent) <= resolved.keep < count_messages(messages[-kept - 1 :])
-    summary_message = {
-        "role": "system",
-        "content": f"{SUMMARY_HEADER}\nThe user asked twelve questions; all were answered.",
-    }
-    assert outcome.messages == [SYSTEM, summary_message, *recent]
+    assert outcome.messages[0] == SYSTEM and outcome.messages[2:] == recent
+    summary, quotes = summary_parts(outcome.messages[1])
+    assert summary == "The user asked twelve questions; all were answered."
+    assert quotes[0] == clip(messages[1]["content"])  # the first question, in the user's words
+    assert accounted(quotes) == sum(m["role"] == "user" for m in messages[1:-kept])
     assert outcome.summary == "The user asked twelve questions; all were answered."
     assert outcome.summarized == len(messages) - 1 - kept
     assert outcome.after <= outcome.target == resolved.settle - 200
@@ -358,8 +370,9 @@ def test_a_summary_is_rolled_into_the_next_one() -> None:
 
     assert second.stage == "summarized"
     summaries = [m for m in second.messages if is_summary(m)]
-    assert summaries == [{"role": "system", "content": f"{SUMMARY_HEADER}\nSECOND SUMMARY"}]
+    assert len(summaries) == 1 and summary_parts(summaries[0])[0] == "SECOND SUMMARY"
     assert second.messages[0] == SYSTEM and second.messages[1] == summaries[0]
+    assert summary_parts(summaries[0])[1][0] == clip(chat_turn(0)[0]["content"])  # carried over
     transcript = summarize.requests[0][1]["content"]
     assert f"{SUMMARY_HEADER}\nFIRST SUMMARY" in transcript
     assert second.summarized == len(grown) - 1 - second.kept  # the old summary is one of them
@@ -471,8 +484,92 @@ def test_without_a_system_prompt_the_summary_comes_first() -> None:
     messages = [m for t in range(12) for m in chat_turn(t)]
     outcome = run(compact_if_needed(messages, 200, CompactionPolicy(), WINDOW, Recorder("S")))
     assert outcome.stage == "summarized"
-    assert outcome.messages[0] == {"role": "system", "content": f"{SUMMARY_HEADER}\nS"}
+    assert summary_parts(outcome.messages[0]) == ("S", [clip(messages[0]["content"]), 8])
     assert outcome.messages[1:] == messages[-outcome.kept :]
+
+
+# ---------------------------------------------------------------- the user's own words
+
+
+FACT = "Remember this: my cat is called Pixel and my dog is called Rex."
+
+
+async def echo(request: list[Message]) -> str:
+    """What a small base model does with a summary request: it repeats the transcript."""
+    return str(request[1]["content"])
+
+
+def quote_tokens(message: Message) -> int:
+    """Tokens of the quotes section of a summary message (0 without one)."""
+    summary = summary_parts(message)[0]
+    return count_text(message["content"]) - count_text(f"{SUMMARY_HEADER}\n{summary}")
+
+
+@pytest.mark.parametrize("summarize", [Recorder("lorem ipsum dolor sit amet"), echo], ids=["garbage", "echo"])
+def test_the_users_words_survive_a_summary_that_lost_them(summarize: Callable[[list[Message]], Awaitable[str]]) -> None:
+    messages = [SYSTEM, {"role": "user", "content": FACT}, {"role": "assistant", "content": "Got it."}]
+    messages += [m for t in range(12) for m in chat_turn(t)]
+    policy = CompactionPolicy()
+
+    outcome = run(compact_if_needed(messages, 200, policy, WINDOW, summarize))
+
+    assert outcome.stage == "summarized" and outcome.after <= outcome.target
+    summary, quotes = summary_parts(outcome.messages[1])
+    assert "Pixel" not in summary or summarize is echo  # the model's part did not keep it...
+    assert quotes[0] == FACT  # ...the quote did, word for word
+    assert all(not str(q).startswith(("Got it", "Answer")) for q in quotes)  # assistant text is not quoted
+    limit = WINDOW // 10
+    assert count_text(outcome.messages[1]["content"].removeprefix(f"{SUMMARY_HEADER}\n")) <= limit
+    assert quote_tokens(outcome.messages[1]) <= limit // 2
+
+
+def test_quotes_are_clipped_and_the_middle_ones_left_out_when_over_budget() -> None:
+    messages = [SYSTEM, *[m for t in range(8) for m in tool_turn(t, output_words=40)]]
+    messages += [m for t in range(8, 20) for m in chat_turn(t, words=200)]
+    policy = CompactionPolicy()
+    window = 8_000
+
+    outcome = run(compact_if_needed(messages, 200, policy, window, Recorder("S")))
+
+    assert outcome.stage == "summarized" and outcome.after <= outcome.target
+    _, quotes = summary_parts(outcome.messages[1])
+    said = [m["content"] for m in messages[1 : 1 + outcome.summarized] if m["role"] == "user"]
+    texts = [q for q in quotes if isinstance(q, str)]
+    assert texts[0] == clip(said[0]) and texts[-1] == clip(said[-1])  # the first and the latest
+    assert len(texts) < len(said) and accounted(quotes) == len(said)  # the rest are counted
+    assert [q for q in quotes if isinstance(q, int)] == [len(said) - len(texts)]  # one line, in the middle
+    assert all(count_text(q) <= 48 for q in texts)
+    assert any(q.endswith("…") for q in texts) and not any("[out" in q for q in texts)  # no tool output
+    assert quote_tokens(outcome.messages[1]) <= (window // 10) // 2
+
+
+def test_repeated_compaction_keeps_the_first_words_and_does_not_grow_the_quotes() -> None:
+    policy = CompactionPolicy()
+    conversation = [SYSTEM, {"role": "user", "content": FACT}, {"role": "assistant", "content": "Got it."}]
+    sizes = []
+    users = 1
+    for round_ in range(6):
+        turns = [m for t in range(12 * round_, 12 * round_ + 12) for m in chat_turn(t)]
+        users += 12
+        outcome = run(compact_if_needed([*conversation, *turns], 200, policy, WINDOW, echo))
+        assert outcome.stage == "summarized" and outcome.after <= outcome.target
+        summary = outcome.messages[1]
+        _, quotes = summary_parts(summary)
+        assert quotes[0] == FACT
+        assert not any(str(q).startswith(SUMMARY_HEADER) for q in quotes)  # a summary is not quoted
+        kept_users = sum(m["role"] == "user" for m in outcome.messages[2:])
+        assert accounted(quotes) == users - kept_users
+        sizes.append(quote_tokens(summary))
+        conversation = outcome.messages
+    assert max(sizes) <= (WINDOW // 10) // 2
+    assert sizes[-1] <= sizes[1]  # the same budget every time: no growth
+
+
+def test_a_quote_is_one_line_of_at_most_48_tokens_whatever_the_message() -> None:
+    assert clip("  two\n\nlines  ") == "two lines"
+    pasted = clip("word " * 50_000)  # a pasted file: read from its start only
+    assert pasted.endswith("…") and count_text(pasted) <= 48 and pasted.startswith("word word")
+    assert clip("x" * 2_000).endswith("…")  # few words, many tokens
 
 
 # ---------------------------------------------------------------- on request
@@ -489,14 +586,11 @@ def test_compact_keeps_the_latest_exchange_and_passes_the_focus() -> None:
     assert messages == snapshot
     exchange = tool_turn(2, rounds=2)
     assert outcome.stage == "summarized"
-    assert outcome.messages == [
-        SYSTEM,
-        {
-            "role": "system",
-            "content": f"{SUMMARY_HEADER}\nEarlier: read file 0, discussed question 1.",
-        },
-        *exchange,
-    ]
+    assert outcome.messages[0] == SYSTEM and outcome.messages[2:] == exchange
+    assert summary_parts(outcome.messages[1]) == (
+        "Earlier: read file 0, discussed question 1.",
+        [clip(messages[1]["content"]), clip(messages[5]["content"])],  # the user's two requests
+    )
     assert outcome.summarized == len(messages) - 1 - len(exchange)
     assert outcome.kept == len(exchange)
     assert outcome.focus == "the failing migration"
@@ -566,10 +660,8 @@ def test_in_run_stop_leaves_the_current_turn_whole() -> None:
 
     assert outcome.stage == "summarized"
     assert outcome.messages[-len(turn) :] == turn
-    assert outcome.messages[:2] == [
-        SYSTEM,
-        {"role": "system", "content": f"{SUMMARY_HEADER}\nTen questions answered."},
-    ]
+    assert outcome.messages[0] == SYSTEM
+    assert summary_parts(outcome.messages[1])[0] == "Ten questions answered."
     assert outcome.after <= outcome.target == policy.resolve(window).settle
     assert turn[0]["content"] not in summarize.requests[0][1]["content"]
 
