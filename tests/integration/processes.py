@@ -109,7 +109,7 @@ class Processes:
         self.env.setdefault("HOOKBUS_LOG_LEVEL", "info")
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.keys = Keys(self.env["HOOKBUS_PREFIX"])
+        self.keys = Keys(self.env["HOOKBUS_PREFIX"], shards=int(self.env.get("HOOKBUS_SHARDS", "1")))
         self.procs: list[Proc] = []
         self._spawned: dict[str, int] = {}
 

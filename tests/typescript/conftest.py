@@ -99,10 +99,11 @@ class Stack:
 @asynccontextmanager
 async def ts_stack(
     redis_url: str, offline_llm_url: str, tmp: Path, *, agent: str, api_keys: dict[str, Any],
-    workers: Callable[[Processes], list[Proc]],
+    workers: Callable[[Processes], list[Proc]], extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     """`workers(procs)` (TypeScript and Python replicas), an orchestrator running `agent` and
-    the gateway, on a prefix of their own, each a real process; ready once every one is."""
+    the gateway, on a prefix of their own, each a real process; ready once every one is.
+    `extra_env`: more settings for every process (HOOKBUS_SHARDS, say)."""
     require_node()
     require_built_package()
     journal = tmp / "journal.jsonl"
@@ -113,6 +114,7 @@ async def ts_stack(
     env.update(
         REDIS_URL=redis_url, HOOKBUS_PREFIX=f"ts{uuid.uuid4().hex[:8]}:", OPENAI_BASE_URL=offline_llm_url,
         HOOKBUS_LOG_FORMAT="json", PYTHONUNBUFFERED="1", HOOKBUS_TS_JOURNAL=str(journal),
+        **(extra_env or {}),
     )
     procs = Processes(env, tmp / "logs")
     try:
