@@ -165,12 +165,12 @@ if j[1] ~= ARGV[1] then return -1 end
 local written = tonumber(j[2] or '0')
 if j[3] ~= '1' then
   local first = tonumber(ARGV[3])
-  local stored = nil
   if first >= 0 then
     written = first + tonumber(ARGV[7])
-    stored = redis.pcall('XADD', KEYS[2], '0-' .. written, 'e', ARGV[9])
-  end
-  if first < 0 then
+    local stored = redis.pcall('XADD', KEYS[2], '0-' .. written, 'e', ARGV[9])
+    -- an entry this writer did not number is on top: append after it
+    if type(stored) == 'table' and stored.err then redis.call('XADD', KEYS[2], '*', 'e', ARGV[9]) end
+  else
     -- a recovery's terminal item: the count is in the id of the last numbered entry
     local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
     if top[1] then
@@ -178,9 +178,6 @@ if j[3] ~= '1' then
       if ms == '0' then written = tonumber(seq) end
     end
     written = written + tonumber(ARGV[7])
-  end
-  if first < 0 or (type(stored) == 'table' and stored.err) then
-    -- a recovery's terminal item, or an entry this writer did not number is on top
     redis.call('XADD', KEYS[2], '*', 'e', ARGV[9])
   end
   if ARGV[8] == '1' then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
