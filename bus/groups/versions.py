@@ -7,12 +7,13 @@ its skills: hookbus.services.worker.versioning). It writes a `ReplicaInfo` under
 replicas of that version read: a consumer group cannot filter entries, so a stream per
 version is what keeps a hop pinned to a version on that version.
 
-An orchestrator pins a request to a version of a group at the request's first hop to
-that group (`choose_version`), sends every later hop of that request to the pinned
-version's stream while a replica of it lives, and counts the request in
-`serving:{group}@{version}` (completion id -> when it was pinned) until it ends: that
-count is what `hookbus status` shows per version, and what the last replica of a version
-waits for before it leaves (hookbus.services.worker.drain).
+An orchestrator pins a request to a version of each group when the request starts
+(`choose_version`), sends every hop of that request to the pinned version's stream while
+a replica of it lives, and counts the request in `serving:{group}@{version}` (completion
+id -> when it was last stamped) until it ends, publishing the count every
+`PUBLISH_EVERY` seconds (hookbus.services.orchestrator.version_pins): that count is what
+`hookbus status` shows per version, and what the last replica of a version waits for
+before it leaves (hookbus.services.worker.drain).
 
 All of these keys sit in the registry's slot (hookbus.bus.keys).
 """
@@ -31,9 +32,14 @@ from pydantic import BaseModel, Field
 from hookbus.bus.connection.values import text
 from hookbus.bus.keys import Keys
 
-PIN_STALE = 3600.0
-"""Seconds after which a pin still counted in `serving:` (its orchestrator died before the
-request ended, and nobody finished it) is no longer counted."""
+PUBLISH_EVERY = 0.5
+"""Seconds between an orchestrator's publications of its `serving:` counts: how late a
+new pin or an ended request shows there."""
+RESTAMP_EVERY = 5.0
+"""Seconds between the stamps an orchestrator puts again on every request it still runs."""
+PIN_STALE = 3 * RESTAMP_EVERY
+"""Seconds after which a pin not stamped again (its orchestrator died before the request
+ended) is no longer counted."""
 
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 

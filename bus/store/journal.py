@@ -52,7 +52,8 @@ too, is on no other orchestrator's list), and `finish` stores the terminal item 
 a new journal done (`lost`), so a copy of the entry delivered again is refused, not run.
 
 Cost on a request's path: `begin` is one round trip at the start (it also reads the
-cancel marker: one EXISTS of both keys, then HSET and EXPIRE); `finish` replaces the two
+cancel marker: one EXISTS of both keys, then HSET, which also stores the request's version
+pins, and EXPIRE); `finish` replaces the two
 round trips a request used to end with (the last response write and the XACK) by one;
 each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD and, for
 the first batch only, the stream's EXPIRE. `finish` sets
@@ -63,7 +64,7 @@ every few seconds, for all its requests together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -96,8 +97,9 @@ if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
     return {0, j[1] or '', j[2] or '0', j[3] or '', j[4] or '0', cancelled}
   end
 end
+-- ARGV[5..]: the caller's own fields (field, value, ...), the version pins
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'entry', ARGV[2],
-  'stage', 'started', 'started', ARGV[4], 'written', '0')
+  'stage', 'started', 'started', ARGV[4], 'written', '0', unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {1, ARGV[2], '0', ARGV[1], '1', cancelled}
 """
@@ -325,11 +327,15 @@ class Journal:
     def key(self, completion_id: str) -> str:
         return self.keys.journal(completion_id)
 
-    async def begin(self, completion_id: str, entry_id: str, owner: str, *, now: float) -> Begun:
+    async def begin(
+        self, completion_id: str, entry_id: str, owner: str, *, now: float, fields: Mapping[str, str] | None = None
+    ) -> Begun:
         """Create the journal for a first run (and read the cancel marker); if one
-        exists, say whose it is instead."""
+        exists, say whose it is instead. `fields`: more fields of the new journal (the
+        request's version pins: hookbus.services.orchestrator.version_pins)."""
         keys = [self.key(completion_id), self.keys.cancel(completion_id)]
-        raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now)])
+        extra = [x for pair in (fields or {}).items() for x in pair]
+        raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now), *extra])
         ok, entry, done, who, epoch, cancelled = raw
         return Begun(
             ok=int(ok) == 1, entry=text(entry), done=text(done) == "1", owner=text(who),

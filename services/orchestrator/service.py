@@ -243,6 +243,7 @@ class OrchestratorService(BusApp):
         await router.start()
         await registry.start()
         await events.start()
+        runtime.pins.start()
         self.agent.runtime = self.runtime
         if self.agent.llm.http is None:
             # this service closes the agent's client on its own loop at shutdown, which an
@@ -301,6 +302,7 @@ class OrchestratorService(BusApp):
         if self.runtime is not None:
             await self.runtime.observations_flushed(SHUTDOWN_WAIT)
             await self.runtime.router.stop()
+            await self.runtime.pins.stop()
             await self.runtime.registry.stop()
             await self.runtime.events.stop()
         if self._serving:
@@ -323,9 +325,11 @@ class OrchestratorService(BusApp):
         run = self.runs.register(stream, entry_id, request.completion_id)
         try:
             assert self.journal is not None
+            assert self.runtime is not None
+            pins = self.runtime.pins.choose_all()
             try:
                 begun = await self.journal.begin(
-                    request.completion_id, entry_id, self.instance, now=time.time()
+                    request.completion_id, entry_id, self.instance, now=time.time(), fields=pins
                 )
             except (*RECONNECT_ERRORS, ResponseError) as exc:
                 if not retryable(exc):  # unreachable, or out of memory: try again later
@@ -337,6 +341,7 @@ class OrchestratorService(BusApp):
                 await self._not_ours(stream, entry_id, fields, request, begun)
                 return
             run.epoch = begun.epoch
+            self.runtime.pins.adopt(request.completion_id, pins)
             if begun.cancelled:
                 run.cancel_reason = "cancelled before it started"
             await self.execute(run, request, RunMode.RUN)
@@ -428,9 +433,8 @@ class OrchestratorService(BusApp):
         try:
             with self.agent.serving_on(self.runtime):
                 return await self._execute(run, request, mode, first_seq=first_seq, error=error)
-        finally:
-            with contextlib.suppress(*RECONNECT_ERRORS):  # fenced: its new owner runs it on and releases it
-                await self.runtime.pins.release(request.completion_id, ended=not run.fenced)
+        finally:  # fenced: its new owner runs it on and releases it
+            self.runtime.pins.release(request.completion_id, ended=not run.fenced)
 
     async def _execute(
         self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int, error: HookbusError | None

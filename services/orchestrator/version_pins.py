@@ -1,17 +1,24 @@
 """Which version of each worker group a request runs on (hookbus.bus.groups.versions).
 
-At a request's first hop to a group, the version is chosen (`choose_version`: the newest
-version taking new requests, or the canary for its share) and pinned: in this process,
-in the request's journal (field `pin:{group}`, so that an orchestrator that recovers the
-request keeps it: the journal's pin wins over a new choice), and in the version's
-`serving:` count until the request ends (`release`). Every later hop of the request to
-that group goes to the pinned version's stream, `hooks:{group}@{version}`, and so does
-a stage a worker sends on (the route's streams are chosen here too).
+When a request starts, the version of every group with versions is chosen
+(`choose_version`: the newest version taking new requests, or the canary for its share)
+and pinned: in this process, and in the request's journal (fields `pin:{group}`, written
+by the journal's `begin` with the rest of the new journal, so pinning costs no command of
+its own; an orchestrator that recovers the request keeps them: the journal's pin wins over
+a new choice). Every hop of the request to that group goes to the pinned version's stream,
+`hooks:{group}@{version}`, and so does a stage a worker sends on. A group that gets
+versions after the request started is pinned at the request's first hop to it, with the
+groups of that hop's route (`pin`: one journal script for all of them).
 
-The groups a hop and its route go to are pinned together (`pin`): one journal script
-(HMGET, HSET) for all of them beside one pipeline of their `serving:` counts, instead of
-a script and a count per group. What is pinned, and when, is the same: a route's groups
-were always pinned before its first hop went out.
+`serving:{group}@{version}` counts the requests pinned to each version, for `hookbus status`
+and for the last replica of a version, which waits for it to reach zero before it leaves
+(hookbus.services.worker.drain). This process does not write it per request: every
+`PUBLISH_EVERY` seconds one pipeline adds the requests pinned since the last round and
+removes those that ended, and every `RESTAMP_EVERY` seconds it stamps every request still
+running again, so a count includes only pins stamped within `PIN_STALE` (an orchestrator
+that died stops being counted). What that costs a drain: a pin is seen up to
+`PUBLISH_EVERY` seconds late, which the drain's settling time allows for. Before, each
+request paid a ZADD and a ZREM per group (4 of the cost bench's 53 commands a request).
 
 The rule when no replica of the pinned version is left (each one crashed, or left
 after its drain limit): the request moves to the version `choose_version` picks, at its
@@ -29,6 +36,7 @@ pinned: its hops go to `hooks:{group}`, which every replica reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -36,14 +44,18 @@ import redis.asyncio as aredis
 import structlog
 from redis.exceptions import ResponseError
 
-from hookbus.bus.connection.retrying import out_of_memory
+from hookbus.bus.connection.retrying import RECONNECT_ERRORS, out_of_memory
 from hookbus.bus.connection.values import text
+from hookbus.bus.groups.periodic import cancel_and_wait, repeat
 from hookbus.bus.groups.registry import RegistryView
-from hookbus.bus.groups.versions import choose_version
+from hookbus.bus.groups.versions import PIN_STALE, PUBLISH_EVERY, RESTAMP_EVERY, choose_version
 from hookbus.bus.keys import Keys
 from hookbus.skills.errors import RedisOutOfMemory
 
 log = structlog.get_logger("hookbus.version_pins")
+
+PIN_FIELD = "pin:"
+"""A pin's field in the journal: `pin:{group}` = version."""
 
 # KEYS: journal. ARGV: (field, candidate) per group. Per group, the pin already in the
 # journal, else the candidate (stored there when the journal exists, which its `epoch`
@@ -85,9 +97,29 @@ class VersionPins:
         self._pin = client.register_script(_PIN)
         self._record_move = client.register_script(_MOVE)
         self.moved = 0
+        self._added: dict[tuple[str, str], set[str]] = {}
+        """(group, version) -> requests pinned there since the last publication."""
+        self._ended: dict[tuple[str, str], set[str]] = {}
+        """(group, version) -> requests that ended there (or moved away) since then."""
+        self._restamped = time.monotonic()
+        self._publisher: asyncio.Task[None] | None = None
 
     def pinned(self, completion_id: str) -> dict[str, str]:
         return dict(self._pins.get(completion_id, {}))
+
+    def choose_all(self) -> dict[str, str]:
+        """The version of every group with versions that a request starting now is
+        pinned to: the journal fields `pin:{group}` that `begin` writes."""
+        chosen = {group: self._choose(group) for group in self.registry.versions}
+        return {f"{PIN_FIELD}{group}": version for group, version in chosen.items() if version is not None}
+
+    def adopt(self, completion_id: str, fields: dict[str, str]) -> None:
+        """The pins `begin` stored in the request's new journal (`choose_all`)."""
+        pins = {name.removeprefix(PIN_FIELD): version for name, version in fields.items()}
+        if pins:
+            self._pins.setdefault(completion_id, {}).update(pins)
+            for group, version in pins.items():
+                self._count(completion_id, group, version)
 
     async def stream_for(self, group: str, completion_id: str, *, pin: bool = True) -> str:
         """The stream shard a hop of this request to `group` goes to. `pin=False`: a hop
@@ -99,7 +131,8 @@ class VersionPins:
         return self.keys.pinned_hooks_for(group, version, completion_id)
 
     async def version_for(self, group: str, completion_id: str) -> str | None:
-        """The version this request runs `group` on, pinned at its first hop there."""
+        """The version this request runs `group` on, pinned when it started (or at its
+        first hop there, for a group that had no versions then)."""
         if not self.registry.versions.get(group):
             return None
         current = self._pins.get(completion_id, {}).get(group)
@@ -119,9 +152,8 @@ class VersionPins:
 
     async def pin(self, groups: Sequence[str], completion_id: str) -> None:
         """Pin the request in each of `groups` it is not pinned in yet (those that have
-        versions), all in one round trip to its journal beside one to their `serving:`
-        counts. Redis refusing a pin at `maxmemory` is the request's 503
-        `redis_out_of_memory`, as a refused hop is."""
+        versions), all in one round trip to its journal. Redis refusing a pin at
+        `maxmemory` is the request's 503 `redis_out_of_memory`, as a refused hop is."""
         pinned = self._pins.get(completion_id, {})
         candidates: dict[str, str] = {}
         for group in groups:
@@ -130,41 +162,29 @@ class VersionPins:
         if not candidates:
             return
         try:
-            found = await self._first_pins(candidates, completion_id)
+            raw = await self._pin(
+                keys=[self.keys.journal(completion_id)],
+                args=[x for g, v in candidates.items() for x in (f"{PIN_FIELD}{g}", v)],
+            )
         except ResponseError as exc:
             if out_of_memory(exc):
                 raise RedisOutOfMemory() from exc
             raise
+        # the journal's own pin where it has one (a recovered request), else the candidate
+        found = {group: text(v) for group, v in zip(candidates, raw, strict=True)}
         self._pins.setdefault(completion_id, {}).update(found)
+        for group, version in found.items():
+            self._count(completion_id, group, version)
 
     def _choose(self, group: str) -> str | None:
         return choose_version(self.registry.versions.get(group, {}), self.registry.rollouts.get(group))
 
-    async def _first_pins(self, candidates: dict[str, str], completion_id: str) -> dict[str, str]:
-        """Pin in the journal (one script for every group, beside one pipeline of the
-        `serving:` counts): the journal's own pin where it has one (a recovered request),
-        else the candidate."""
-        journal = self.keys.journal(completion_id)
-        now = time.time()
+    def _count(self, completion_id: str, group: str, version: str) -> None:
+        self._added.setdefault((group, version), set()).add(completion_id)
 
-        async def count() -> None:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for group, version in candidates.items():
-                    pipe.zadd(self.keys.serving(group, version), {completion_id: now})
-                await pipe.execute()
-
-        pinned_raw, _ = await asyncio.gather(
-            self._pin(keys=[journal], args=[x for g, v in candidates.items() for x in (f"pin:{g}", v)]), count()
-        )
-        pinned = {group: text(v) for group, v in zip(candidates, pinned_raw, strict=True)}
-        differ = {g: v for g, v in pinned.items() if v != candidates[g]}
-        if differ:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for group, version in differ.items():
-                    pipe.zrem(self.keys.serving(group, candidates[group]), completion_id)
-                    pipe.zadd(self.keys.serving(group, version), {completion_id: now})
-                await pipe.execute()
-        return pinned
+    def _uncount(self, completion_id: str, group: str, version: str) -> None:
+        self._added.get((group, version), set()).discard(completion_id)
+        self._ended.setdefault((group, version), set()).add(completion_id)
 
     async def _move(self, group: str, completion_id: str, old: str, new: str) -> None:
         """The rule for a pinned version with no replica left (module docstring)."""
@@ -174,18 +194,72 @@ class VersionPins:
             reason="no live replica of the pinned version",
         )
         await self._record_move(keys=[self.keys.journal(completion_id)], args=[group, old, new])
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.zrem(self.keys.serving(group, old), completion_id)
-            pipe.zadd(self.keys.serving(group, new), {completion_id: time.time()})
-            await pipe.execute()
+        self._uncount(completion_id, group, old)
+        self._count(completion_id, group, new)
 
-    async def release(self, completion_id: str, *, ended: bool = True) -> None:
-        """The request ended here: it no longer counts as served by its versions.
-        `ended=False` (another orchestrator took it over and runs it on): only forget it."""
+    def release(self, completion_id: str, *, ended: bool = True) -> None:
+        """The request ended here: it no longer counts as served by its versions (from
+        the next publication). `ended=False` (another orchestrator took it over and runs
+        it on, and counts it): only forget it."""
         pins = self._pins.pop(completion_id, None)
-        if not pins or not ended:
+        if not pins:
             return
-        async with self.client.pipeline(transaction=False) as pipe:
-            for group, version in pins.items():
-                pipe.zrem(self.keys.serving(group, version), completion_id)
-            await pipe.execute()
+        for group, version in pins.items():
+            if ended:
+                self._uncount(completion_id, group, version)
+            else:
+                self._added.get((group, version), set()).discard(completion_id)
+
+    async def publish(self) -> None:
+        """One round of the `serving:` counts (module docstring): the pins added and
+        ended since the last round, and every running request's again when it is time to
+        stamp them anew (also dropping stamps older than `PIN_STALE`)."""
+        now = time.time()
+        restamp = time.monotonic() - self._restamped >= RESTAMP_EVERY
+        added, ended = self._added, self._ended
+        if restamp:
+            self._restamped = time.monotonic()
+            added = {}
+            for cid, pins in self._pins.items():
+                for group, version in pins.items():
+                    added.setdefault((group, version), set()).add(cid)
+        if not any(added.values()) and not any(ended.values()):
+            return
+        self._added, self._ended = {}, {}
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for (group, version), cids in added.items():
+                    serving = self.keys.serving(group, version)
+                    if cids:
+                        pipe.zadd(serving, dict.fromkeys(cids, now))
+                    if restamp:
+                        pipe.zremrangebyscore(serving, "-inf", now - PIN_STALE)
+                for (group, version), cids in ended.items():
+                    if cids:
+                        pipe.zrem(self.keys.serving(group, version), *cids)
+                await pipe.execute()
+        except BaseException:
+            self._merge_back(added, ended)
+            raise
+
+    def _merge_back(self, added: dict[tuple[str, str], set[str]], ended: dict[tuple[str, str], set[str]]) -> None:
+        """A round that failed is tried again with the next (a request that ended
+        meanwhile stays ended)."""
+        for key, cids in ended.items():
+            self._ended.setdefault(key, set()).update(cids)
+        for key, cids in added.items():
+            live = {c for c in cids if self._pins.get(c, {}).get(key[0]) == key[1]}
+            self._added.setdefault(key, set()).update(live)
+
+    def start(self) -> None:
+        """Publish the counts every `PUBLISH_EVERY` seconds until `stop`."""
+        self._publisher = asyncio.create_task(
+            repeat(PUBLISH_EVERY, self.publish, what="serving_counts"), name="hookbus-serving-counts"
+        )
+
+    async def stop(self) -> None:
+        """Stop publishing, after one last round (the requests that ended here)."""
+        task, self._publisher = self._publisher, None
+        await cancel_and_wait(task)
+        with contextlib.suppress(*RECONNECT_ERRORS):
+            await self.publish()

@@ -9,7 +9,8 @@ while another version takes them (hookbus.bus.groups.versions.choose_version). T
   hops of the requests already pinned to its version until none is left (their
   `serving:` count is zero), so that no request changes version mid-way; when another
   version takes new requests, it first waits `PIN_SETTLE` seconds, the time every
-  orchestrator needs to see it draining (a registry refresh), so that a request pinned
+  orchestrator needs to see it draining (a registry refresh) and to publish the pins it
+  took before that (hookbus.services.orchestrator.version_pins), so that a request pinned
   by an orchestrator that had not seen it yet is waited for too.
 
 Either way it waits at most `limit` seconds; what it holds then is finished (replies
@@ -25,12 +26,12 @@ import redis.asyncio as aredis
 import structlog
 
 from hookbus.bus.groups.registry import REFRESH_EVERY
-from hookbus.bus.groups.versions import live_versions, serving_counts
+from hookbus.bus.groups.versions import PUBLISH_EVERY, live_versions, serving_counts
 from hookbus.bus.keys import Keys
 
 log = structlog.get_logger("hookbus.worker.drain")
 
-PIN_SETTLE = 2 * REFRESH_EVERY + 0.25
+PIN_SETTLE = 2 * REFRESH_EVERY + PUBLISH_EVERY + 0.25
 POLL_EVERY = 0.1
 
 

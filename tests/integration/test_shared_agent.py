@@ -9,6 +9,7 @@ from typing import Any
 from hookbus import Agent
 from hookbus.bus.groups.versions import serving_counts
 from tests.integration.stack import Upper, running_stack
+from tests.waiting import wait_for
 
 
 async def test_two_services_sharing_an_agent_release_every_pin_they_take(redis_url, prefix):
@@ -20,12 +21,16 @@ async def test_two_services_sharing_an_agent_release_every_pin_they_take(redis_u
         assert services[0].runtime is not None
         versions = list(services[0].runtime.registry.versions["shout"])
         assert versions
-        serving = await serving_counts(client.redis, client.keys, "shout", versions)
+
+        async def none_served() -> bool:  # published within PUBLISH_EVERY of the last request's end
+            return await serving_counts(client.redis, client.keys, "shout", versions) == dict.fromkeys(versions, 0)
+
+        served_none = await wait_for(none_served, timeout=5)
         pinned = [s.runtime.pins.pinned(cid) for s in services for cid in ids if s.runtime is not None]
     assert texts == [f"HI {n}" for n in range(24)]  # each chunk through the group's on_chunk hook
     # every request ended where it ran: no version still counts it as served, no service
     # still holds a pin of it (a pin taken by another service's runtime would stay)
-    assert serving == {version: 0 for version in versions}
+    assert served_none
     assert pinned == [{}] * len(pinned)
 
 

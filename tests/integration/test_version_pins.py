@@ -1,15 +1,23 @@
-"""Version pins on a real Redis: the groups a hop and its route go to are pinned in one
-journal script, a pin the journal already holds (a recovered request's) wins for its
-group alone, `serving:` counts the request under the version it is pinned to, and hops
-that belong to no request pin nothing."""
+"""Version pins on a real Redis: a request's groups are pinned in its journal's `begin`,
+a group that has versions only later is pinned with its hop's route in one journal
+script, a pin the journal already holds (a recovered request's) wins for its group alone,
+`serving:` counts the request under the version it is pinned to once published (and not
+after its orchestrator stopped stamping it), and hops that belong to no request pin
+nothing."""
 
 from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 from hookbus import Agent, CompactionPolicy
 from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.groups.registry import RegistryView
-from hookbus.bus.groups.versions import serving_counts
+from hookbus.bus.groups.versions import PIN_STALE, RESTAMP_EVERY, serving_counts
+from hookbus.bus.keys import Keys
 from hookbus.bus.store.journal import Journal
 from hookbus.services.orchestrator.version_pins import VersionPins
 from hookbus.services.worker.host import GroupHost
@@ -20,7 +28,10 @@ from tests.integration.test_compaction_remote import Noted
 from tests.unit.test_versions import Guard
 
 
-async def test_a_route_s_groups_are_pinned_together_and_the_journal_s_own_pin_wins(redis_url, prefix):
+@contextlib.asynccontextmanager
+async def two_groups(redis_url: str, prefix: str) -> AsyncIterator[tuple[Any, Keys, VersionPins, Journal]]:
+    """Group alpha at version a1, beta at b1 and b2 (one replica each), and pins over
+    them: (client, keys, pins, journal)."""
     keys = keys_for(redis_url, prefix)
     client = connect(redis_url)
     replicas = [
@@ -33,8 +44,15 @@ async def test_a_route_s_groups_are_pinned_together_and_the_journal_s_own_pin_wi
     try:
         await registry.refresh()
         assert set(registry.versions["beta"]) == {"b1", "b2"}
-        pins = VersionPins(client, keys, registry)
-        journal = Journal(client, keys)
+        yield client, keys, VersionPins(client, keys, registry), Journal(client, keys)
+    finally:
+        for replica in replicas:
+            await replica.stop()
+        await client.aclose()
+
+
+async def test_a_route_s_groups_are_pinned_together_and_the_journal_s_own_pin_wins(redis_url, prefix):
+    async with two_groups(redis_url, prefix) as (client, keys, pins, journal):
 
         fresh = "chatcmpl-pins-fresh"
         await journal.begin(fresh, "1-0", "orch", now=0.0)
@@ -56,15 +74,49 @@ async def test_a_route_s_groups_are_pinned_together_and_the_journal_s_own_pin_wi
         assert pins.pinned(unjournaled) == {"beta": "b2"}
         assert await client.exists(keys.journal(unjournaled)) == 0
 
+        assert await serving_counts(client, keys, "beta", ["b1", "b2"]) == {"b1": 0, "b2": 0}  # not published yet
+        await pins.publish()
         assert await serving_counts(client, keys, "beta", ["b1", "b2"]) == {"b1": 1, "b2": 2}
         assert await serving_counts(client, keys, "alpha", ["a1"]) == {"a1": 2}
         for cid in (fresh, recovered, unjournaled):
-            await pins.release(cid)
+            pins.release(cid)
+        await pins.publish()
         assert await serving_counts(client, keys, "beta", ["b1", "b2"]) == {"b1": 0, "b2": 0}
-    finally:
-        for replica in replicas:
-            await replica.stop()
-        await client.aclose()
+
+
+async def test_a_request_is_pinned_in_its_journal_s_begin_and_counted_while_stamped(redis_url, prefix):
+    async with two_groups(redis_url, prefix) as (client, keys, pins, journal):
+        cid = "chatcmpl-pins-begin"
+        fields = pins.choose_all()
+        assert fields == {"pin:alpha": "a1", "pin:beta": "b2"}
+        assert (await journal.begin(cid, "1-0", "orch", now=0.0, fields=fields)).ok
+        pins.adopt(cid, fields)
+        stored = await journal.read(cid)
+        assert (stored["pin:alpha"], stored["pin:beta"], stored["epoch"]) == ("a1", "b2", "1")
+
+        # a route's pins are taken already: no pin script runs (it would store them again)
+        await client.hdel(keys.journal(cid), "pin:alpha", "pin:beta")
+        await pins.pin(["alpha", "beta"], cid)
+        assert await pins.stream_for("beta", cid) == keys.pinned_hooks_for("beta", "b2", cid)
+        assert "pin:beta" not in await journal.read(cid)
+
+        # another orchestrator's pin that nobody stamped for longer than PIN_STALE (it died)
+        gone = "chatcmpl-pins-gone"
+        await client.zadd(keys.serving("beta", "b2"), {gone: time.time() - PIN_STALE - 1})
+        await pins.publish()
+        assert await serving_counts(client, keys, "beta", ["b2"]) == {"b2": 1}  # ours, not the stale one
+        assert await client.zscore(keys.serving("beta", "b2"), gone) is not None
+        first = await client.zscore(keys.serving("beta", "b2"), cid)
+
+        pins._restamped -= RESTAMP_EVERY  # time to stamp every running request again
+        await pins.publish()
+        assert await client.zscore(keys.serving("beta", "b2"), cid) > first
+        assert await client.zscore(keys.serving("beta", "b2"), gone) is None  # dropped with the restamp
+
+        pins.release(cid)
+        await pins.publish()
+        assert await serving_counts(client, keys, "alpha", ["a1"]) == {"a1": 0}
+        assert await serving_counts(client, keys, "beta", ["b2"]) == {"b2": 0}
 
 
 async def test_a_compaction_between_turns_sent_on_from_group_to_group_pins_no_version(redis_url, prefix):
