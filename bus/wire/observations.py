@@ -12,14 +12,16 @@ JSON when the stage ended (the objects change afterwards), so the envelope is wr
 joining those dumps (`BatchWriter`), never dumped twice, and read back with the model.
 Two things keep it small:
 
-- `state` is null when the request's `ctx.state` is the same as at the stage before;
+- `state` is null (left out, its default) when the request's `ctx.state` is the same as
+  at the stage before;
 - an on_chunk stage's `full_content` (the model's text so far) is null when it is the
   previous on_chunk stage's plus `grow` (the reader rebuilds it), so a stream's text is
-  carried once, not once per chunk.
+  carried once, not once per chunk; `grow` is left out where it is null.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -92,11 +94,13 @@ class BatchWriter:
         self._stages: list[bytes] = []
         self._last_state: bytes | None = None
         self._last_full: str | None = None
+        self._hooks: Sequence[str] = ()
+        self._hooks_json = b"[]"
 
     def __len__(self) -> int:
         return len(self._stages)
 
-    def add(self, data: HookData, hooks: list[str], stage_key: str, started: float, ended: float,
+    def add(self, data: HookData, hooks: Sequence[str], stage_key: str, started: float, ended: float,
             state_json: bytes) -> None:
         """One stage; `state_json` is ctx.state's JSON as it ended (shared by the groups)."""
         grow: bytes | None = None
@@ -105,7 +109,7 @@ class BatchWriter:
         dumped = data.model_dump_json(exclude_defaults=True, exclude=None if grow is None else {"full_content"})
         self._append(data.lifecycle, hooks, stage_key, started, ended, state_json, grow, dumped.encode())
 
-    def add_chunk(self, chunk: ChunkIn, hooks: list[str], stage_key: str, started: float, ended: float,
+    def add_chunk(self, chunk: ChunkIn, hooks: Sequence[str], stage_key: str, started: float, ended: float,
                   state_json: bytes) -> None:
         """An on_chunk stage no hook ran at, from the chunk as it came: what `add` writes for
         `chunk.data()`, without building that HookData (a stream's every chunk comes here)."""
@@ -124,16 +128,20 @@ class BatchWriter:
         last, self._last_full = self._last_full, full
         return to_json(full[len(last):]) if last is not None and full.startswith(last) else None
 
-    def _append(self, lifecycle: str, hooks: list[str], stage_key: str, started: float, ended: float,
+    def _append(self, lifecycle: str, hooks: Sequence[str], stage_key: str, started: float, ended: float,
                 state_json: bytes, grow: bytes | None, data_json: bytes) -> None:
-        state = b"null" if state_json == self._last_state else state_json
-        self._last_state = state_json
-        self._stages.append(
-            b'{"lifecycle":' + to_json(lifecycle) + b',"stage_key":' + to_json(stage_key)
-            + b',"hooks":' + to_json(hooks) + b',"started":' + to_json(started) + b',"ended":' + to_json(ended)
-            + b',"state":' + state + b',"grow":' + (b"null" if grow is None else grow)
-            + b',"data":' + data_json + b"}"
-        )
+        """The stage's JSON, `state` and `grow` left out when null (their default)."""
+        if hooks is not self._hooks:  # the same observers stage after stage, as a rule
+            self._hooks, self._hooks_json = hooks, to_json(hooks)
+        parts = [b'{"lifecycle":', to_json(lifecycle), b',"stage_key":', to_json(stage_key), b',"hooks":',
+                 self._hooks_json, b',"started":', to_json(started), b',"ended":', to_json(ended)]
+        if state_json != self._last_state:
+            parts += (b',"state":', state_json)
+            self._last_state = state_json
+        if grow is not None:
+            parts += (b',"grow":', grow)
+        parts += (b',"data":', data_json, b"}")
+        self._stages.append(b"".join(parts))
 
     def fields(self, completion_id: str, ctx_json: bytes) -> dict[bytes, bytes]:
         """The entry: `ctx_json` is the request's Context JSON as it ended, without state."""
