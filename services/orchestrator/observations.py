@@ -130,7 +130,7 @@ class _Route:
 
     observers: Sequence[PlannedHook]
     local: list[BoundHook]
-    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    groups: tuple[tuple[str, list[str]], ...]
 
     @classmethod
     def of(cls, observers: Sequence[PlannedHook]) -> _Route:
@@ -139,7 +139,7 @@ class _Route:
             if planned.group is not None:
                 by_group.setdefault(planned.group, []).append(planned.key)
         local = [h.local for h in observers if h.local is not None]
-        return cls(observers, local, tuple((group, tuple(keys)) for group, keys in by_group.items()))
+        return cls(observers, local, tuple(by_group.items()))
 
 
 class RequestObservations:
