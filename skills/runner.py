@@ -104,11 +104,10 @@ async def run_hooks(
     wraps each call (an exception the hook raises passes through it)."""
     result = ChainResult(data)
     lifecycle = data.lifecycle
-    call = ctx.call
     key_prefix = f"{ctx.metadata.completion_id}:{stage_key or lifecycle}:"
     for bound in hooks:
-        call.idempotency_key = key_prefix + bound.key
-        call.attempt = attempt
+        ctx.call.idempotency_key = key_prefix + bound.key
+        ctx.call.attempt = attempt
         saved_fields, saved_state = _snapshot(result.data), copy_state(ctx.state)
         started = time.perf_counter()
         try:
