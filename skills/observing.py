@@ -55,6 +55,8 @@ class ObserverMemory:
 
     def state_for(self, request_state: dict[str, Any]) -> dict[str, Any]:
         """The state an observer sees: the request's, with the observers' own on top."""
+        if not self.written:
+            return copy_state(request_state)
         return {**copy_state(request_state), **copy_state(self.written)}
 
     def keep(self, request_state: dict[str, Any], seen: dict[str, Any]) -> None:
@@ -76,17 +78,18 @@ async def observe_stage(
     request's context for observers (its `state` and `call` are set here). Never raises
     for an observer's failure."""
     ctx.state = memory.state_for(stage.state)
-    ctx.call.stage_started, ctx.call.stage_ended = stage.started, stage.ended
+    call = ctx.call
+    call.stage_started, call.stage_ended = stage.started, stage.ended
     outcomes: list[HookOutcome] = []
     for bound in hooks:
-        result = await run_hooks([bound], stage.data, ctx, stage_key=stage.stage_key, attempt=attempt)
+        result = await run_hooks((bound,), stage.data, ctx, stage_key=stage.stage_key, attempt=attempt)
         if result.abort is not None and stage.data.lifecycle != "finalize_connection":
             log.warning(
                 "observer_raised", hook=bound.key, lifecycle=stage.data.lifecycle,
                 error=result.abort.message, completion_id=ctx.completion_id,
                 hint="an observer cannot abort the request; declare it without observe=True to stop requests",
             )
-        outcomes.extend(result.outcomes)
+        outcomes += result.outcomes
     memory.keep(stage.state, ctx.state)
     return outcomes
 

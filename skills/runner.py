@@ -104,13 +104,16 @@ async def run_hooks(
     wraps each call (an exception the hook raises passes through it)."""
     result = ChainResult(data)
     lifecycle = data.lifecycle
+    key_prefix = f"{ctx.metadata.completion_id}:{stage_key or lifecycle}:"
     for bound in hooks:
-        ctx.call.idempotency_key = f"{ctx.metadata.completion_id}:{stage_key or lifecycle}:{bound.key}"
+        ctx.call.idempotency_key = key_prefix + bound.key
         ctx.call.attempt = attempt
         saved_fields, saved_state = _snapshot(result.data), copy_state(ctx.state)
         started = time.perf_counter()
         try:
-            if observe is None:
+            if observe is None and bound.is_async and bound.descriptor.timeout is None:  # the common case, inline
+                returned = await bound.fn(result.data, ctx)
+            elif observe is None:
                 returned = await _call(bound.fn, (result.data, ctx), bound.descriptor.timeout, bound.is_async)
             else:
                 with observe(bound.key, lifecycle):

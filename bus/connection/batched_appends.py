@@ -35,14 +35,18 @@ class StreamAppender:
 
     async def add(self, stream: str, fields: dict[bytes, bytes]) -> None:
         """XADD `fields` to `stream`; returns once Redis stored it, raises what refused it."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        await self.enqueue(stream, fields)
+
+    def enqueue(self, stream: str, fields: dict[bytes, bytes]) -> asyncio.Future[None]:
+        """`add` for a caller that waits for several entries in one task of its own (no task
+        per entry): the future is done once Redis stored the entry, or holds what refused it."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self._pending:  # the flush starts next turn, with every entry added by then
             task = asyncio.ensure_future(self._flush())
             self._flushing.add(task)
             task.add_done_callback(self._flushing.discard)
         self._pending.append((stream, fields, future))
-        await future
+        return future
 
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []

@@ -218,10 +218,11 @@ class ReplyRouter:
             if future.done() and not future.cancelled():
                 future.exception()  # a deadline that passed while the send failed: heard of
 
-    async def append(self, stream: str, fields: dict[bytes, bytes]) -> None:
+    def append(self, stream: str, fields: dict[bytes, bytes]) -> asyncio.Future[None]:
         """XADD an entry that expects no reply (a request's observations), in the same
-        per-turn pipeline as the hops (hookbus.bus.connection.batched_appends)."""
-        await self._appender.add(stream, fields)
+        per-turn pipeline as the hops (hookbus.bus.connection.batched_appends); the future
+        says when Redis stored it."""
+        return self._appender.enqueue(stream, fields)
 
     def expect(self, hop_ids: Sequence[str]) -> None:
         """Keep the replies of these hops, which workers send on a route

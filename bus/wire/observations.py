@@ -12,26 +12,29 @@ JSON when the stage ended (the objects change afterwards), so the envelope is wr
 joining those dumps (`BatchWriter`), never dumped twice, and read back with the model.
 Two things keep it small:
 
-- `state` is null when the request's `ctx.state` is the same as at the stage before;
+- `state` is null (left out, its default) when the request's `ctx.state` is the same as
+  at the stage before;
 - an on_chunk stage's `full_content` (the model's text so far) is null when it is the
   previous on_chunk stage's plus `grow` (the reader rebuilds it), so a stream's text is
-  carried once, not once per chunk.
+  carried once, not once per chunk; `grow` is left out where it is null.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, NotRequired, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 from pydantic_core import to_json
+from typing_extensions import TypedDict
 
-from hookbus.bus.wire.chunk_batch import CHUNK_WIRE, ChunkIn, ChunkWire
+from hookbus.bus.wire.chunk_batch import ChunkIn, ChunkWire
 from hookbus.bus.wire.envelopes import FIELD, Envelope
 from hookbus.skills.context import Context
 from hookbus.skills.data import HookData
 from hookbus.skills.observing import StageSeen
 
 OBSERVATIONS_VERSION = 1
+D = TypeVar("D")
 
 
 class ObservedStage(BaseModel):
@@ -83,6 +86,24 @@ class ObservationBatch(Envelope):
         return seen
 
 
+class _StageWire(TypedDict, Generic[D]):
+    """An ObservedStage as `BatchWriter` dumps it, in one call with its data; its `state`
+    (dumped already, to tell whether it changed) is added to the JSON after."""
+
+    lifecycle: str
+    stage_key: str
+    hooks: list[str]
+    started: float
+    ended: float
+    grow: NotRequired[str]
+    data: D
+
+
+_STAGE: TypeAdapter[_StageWire[HookData]] = TypeAdapter(_StageWire[HookData])
+_CHUNK_STAGE: TypeAdapter[_StageWire[ChunkWire]] = TypeAdapter(_StageWire[ChunkWire])
+_NO_FULL_CONTENT = {"data": {"full_content"}}
+
+
 class BatchWriter:
     """Collects one request's stages for one group, each dumped as it ended; `fields()`
     is the entry."""
@@ -99,41 +120,42 @@ class BatchWriter:
     def add(self, data: HookData, hooks: list[str], stage_key: str, started: float, ended: float,
             state_json: bytes) -> None:
         """One stage; `state_json` is ctx.state's JSON as it ended (shared by the groups)."""
-        grow: bytes | None = None
-        if data.lifecycle == "on_chunk":
-            grow = self._grow(data.full_content or "")
-        dumped = data.model_dump_json(exclude_defaults=True, exclude=None if grow is None else {"full_content"})
-        self._append(data.lifecycle, hooks, stage_key, started, ended, state_json, grow, dumped.encode())
+        stage: _StageWire[HookData] = {"lifecycle": data.lifecycle, "stage_key": stage_key, "hooks": hooks,
+                                       "started": started, "ended": ended, "data": data}
+        grow = self._grow(data.full_content or "") if data.lifecycle == "on_chunk" else None
+        if grow is not None:
+            stage["grow"] = grow
+        self._append(_STAGE.dump_json(stage, exclude_defaults=True, exclude=None if grow is None else _NO_FULL_CONTENT),
+                     state_json)
 
     def add_chunk(self, chunk: ChunkIn, hooks: list[str], stage_key: str, started: float, ended: float,
                   state_json: bytes) -> None:
         """An on_chunk stage no hook ran at, from the chunk as it came: what `add` writes for
         `chunk.data()`, without building that HookData (a stream's every chunk comes here)."""
-        grow = self._grow(chunk.full)
         wire: ChunkWire = {"lifecycle": "on_chunk", "chunk": chunk.chunk, "content": chunk.content,
-                            "chunk_index": chunk.index}
+                           "chunk_index": chunk.index}
+        stage: _StageWire[ChunkWire] = {"lifecycle": "on_chunk", "stage_key": stage_key, "hooks": hooks,
+                                        "started": started, "ended": ended, "data": wire}
+        grow = self._grow(chunk.full)
         if grow is None:
             wire["full_content"] = chunk.full
+        else:
+            stage["grow"] = grow
         if chunk.held is not None:
             wire["held"] = chunk.held
-        self._append("on_chunk", hooks, stage_key, started, ended, state_json, grow,
-                     CHUNK_WIRE.dump_json(wire, exclude_defaults=True))
+        self._append(_CHUNK_STAGE.dump_json(stage, exclude_defaults=True), state_json)
 
-    def _grow(self, full: str) -> bytes | None:
-        """An on_chunk stage's `grow` (JSON), None when its full_content goes whole."""
+    def _grow(self, full: str) -> str | None:
+        """An on_chunk stage's `grow`, None when its full_content goes whole."""
         last, self._last_full = self._last_full, full
-        return to_json(full[len(last):]) if last is not None and full.startswith(last) else None
+        return full[len(last):] if last is not None and full.startswith(last) else None
 
-    def _append(self, lifecycle: str, hooks: list[str], stage_key: str, started: float, ended: float,
-                state_json: bytes, grow: bytes | None, data_json: bytes) -> None:
-        state = b"null" if state_json == self._last_state else state_json
-        self._last_state = state_json
-        self._stages.append(
-            b'{"lifecycle":' + to_json(lifecycle) + b',"stage_key":' + to_json(stage_key)
-            + b',"hooks":' + to_json(hooks) + b',"started":' + to_json(started) + b',"ended":' + to_json(ended)
-            + b',"state":' + state + b',"grow":' + (b"null" if grow is None else grow)
-            + b',"data":' + data_json + b"}"
-        )
+    def _append(self, stage_json: bytes, state_json: bytes) -> None:
+        """The stage with its `state`, left out when as at the stage before (null, its default)."""
+        if state_json != self._last_state:
+            self._last_state = state_json
+            stage_json = stage_json[:-1] + b',"state":' + state_json + b"}"
+        self._stages.append(stage_json)
 
     def fields(self, completion_id: str, ctx_json: bytes) -> dict[bytes, bytes]:
         """The entry: `ctx_json` is the request's Context JSON as it ended, without state."""

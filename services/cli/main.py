@@ -25,7 +25,7 @@ from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.services.cli.rollout_command import add_rollout_parser
 from hookbus.services.gateway.edge_options import EdgeOptions
-from hookbus.services.process import defaults, event_loop
+from hookbus.services.process import defaults, event_loop, heap
 
 CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not know (= HOOKBUS_CONTEXT_WINDOW)"
 
@@ -72,6 +72,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # a version that cannot name a stream
         sys.exit(f"hookbus worker: {exc}")
+    heap.settle()
     event_loop.run(replica.app.run())
     return 0
 
@@ -103,6 +104,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
         max_deliveries=args.max_deliveries,
         limits=limits_of(args),
     )
+    heap.settle()
     event_loop.run(service.app.run())
     return 0
 
@@ -115,6 +117,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     configure_logging()
     configure_tracing("gateway", instance_name("gateway"))
+    heap.settle()
     try:
         edge = EdgeOptions(
             header_timeout=args.header_timeout, body_timeout=args.body_timeout, stall_timeout=args.stall_timeout,

@@ -87,7 +87,7 @@ class BusRuntime:
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
         self._observing: set[asyncio.Task[None]] = set()
         """Observation entries being appended (the request's ack and shutdown wait for them)."""
-        self._sending: dict[str, asyncio.Future[list[None]]] = {}
+        self._sending: dict[str, asyncio.Task[None]] = {}
         """Each request's observation entries being appended, by completion id."""
         self.observations_sent = 0
 
@@ -349,16 +349,21 @@ class BusRuntime:
         no stage waits for it (`observations_stored`: the request's ack does). One that Redis
         did not take is logged: its observations are lost (at least once holds from the
         entry on)."""
-        tasks = []
+        if not entries:
+            return
+        appended = []
         for group, fields in entries:
             stream = self.keys.observe_for(group, completion_id)
-            task = asyncio.ensure_future(self._append_observations(stream, fields, completion_id))
-            self._observing.add(task)
-            task.add_done_callback(self._observing.discard)
-            tasks.append(task)
-        if tasks:
-            sending = self._sending[completion_id] = asyncio.gather(*tasks)
-            sending.add_done_callback(lambda _: self._sending.pop(completion_id, None))
+            appended.append((stream, self.router.append(stream, fields)))
+        task = asyncio.ensure_future(self._observations_appended(completion_id, appended))
+        self._observing.add(task)
+        self._sending[completion_id] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._observing.discard(task)
+            self._sending.pop(completion_id, None)
+
+        task.add_done_callback(done)
 
     async def observations_stored(self, completion_id: str, timeout: float) -> None:
         """Wait (up to `timeout` s) until the request's observation entries are stored. The
@@ -370,12 +375,16 @@ class BusRuntime:
         if sending is not None:
             await asyncio.wait({sending}, timeout=timeout)
 
-    async def _append_observations(self, stream: str, fields: dict[bytes, bytes], completion_id: str) -> None:
-        try:
-            await self.router.append(stream, fields)
-            self.observations_sent += 1
-        except Exception as exc:  # noqa: BLE001 - an observer never fails a request
-            log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
+    async def _observations_appended(
+        self, completion_id: str, appended: list[tuple[str, asyncio.Future[None]]]
+    ) -> None:
+        """Wait for a request's entries, in one task (not one per entry)."""
+        for stream, future in appended:
+            try:
+                await future
+                self.observations_sent += 1
+            except Exception as exc:  # noqa: BLE001 - an observer never fails a request
+                log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
 
     def record_observed(
         self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float

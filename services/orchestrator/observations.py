@@ -122,6 +122,26 @@ class LocalObservers:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """Where the observers of a stage are, worked out once per observer list (the plan
+    gives every stage of a lifecycle the same tuple, and a stream's every chunk is a
+    stage): the in-process hooks, and each worker group's observer keys."""
+
+    observers: Sequence[PlannedHook]
+    local: list[BoundHook]
+    groups: tuple[tuple[str, list[str]], ...]
+
+    @classmethod
+    def of(cls, observers: Sequence[PlannedHook]) -> _Route:
+        by_group: dict[str, list[str]] = {}
+        for planned in observers:
+            if planned.group is not None:
+                by_group.setdefault(planned.group, []).append(planned.key)
+        local = [h.local for h in observers if h.local is not None]
+        return cls(observers, local, tuple(by_group.items()))
+
+
 class RequestObservations:
     """One request's observations (see the module docstring)."""
 
@@ -131,6 +151,9 @@ class RequestObservations:
         self._sink = sink
         self._queued: _Queued | None = None
         self._groups: dict[str, BatchWriter] = {}
+        self._routes: dict[int, _Route] = {}
+        self._most = 0
+        """Stages of the group that has the most."""
         self._skipped = 0
         self._closed = False
 
@@ -154,22 +177,18 @@ class RequestObservations:
     ) -> None:
         ended = time.time()
         ctx = self._ctx
-        local = [h.local for h in observers if h.local is not None]
-        if local:
+        route = self._route(observers)
+        if route.local:
             seen = data.data() if isinstance(data, ChunkIn) else data
             stage = StageSeen(seen.model_copy(deep=True), copy_state(ctx.state), stage_key, started, ended)
-            self._local.submit(self._local_queue(), local, stage)
-        if len(local) == len(observers):
+            self._local.submit(self._local_queue(), route.local, stage)
+        if not route.groups:
             return
-        finalize = not isinstance(data, ChunkIn) and data.lifecycle == "finalize_connection"
-        if not finalize and self._full():
+        if self._most >= MAX_STAGES and (isinstance(data, ChunkIn) or data.lifecycle != "finalize_connection"):
+            self._skip()
             return
         state_json = to_json(ctx.state)
-        by_group: dict[str, list[str]] = {}
-        for planned in observers:
-            if planned.group is not None:
-                by_group.setdefault(planned.group, []).append(planned.key)
-        for group, keys in by_group.items():
+        for group, keys in route.groups:
             writer = self._groups.get(group)
             if writer is None:
                 writer = self._groups[group] = BatchWriter(group)
@@ -177,6 +196,7 @@ class RequestObservations:
                 writer.add_chunk(data, keys, stage_key, started, ended, state_json)
             else:
                 writer.add(data, keys, stage_key, started, ended, state_json)
+            self._most = max(self._most, len(writer))
 
     def close(self) -> None:
         """The request is over: its groups' entries go to the runtime, once."""
@@ -201,10 +221,13 @@ class RequestObservations:
         self._queued.ctx.recovery = self._ctx.recovery
         return self._queued
 
-    def _full(self) -> bool:
-        if not self._groups or max(len(w) for w in self._groups.values()) < MAX_STAGES:
-            return False
+    def _route(self, observers: Sequence[PlannedHook]) -> _Route:
+        route = self._routes.get(id(observers))
+        if route is None or route.observers is not observers:  # held by its route: an id is not reused
+            route = self._routes[id(observers)] = _Route.of(observers)
+        return route
+
+    def _skip(self) -> None:
         self._skipped += 1
         if self._skipped == 1:
             log.warning("observations_capped", completion_id=self._ctx.completion_id, kept=MAX_STAGES)
-        return True

@@ -52,6 +52,7 @@ from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.observing import ObserverMemory, observe_stage
 from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import HookOutcome
+from hookbus.skills.skill import BoundHook
 
 log = structlog.get_logger("hookbus.worker.observer")
 
@@ -198,19 +199,29 @@ class ObserverConsumer:
         by_lifecycle: dict[Lifecycle, list[HookOutcome]] = defaultdict(list)
         spent: dict[Lifecycle, float] = defaultdict(float)
         ctx = batch.ctx
+        # each list of observer keys looked up once: a stream's every chunk has the same
+        bound: dict[tuple[str, ...], tuple[list[BoundHook], list[str]]] = {}
         for keys, stage in batch.seen():
             lifecycle = stage.data.lifecycle
             began = time.perf_counter()
-            hooks = [self.host.hooks[key] for key in keys if key in self.host.hooks]
-            missing = [key for key in keys if key not in self.host.hooks]
+            found = bound.get(named := tuple(keys))
+            if found is None:
+                found = bound[named] = self._hooks_of(named)
+            hooks, missing = found
             outcomes = await observe_stage(hooks, stage, ctx, memory, attempt=attempt)
-            outcomes += [HookOutcome(k, 0.0, Outcome.FAILED, f"group {self.group!r} has no hook {k!r}")
-                         for k in missing]
+            if missing:
+                outcomes += [HookOutcome(k, 0.0, Outcome.FAILED, f"group {self.group!r} has no hook {k!r}")
+                             for k in missing]
             by_lifecycle[lifecycle] += outcomes
             spent[lifecycle] += (time.perf_counter() - began) * 1000
         for lifecycle, outcomes in by_lifecycle.items():
             self._record(batch.completion_id, lifecycle, outcomes, spent[lifecycle])
         return by_lifecycle
+
+    def _hooks_of(self, keys: tuple[str, ...]) -> tuple[list[BoundHook], list[str]]:
+        """The hooks of `keys` this group hosts, and the keys it does not."""
+        hosted = self.host.hooks
+        return [hosted[key] for key in keys if key in hosted], [key for key in keys if key not in hosted]
 
     def _record(self, completion_id: str, lifecycle: str, outcomes: list[HookOutcome], duration_ms: float) -> None:
         if self._events is not None:

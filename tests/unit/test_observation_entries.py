@@ -4,6 +4,8 @@ and read back to the same stages."""
 
 from __future__ import annotations
 
+import json
+
 from openai.types.chat import ChatCompletionChunk
 
 from hookbus.bus.wire.chunk_batch import ChunkIn
@@ -52,3 +54,20 @@ def test_chunks_written_from_the_chunk_read_back_whole() -> None:
     assert [stage.data.model_dump() for _, stage in seen] == [c.data().model_dump() for c in chunks]
     assert [stage.state for _, stage in seen] == [{"n": 1}] * len(chunks)
     assert [keys for keys, _ in seen] == [["audit.watch"]] * len(chunks)
+
+
+def test_a_null_state_or_grow_is_left_out_and_read_as_written_out() -> None:
+    """An unchanged state and a whole full_content are left out of a stage (null, their
+    default), which readers of entries written with them spelt out read the same."""
+    chunks = stream(held=False)
+    fields = entry(chunks, from_chunk=True)
+    stages = json.loads(fields[b"e"])["stages"]
+    assert ["state" in s for s in stages] == [True] + [False] * (len(chunks) - 1)
+    assert ["grow" in s for s in stages] == [False, True, True, True, False]
+    spelt = dict(fields)
+    envelope = json.loads(fields[b"e"])
+    envelope["stages"] = [{"state": None, "grow": None, **s} for s in stages]
+    spelt[b"e"] = json.dumps(envelope).encode()
+    read = [(keys, stage.data.model_dump(), stage.state) for keys, stage in decode(fields, ObservationBatch).seen()]
+    assert [(keys, stage.data.model_dump(), stage.state)
+            for keys, stage in decode(spelt, ObservationBatch).seen()] == read
