@@ -416,10 +416,11 @@ class Processes:
         **env: str,
     ) -> subprocess.Popen[bytes]:
         """`model_url`: the LLM endpoint (`Processes.model`); None: the built-in offline
-        model, served from a thread of the orchestrator's own process. `env`: more
-        settings (HOOKBUS_SEND_ON=...)."""
+        model, served from a thread of the orchestrator's own process (asked for by name:
+        an orchestrator with no endpoint refuses to start). `env`: more settings
+        (HOOKBUS_SEND_ON=...)."""
         args = [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", agent, "--concurrency", str(concurrency)]
-        endpoint = {"OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "bench"} if model_url else {}
+        endpoint = {"OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "bench"} if model_url else {"HOOKBUS_MODEL": "offline"}
         return self.spawn(args, bench_env(redis_url, prefix, **endpoint, **env), "orchestrator")
 
     async def model(self, timeout: float = 30.0) -> str:

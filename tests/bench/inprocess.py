@@ -20,6 +20,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
+from hookbus.services.orchestrator.llm import LLM
 from tests.bench import payloads
 from tests.bench.common import Row, atimeit_us, print_rows, quiet_logs, run_load, scaled
 
@@ -33,23 +34,26 @@ COMPLETION = {
 }
 
 
-class StubLLM:
-    """An LLM answering at once from memory (no HTTP): the loop's own cost shows."""
+class StubLLM(LLM):
+    """An LLM answering at once from memory (no HTTP): the loop's own cost shows. The real
+    class with its calls replaced, so what the agent reads of its LLM besides them (its
+    token scale, its windows) is the real one's."""
 
-    offline = False
-
-    def context_windows(self) -> dict[str, int]:
-        return {}  # hookbus's own table applies
+    def __init__(self) -> None:
+        super().__init__("http://stub.invalid/v1", "bench")  # never called
 
     async def context_window(self, model: str) -> int | None:
         return None  # the endpoint says nothing
 
-    async def complete(
+    async def probe_tokenizer(self, model: str) -> None:
+        return None  # no tokenizer to ask
+
+    async def complete(  # type: ignore[override]
         self, model: str, messages: list[dict[str, Any]], tools: Any, settings: Any = None
     ) -> ChatCompletion:
         return ChatCompletion.model_validate(COMPLETION)
 
-    async def stream(self, model: str, messages: list[dict[str, Any]], tools: Any, settings: Any = None):  # type: ignore[no-untyped-def]
+    async def stream(self, model: str, messages: list[dict[str, Any]], tools: Any, settings: Any = None):  # type: ignore[no-untyped-def, override]
         raise NotImplementedError
         yield
 
@@ -83,21 +87,21 @@ async def measure() -> list[Row]:
                                 note="run_hooks, 10 no-op hooks / 10"))
 
     # Agent._stage: one segment of 3 local hooks
-    agent = Agent("bench-inproc", llm=StubLLM(), skills=[noop_skill(3, ["on_chunk"])])  # type: ignore[arg-type]
+    agent = Agent("bench-inproc", llm=StubLLM(), skills=[noop_skill(3, ["on_chunk"])])
     state = await agent._begin("hi", None, None, None, None, stream=True)
     data = payloads.on_chunk_data()
     stage_us = await atimeit_us(lambda: agent._stage(state, data, "on_chunk#7"))
     print(f"  Agent._stage, 3 local no-op hooks (on_chunk)       {stage_us:8.2f} us  = {stage_us / 3:6.2f} us per hook")
     rows.append(Row("in-process", "Agent._stage, 3 local hooks", stage_us, "us", note=f"{stage_us / 3:.1f} us per hook"))
-    empty = Agent("bench-inproc-empty", llm=StubLLM())  # type: ignore[arg-type]
+    empty = Agent("bench-inproc-empty", llm=StubLLM())
     state = await empty._begin("hi", None, None, None, None, stream=True)
     empty_us = await atimeit_us(lambda: empty._stage(state, data, "on_chunk#7"))
     print(f"  Agent._stage, no hooks                             {empty_us:8.2f} us")
 
     # The whole loop, no hooks: stub LLM vs the offline model over HTTP
-    stub_plain = Agent("bench-loop", llm=StubLLM())  # type: ignore[arg-type]
+    stub_plain = Agent("bench-loop", llm=StubLLM())
     lifecycles = ["on_connection", "before_llm_call", "after_llm_call", "on_message", "finalize_connection"]
-    stub_hooked = Agent("bench-loop-hooks", llm=StubLLM(), skills=[noop_skill(3, lifecycles)])  # type: ignore[arg-type]
+    stub_hooked = Agent("bench-loop-hooks", llm=StubLLM(), skills=[noop_skill(3, lifecycles)])
     offline = Agent("bench-loop-offline")
     await offline.run("hello")
     loop_plain = await atimeit_us(lambda: stub_plain.run("hello"), min_seconds=1.0)
