@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench lint docs clean check-real-model deploy-check conformance ts-deps check-rollout
+.PHONY: venv run test test-fast bench bench-smoke lint docs clean check-real-model deploy-check conformance ts-deps check-rollout
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ check-rollout: venv
 
 bench: venv ts-deps
 	$(BIN)/python -m tests.bench
+
+# Every bench in its quick form (BENCH_QUICK=1, fewer operations): it fails when a bench
+# no longer runs, not on its figures. CI runs it so that `make bench` cannot rot unseen.
+bench-smoke: venv ts-deps
+	BENCH_QUICK=1 $(BIN)/python -m tests.bench
 
 # The conformance kit (docs/conformance.md) against the Python worker, then against the
 # TypeScript worker hosting the kit's TypeScript skills when skills/typescript/ is there.
