@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -180,6 +181,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
     last minute's hop records, which each version's hop count is taken from (none: 0)."""
     now = time.time()
     registry = await client.hgetall(keys.registry)
+    hops_by_replica = Counter((h.group, h.replica) for h in hops)  # counted once, not per group and replica
     groups = []
     for raw_name, body in sorted(registry.items()):
         name = text(raw_name)
@@ -214,7 +216,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
                 observe_pending=observe_pending,
                 heartbeats=beats,
                 in_flight=await _in_flight(client, streams, name),
-                hops_last_minute={r: sum(1 for h in hops if h.group == name and h.replica == r) for r in replicas},
+                hops_last_minute={r: hops_by_replica[(name, r)] for r in replicas},
             )
         )
     requests_lag, requests_pending = await group_backlog(client, keys.request_streams, ORCHESTRATOR_GROUP)
