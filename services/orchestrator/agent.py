@@ -384,7 +384,6 @@ class Agent:
     async def _lifecycle(self, state: RunState) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
-            await self._compactor.ask_endpoint()
             if state.ctx.session.id:
                 state.ctx.session.data = await self.runtime.load_session(
                     state.ctx.auth.peer_user_id, state.ctx.session.id
@@ -463,7 +462,7 @@ class Agent:
         data = await self._stage(state, data, f"before_llm_call#{iteration}")
         settings = data.model_settings or ModelSettings()
         messages = list(data.messages or [])
-        if self._compactor.past_hard(messages):  # the in-run safety stop
+        if await self._compactor.past_hard(messages):  # the in-run safety stop
             outcome = await self._compactor.in_run(messages, state.ctx)
             if outcome is not None:
                 messages = _adopt(state, outcome, final_round)

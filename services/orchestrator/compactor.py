@@ -22,11 +22,16 @@ from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import compaction
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
 from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.token_scale import UNKNOWN_MODEL_MARGIN
 from hookbus.services.orchestrator.tokens import context_window, count_messages
 from hookbus.skills import Context, ContextTooLong
 from hookbus.skills.compaction_outcome import between_turns_id
 
 log = structlog.get_logger("hookbus.agent")
+
+PROBE_WINDOW_FLOOR = 2048
+"""The window an unconfigured model is assumed to have at most when deciding whether to ask
+the endpoint: llama-cpp-python's server starts with `n_ctx` 2048 unless told otherwise."""
 
 _REFUSAL_NUMBERS = re.compile(
     r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens",
@@ -55,7 +60,6 @@ class Compactor:
         self._tell_hooks = announce
         self.configured_window = get_settings().context_window
         self.endpoint_window: int | None = None
-        self._asked_endpoint = False
         self.policy = policy or CompactionPolicy()
         self.last: Compaction | None = None
 
@@ -76,7 +80,7 @@ class Compactor:
     def window(self) -> int:
         """The model's context window in its own tokens, the first that is known of: the
         policy's `window`, `HOOKBUS_CONTEXT_WINDOW` (or the `--context-window` flag), what the
-        endpoint says it serves (llama.cpp, vLLM; asked once, see `ask_endpoint`), the
+        endpoint says it serves (llama.cpp, vLLM; asked once, see `learn_model`), the
         built-in table, and for an unknown model a cautious 8192."""
         return self._policy.window or self._model_window()
 
@@ -94,25 +98,37 @@ class Compactor:
             or context_window(self._model, self._llm.context_windows())
         )
 
-    async def ask_endpoint(self) -> None:
-        """Ask the endpoint for the model's context window and how its tokenizer counts,
-        once per agent (a failure counts as "it does not say")."""
-        if self._asked_endpoint:
+    def within_reach(self, counted: int) -> bool:
+        """Whether a conversation of `counted` tokens (ours) could reach the compaction
+        threshold once the endpoint is asked: counted by the most the model's tokenizer is
+        assumed to count (UNKNOWN_MODEL_MARGIN until the model's scale is known), against
+        the configured window or, unconfigured, at most PROBE_WINDOW_FLOOR (a local server
+        may serve a model with a window far under the table's). Below it the endpoint is
+        not asked: its answers could not change what compaction does."""
+        scale = self._llm.token_scale
+        margin = scale.of(self._model) if scale.knows(self._model) else max(
+            scale.of(self._model), UNKNOWN_MODEL_MARGIN
+        )
+        window = self._policy.window or self.configured_window or min(
+            PROBE_WINDOW_FLOOR, self._model_window()
+        )
+        return counted * margin >= self._policy.resolve(window).at
+
+    async def learn_model(self, counted: int | None = None) -> None:
+        """Ask the endpoint for the model's window and tokenizer scale when a conversation of
+        `counted` tokens is within reach of the window (None: compaction was asked for, so
+        always); at most once per model and endpoint in a process (`LLM.learn_model`)."""
+        if counted is not None and not self.within_reach(counted):
             return
-        self._asked_endpoint = True
-        try:
-            if not self.configured_window:
-                self.endpoint_window = await self._llm.context_window(self._model)
-            await self._llm.probe_tokenizer(self._model)
-        except Exception:  # noqa: BLE001 - the table applies when the endpoint cannot tell
-            log.warning("context_window_probe_failed", model=self._model, exc_info=True)
-        if self.endpoint_window:
-            log.info("context_window_from_endpoint", model=self._model, window=self.endpoint_window)
+        window = await self._llm.learn_model(self._model, window=not self.configured_window)
+        if window and window != self.endpoint_window:
+            self.endpoint_window = window
+            log.info("context_window_from_endpoint", model=self._model, window=window)
 
     async def between_turns(
         self, messages: Sequence[Mapping[str, Any]], tokens_of_next_message: int
     ) -> Compaction:
-        await self.ask_endpoint()
+        await self.learn_model(count_messages(messages) + tokens_of_next_message)
         policy = self._policy
         with tracing.compaction_span("between_turns") as span:
             outcome = await compaction.compact_if_needed(
@@ -125,7 +141,7 @@ class Compactor:
     async def now(
         self, messages: Sequence[Mapping[str, Any]], focus: str | None
     ) -> Compaction:
-        await self.ask_endpoint()
+        await self.learn_model()
         policy = self._policy
         with tracing.compaction_span("requested") as span:
             outcome = await compaction.compact(
@@ -135,9 +151,12 @@ class Compactor:
             await self._announce(outcome, None)
         return outcome
 
-    def past_hard(self, messages: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether messages about to go to the LLM pass the in-run safety stop."""
-        return count_messages(messages) > self._policy.resolve(self.budget).hard
+    async def past_hard(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether messages about to go to the LLM pass the in-run safety stop (the endpoint
+        asked first when they are within reach of the window)."""
+        counted = count_messages(messages)
+        await self.learn_model(counted)
+        return counted > self._policy.resolve(self.budget).hard
 
     async def in_run(
         self,

@@ -45,11 +45,11 @@ import openai
 import structlog
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale
+from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale, tiktoken_knows
 from hookbus.services.orchestrator.tokens import count_messages, count_text
 from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills.errors import ContextTooLong, ServiceError, UpstreamError
@@ -158,49 +158,46 @@ class LLM:
                 log.warning("llm_connect_retry", attempt=attempt, error=str(exc))
                 await asyncio.sleep(RETRY_PAUSE)
 
-    async def context_window(self, model: str) -> int | None:
-        """The context window the endpoint serves `model` with, where it says so: llama.cpp's
-        `GET /props` (`n_ctx`), vLLM's `GET /v1/models` (`max_model_len`); None otherwise
-        (the offline model and OpenAI say nothing: hookbus's table applies)."""
-        if self.offline:
+    async def learn_model(self, model: str, *, window: bool) -> int | None:
+        """Ask the endpoint once per process what it knows of `model`: its context window
+        (when `window`) and how its tokenizer counts; returns the window, or None where the
+        endpoint does not say. Callers ask only when compaction needs the answer (the
+        compactor's `within_reach`), never for a request not yet admitted: the probe is up to
+        five HTTP requests an audited upstream would otherwise see unexplained. The first
+        caller asks; a concurrent one goes on without the answer, as if the endpoint did not
+        say. Nothing is asked of the offline model, nor for a model tiktoken knows (OpenAI's:
+        the table's window and a scale of 1.0 hold)."""
+        key = (self.base_url, model)
+        if key in _LEARNED:
+            facts = _LEARNED[key]
+        elif self.offline or tiktoken_knows(model):
+            facts = _LEARNED[key] = EndpointFacts()
+        else:
+            _LEARNED[key] = None  # taken: no second probe while this one runs
+            try:
+                facts = _LEARNED[key] = await self._ask_endpoint(model, window)
+            except BaseException:  # cancelled with its request: the next one asks
+                del _LEARNED[key]
+                raise
+        if facts is None:
             return None
+        if facts.tokenizer is not None:
+            self.token_scale.probed(model, *facts.tokenizer)
+        return facts.window
+
+    async def _ask_endpoint(self, model: str, window: bool) -> EndpointFacts:
         headers = {"Authorization": f"Bearer {self._api_key}"}
         root = self.base_url.rstrip("/").removesuffix("/v1")
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
-            props = await _get_json(http, f"{root}/props")
-            n_ctx = _n_ctx(props)
-            if n_ctx:
-                return n_ctx
-            models = await _get_json(http, f"{self.base_url.rstrip('/')}/models")
-        for card in (models or {}).get("data") or ():
-            if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
-                return int(card["max_model_len"])
-        return None
-
-    async def probe_tokenizer(self, model: str) -> None:
-        """Ask the endpoint's tokenizer how it counts a sample text, where it can tell
-        (llama-cpp-python, llama.cpp, vLLM); nothing for the offline model and OpenAI.
-
-        Being llama-cpp-python says nothing about its tool rounds: its
-        `chatml-function-calling` format ends a stream under `tool_choice: "auto"` without a
-        chunk (`stream` then goes unstreamed for such calls), but a chat handler that
-        streams them (the Gemma one of `make check-real-model`) keeps its stream."""
-        if self.offline:
-            return
-        headers = {"Authorization": f"Bearer {self._api_key}"}
-        root = self.base_url.rstrip("/").removesuffix("/v1")
-        attempts = (
-            (f"{root}/extras/tokenize", {"input": SAMPLE_TEXT, "model": model}),  # llama-cpp-python
-            (f"{root}/tokenize", {"content": SAMPLE_TEXT}),  # llama.cpp
-            (f"{root}/tokenize", {"model": model, "prompt": SAMPLE_TEXT}),  # vLLM
-        )
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
-            for url, body in attempts:
-                theirs = _token_count(await _post_json(http, url, body))
-                if theirs:
-                    self.token_scale.probed(model, theirs, count_text(SAMPLE_TEXT))
-                    log.info("tokenizer_from_endpoint", model=model, scale=self.token_scale.of(model), url=url)
-                    return
+        facts = EndpointFacts()
+        try:
+            async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
+                if window:
+                    facts.window = await _served_window(http, root, self.base_url, model)
+                facts.tokenizer = await _tokenizer_counts(http, root, model)
+        except Exception:  # noqa: BLE001 - the table and the margin apply when it cannot tell
+            log.warning("endpoint_probe_failed", model=model, exc_info=True)
+        log.info("endpoint_probed", model=model, window=facts.window, tokenizer=facts.tokenizer)
+        return facts
 
     def _report_usage(
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, usage: CompletionUsage
@@ -555,6 +552,45 @@ def _usage_chunk(usage: CompletionUsage, model: str) -> ChatCompletionChunk:
 _STATUS_SEEN = {400: 400, 404: 404, 408: 504, 413: 400, 422: 400, 429: 429, 503: 503, 504: 504}
 """Upstream status -> the client's; every other 4xx (401, 403: the operator's key) and 5xx
 is a 502, the endpoint having failed us."""
+
+
+class EndpointFacts(BaseModel):
+    """What an endpoint said of one model: its window, and its tokenizer's count of
+    SAMPLE_TEXT against ours (theirs, ours); None where it did not say."""
+
+    window: int | None = None
+    tokenizer: tuple[int, int] | None = None
+
+
+_LEARNED: dict[tuple[str, str], EndpointFacts | None] = {}
+"""Per (base url, model), what `LLM.learn_model` found; None while the one probe runs."""
+
+
+async def _served_window(http: httpx.AsyncClient, root: str, base_url: str, model: str) -> int | None:
+    """llama.cpp's `GET /props` (`n_ctx`), vLLM's `GET /v1/models` (`max_model_len`)."""
+    n_ctx = _n_ctx(await _get_json(http, f"{root}/props"))
+    if n_ctx:
+        return n_ctx
+    models = await _get_json(http, f"{base_url.rstrip('/')}/models")
+    for card in (models or {}).get("data") or ():
+        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
+            return int(card["max_model_len"])
+    return None
+
+
+async def _tokenizer_counts(http: httpx.AsyncClient, root: str, model: str) -> tuple[int, int] | None:
+    """The endpoint's count of SAMPLE_TEXT and ours: llama-cpp-python's `POST /extras/tokenize`,
+    llama.cpp's and vLLM's `POST /tokenize`, the first that answers."""
+    attempts = (
+        (f"{root}/extras/tokenize", {"input": SAMPLE_TEXT, "model": model}),  # llama-cpp-python
+        (f"{root}/tokenize", {"content": SAMPLE_TEXT}),  # llama.cpp
+        (f"{root}/tokenize", {"model": model, "prompt": SAMPLE_TEXT}),  # vLLM
+    )
+    for url, body in attempts:
+        theirs = _token_count(await _post_json(http, url, body))
+        if theirs:
+            return theirs, count_text(SAMPLE_TEXT)
+    return None
 
 
 def llm_error(exc: openai.APIError) -> ServiceError:

@@ -42,7 +42,7 @@ SAMPLE_TEXT = (
 """What the tokenize probe measures: prose with numbers, punctuation, code and names."""
 
 
-def _tiktoken_knows(model: str) -> bool:
+def tiktoken_knows(model: str) -> bool:
     try:
         tiktoken.encoding_name_for_model(model.rsplit("/", 1)[-1])
     except KeyError:
@@ -67,7 +67,7 @@ class TokenScale:
             return max(reports)
         if model in self._probed:
             return self._probed[model]
-        return 1.0 if _tiktoken_knows(model) else UNKNOWN_MODEL_MARGIN
+        return 1.0 if tiktoken_knows(model) else UNKNOWN_MODEL_MARGIN
 
     def report(self, model: str, prompt_tokens: int, counted: int) -> None:
         """An endpoint's `usage.prompt_tokens` for messages hookbus counted as `counted`."""

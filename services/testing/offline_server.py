@@ -7,12 +7,14 @@ outlives the loops of ``asyncio.run`` calls that come and go. ``shared_offline_b
 gives the whole process one such server, started on first use.
 
 Any API key works against it; ``OFFLINE_API_KEY`` is a placeholder for clients that insist
-on one.
+on one. Each server records every HTTP request it receives (``received``: method, path, body),
+so a test can assert that nothing reached the model that should not have.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import socket
@@ -22,15 +24,60 @@ from types import TracebackType
 
 import structlog
 import uvicorn
+from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hookbus.services.testing.offline_model import create_app
 
 log = structlog.get_logger("hookbus.offline_model")
 
-__all__ = ["OFFLINE_API_KEY", "OfflineModelServer", "shared_offline_base_url"]
+__all__ = ["OFFLINE_API_KEY", "OfflineModelServer", "ReceivedRequest", "shared_offline_base_url"]
 
 OFFLINE_API_KEY = "offline"
 _HOST = "127.0.0.1"
+
+
+class ReceivedRequest(BaseModel):
+    """One HTTP request as the server received it; `body` is its JSON (None if it had none)."""
+
+    method: str
+    path: str
+    body: object = None
+
+
+class _Recording:
+    """ASGI middleware appending every request to `received` as it arrives; its body is
+    filled in once the app has read it (a handler that never reads it leaves None)."""
+
+    def __init__(self, app: ASGIApp, received: list[ReceivedRequest]) -> None:
+        self.app, self.received = app, received
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entry = ReceivedRequest(method=scope["method"], path=scope["path"])
+        self.received.append(entry)
+        parts: list[bytes] = []
+
+        async def recorded() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                parts.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    entry.body = _json_or_text(b"".join(parts))
+            return message
+
+        await self.app(scope, recorded, send)
+
+
+def _json_or_text(raw: bytes) -> object:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
 
 
 class _ReadyServer(uvicorn.Server):
@@ -60,6 +107,8 @@ class OfflineModelServer:
         self._server: _ReadyServer | None = None
         self._thread: threading.Thread | None = None
         self._base_url: str | None = None
+        self.received: list[ReceivedRequest] = []
+        """Every HTTP request served, in arrival order."""
 
     @property
     def running(self) -> bool:
@@ -78,7 +127,7 @@ class OfflineModelServer:
             if self.running and self._base_url is not None:
                 return self._base_url
             config = uvicorn.Config(
-                create_app(),
+                _Recording(create_app(), self.received),
                 host=_HOST,
                 port=self._port,
                 loop="asyncio",

@@ -42,11 +42,8 @@ class StubLLM(LLM):
     def __init__(self) -> None:
         super().__init__("http://stub.invalid/v1", "bench")  # never called
 
-    async def context_window(self, model: str) -> int | None:
+    async def learn_model(self, model: str, *, window: bool) -> int | None:
         return None  # the endpoint says nothing
-
-    async def probe_tokenizer(self, model: str) -> None:
-        return None  # no tokenizer to ask
 
     async def complete(  # type: ignore[override]
         self, model: str, messages: list[dict[str, Any]], tools: Any, settings: Any = None

@@ -132,6 +132,7 @@ async def test_an_endpoint_known_as_llama_cpp_python_still_gets_its_tool_rounds_
     with RecordingUpstream(props=LLAMA_PROPS, tokens_per_char=0.3) as server:
         agent = Agent("tools", model="gemma-3-270m", skills=[Weather()],
                       llm=LLM(base_url=server.url, api_key="k", timeout=5))
+        await agent.compact([{"role": "user", "content": "Hi"}])  # asked for: the endpoint is probed
         server.script.extend([text_stream("Sunny."), text_stream("Rainy.")])
         answers = []
         for question in ("Weather in Paris?", "Weather in Oslo?"):

@@ -88,8 +88,18 @@ def _words(text: str) -> Iterator[str]:
         yield word if i == 0 else " " + word
 
 
+@dataclass(frozen=True)
+class Seen:
+    """One HTTP request as the server received it."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+
+
 class RecordingUpstream:
-    """The server; `received` holds each chat request body, in arrival order."""
+    """The server; `seen` holds every HTTP request (method, path, body) in arrival order,
+    `received` each chat request body, `paths` the paths of the others."""
 
     def __init__(
         self,
@@ -99,6 +109,7 @@ class RecordingUpstream:
     ) -> None:
         """`tokens_per_char`: serve llama-cpp-python's `POST /extras/tokenize`, counting
         that many tokens per character; other paths than chat completions answer 404."""
+        self.seen: list[Seen] = []
         self.received: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.script: deque[Reply | Stream | Raw] = deque()
@@ -115,6 +126,7 @@ class RecordingUpstream:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                upstream.seen.append(Seen("GET", self.path))
                 upstream.paths.append(self.path)
                 if self.path == "/props" and upstream.props is not None:
                     self._json(200, upstream.props)
@@ -126,6 +138,7 @@ class RecordingUpstream:
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                upstream.seen.append(Seen("POST", self.path, body))
                 if not self.path.endswith("/chat/completions"):
                     upstream.paths.append(self.path)
                     if self.path == "/extras/tokenize" and upstream.tokens_per_char:
@@ -195,7 +208,9 @@ class RecordingUpstream:
 
     def reset(self) -> None:
         with self._lock:
+            self.seen.clear()
             self.received.clear()
+            self.paths.clear()
             self.script.clear()
 
     def __enter__(self) -> RecordingUpstream:

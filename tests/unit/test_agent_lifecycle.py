@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from hookbus import Agent
 from hookbus.services.orchestrator.agent import ROUND_CAP_NOTE
+from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.runtime import LocalRuntime
+from hookbus.services.testing.offline_server import OfflineModelServer
 from hookbus.skills import (
     Context,
     HookbusError,
@@ -26,6 +29,14 @@ from hookbus.skills import (
     tool,
 )
 from tests.waiting import wait_for
+
+
+@pytest.fixture
+def endpoint() -> Iterator[OfflineModelServer]:
+    """The offline model on a server of this test's own, configured as the agent's endpoint
+    (so nothing is skipped for being the built-in model), recording every request."""
+    with OfflineModelServer() as server:
+        yield server
 
 
 class Recorder(Skill):
@@ -291,10 +302,11 @@ async def test_arguments_that_are_not_json_become_a_tool_message():
     assert results[0].startswith("Error: arguments for tool 'add' are not valid JSON")
 
 
-async def test_tool_round_cap_makes_one_more_call_without_tools():
+async def test_tool_round_cap_makes_one_more_call_without_tools(endpoint: OfflineModelServer):
     recorder = Recorder()
-    agent = Agent("t", skills=[recorder, Calculator()], max_tool_rounds=3)
+    agent = Agent("t", skills=[recorder, Calculator()], max_tool_rounds=3, llm=LLM(endpoint.base_url))
     completion = await agent.run("[[loop:add]]")
+    assert [(r.method, r.path) for r in endpoint.received] == [("POST", "/v1/chat/completions")] * 4
     calls = recorder.of("before_llm_call")
     assert len(calls) == 4
     assert all(c.get("tools") for c in calls[:3]) and "tools" not in calls[3]
@@ -371,10 +383,11 @@ async def test_finalize_runs_when_the_ownership_check_itself_fails():
     assert finalizer.errors == [None]
 
 
-async def test_finalize_runs_once_when_a_402_aborts_before_any_llm_call():
+async def test_finalize_runs_once_when_a_402_aborts_before_any_llm_call(endpoint: OfflineModelServer):
     final, recorder = Finalizer(), Recorder()
     with pytest.raises(PaymentRequired) as caught:
-        await Agent("t", skills=[Billing(), final, recorder]).run("hi")
+        await Agent("t", skills=[Billing(), final, recorder], llm=LLM(endpoint.base_url)).run("hi")
+    assert endpoint.received == []  # the endpoint never heard of the refused request
     assert caught.value.details == {"balance": 0}
     assert final.errors == [PaymentRequired("no credit left", {"balance": 0})]
     assert recorder.count("before_llm_call") == 0
