@@ -9,8 +9,9 @@ Every hook also records in Redis which version ran it for which request
 (`test:versions:{cid}`, a set) and finalize_connection records the request
 (`test:finalized`, a hash cid -> version), so the test sees each request's versions and
 its finalize even for what the answer does not show. An answer that starts with
-"slowly" has its on_chunk hops held a while, so that a replica holds hops when it is
-killed.
+"slowly" has its on_chunk hops held a while, and held on for as long as the test keeps
+the key `test:hold` (bounded), so that a replica holds hops when it is killed however long
+the machine takes to start the replica that replaces it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ TAG = f"[{VERSION}]"
 SLOWLY = "slowly"
 """An answer starting with it has each of its chunks held `HOLD` seconds by on_chunk."""
 HOLD = 0.3
+HELD_AT_MOST = 20.0
+"""Seconds a chunk waits for `test:hold` to go before it goes on regardless (under the
+orchestrator's 30 s hop timeout)."""
 
 
 async def ran_here(ctx: Context) -> None:
@@ -41,6 +45,10 @@ class Tagger(Skill):
         await ran_here(ctx)
         if (data.full_content or "").startswith(SLOWLY):
             await asyncio.sleep(HOLD)  # the point: a hop held while its replica is killed
+            for _ in range(int(HELD_AT_MOST / HOLD)):
+                if not await redis_client().exists(fault_key("hold")):
+                    break
+                await asyncio.sleep(HOLD)
         if data.content:
             data.content += TAG
         return data

@@ -74,7 +74,8 @@ async def streamed(client: openai.AsyncOpenAI, n: int) -> Answer:
 
 async def long_stream(client: openai.AsyncOpenAI, n: int) -> Answer:
     """A stream pinned to v1 that outlasts most of the rollout: 40 chunks, each held
-    by the tagger (rollout_skills.SLOWLY) and spaced by the model."""
+    by the tagger (rollout_skills.SLOWLY) and spaced by the model, held on until the first
+    v1 replica is killed (`test:hold`)."""
     words = " ".join(f"x{k}" for k in range(39))
     stream = await client.chat.completions.create(
         model="offline", stream=True,
@@ -152,6 +153,7 @@ async def test_a_group_replaced_replica_by_replica_under_load_fails_and_mixes_no
     exited_in: dict[str, float] = {}
     watcher = asyncio.create_task(watch_status(redis, keys, seen, stop_watch))
     async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=60) as client:
+        await redis.set(fault_key("hold", prefix=prefix), 1)  # long streams hold v1 hops until the kill
         load = [asyncio.create_task(steady_load(client, stop_load, caller)) for caller in range(CLIENTS)]
         long_streams = [asyncio.create_task(long_stream(client, n)) for n in range(2)]
         await asyncio.sleep(1.0)
@@ -164,6 +166,7 @@ async def test_a_group_replaced_replica_by_replica_under_load_fails_and_mixes_no
             told_to_stop[old] = time.time()
             if kill:
                 replicas[old].kill()
+                await redis.delete(fault_key("hold", prefix=prefix))
             else:
                 await asyncio.to_thread(replicas[old].terminate, 45)
                 assert replicas[old].popen.returncode == 0, replicas[old].log_tail()
