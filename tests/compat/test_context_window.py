@@ -23,13 +23,13 @@ def agent_on(server: RecordingUpstream, model: str = "gemma-3-270m") -> Agent:
 
 async def test_llama_cpps_props_give_the_window_of_an_unknown_model():
     with RecordingUpstream(props=LLAMA_PROPS) as server:
-        assert await LLM(base_url=server.url, api_key="k").context_window("gemma-3-270m") == 2048
+        assert await LLM(base_url=server.url, api_key="k").learn_model("gemma-3-270m", window=True) == 2048
 
 
 async def test_vllms_model_list_gives_max_model_len():
     models = [{"id": "other", "max_model_len": 1}, {"id": "qwen-local", "max_model_len": 4096}]
     with RecordingUpstream(models=models) as server:
-        assert await LLM(base_url=server.url, api_key="k").context_window("qwen-local") == 4096
+        assert await LLM(base_url=server.url, api_key="k").learn_model("qwen-local", window=True) == 4096
 
 
 async def test_an_unknown_model_at_a_silent_endpoint_is_not_assumed_to_have_128k():
