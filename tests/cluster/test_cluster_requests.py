@@ -12,11 +12,13 @@ from typing import Any
 
 from hookbus import Agent, CompactionPolicy
 from hookbus.bus.connection.shards import slot_of
+from hookbus.bus.groups.versions import serving_counts
 from hookbus.services.gateway.cancel import request_cancel
 from tests.cluster.skills import Ledger, RemoteCounter, TagA, TagB
 from tests.conversations import conversation
 from tests.embedded_cluster import EmbeddedCluster
 from tests.integration.stack import Notes, Upper, running_stack
+from tests.waiting import wait_for
 
 
 def commandstats(cluster: EmbeddedCluster) -> dict[int, dict[str, int]]:
@@ -67,6 +69,13 @@ async def test_a_stage_is_sent_on_from_group_to_group_across_the_masters(redis_c
     async with running_stack(redis_cluster.url, prefix, Agent("cluster"), groups, orchestrators=2) as (client, services, _):
         answers = await asyncio.gather(*(client.complete(f"[[echo]] {n}") for n in range(16)))
         keys = client.keys
+        versions = {group: list(services[0].runtime.registry.versions[group]) for group in groups}
+
+        async def released() -> bool:  # else a stopping last replica waits out its drain limit
+            counts = [await serving_counts(client.redis, keys, g, v) for g, v in versions.items()]
+            return all(n == 0 for c in counts for n in c.values())
+
+        assert all(versions.values()) and await wait_for(released, timeout=30)
     assert [a.choices[0].message.content for a in answers] == [f"{n} +a +b" for n in range(16)]
     assert sum(s.runtime.forwarded for s in services) == 16  # every on_connection, by group-a's worker
     assert len({keys.shard_of(a.id) for a in answers}) >= 4
