@@ -129,6 +129,21 @@ def test_the_code_layout_names_every_package_and_only_files_that_exist() -> None
             assert (ROOT / span).is_file(), f"docs/layout.md names {span}, which does not exist"
 
 
+def test_the_code_layout_names_every_module() -> None:
+    """A module the layout does not name is one a maintainer cannot find by reading it; the
+    built-in skills are named in their folder's row by file name."""
+    text, _, _ = page("layout.md").partition("## Where moved modules went")
+    named = {span for row in table_rows(text) for cell in row for span in code_spans(cell)}
+    modules = sorted(
+        str(module.relative_to(ROOT))
+        for folder in SOURCE_FOLDERS
+        for module in (ROOT / folder).rglob("*.py")
+        if module.name != "__init__.py" and "node_modules" not in module.parts
+    )
+    missing = [m for m in modules if m not in named and Path(m).name not in named]
+    assert not missing, f"docs/layout.md does not name the modules {missing}"
+
+
 def test_the_moved_modules_table_goes_from_files_that_are_gone_to_files_that_exist() -> None:
     _, _, moves = page("layout.md").partition("## Where moved modules went")
     rows = [row for row in table_rows(moves) if row[0].endswith(".py`")]
