@@ -220,8 +220,11 @@ class BusRuntime:
             if sent is not None:
                 self.hops += 1
                 self.forwarded += 1
-                with self.pins.watching(sent, group, self.pins.pinned(ctx.completion_id).get(group)):
+                self.pins.watch(sent, group, self.pins.pinned(ctx.completion_id).get(group))
+                try:
                     reply = await self.router.wait(sent, timeout + HOP_GRACE)
+                finally:
+                    self.pins.unwatch(sent)
             elif (unavailable := self.registry.unavailable(group)) is not None:
                 return fail(unavailable, Outcome.SKIPPED), False
             else:
@@ -281,19 +284,22 @@ class BusRuntime:
                 event.trace = span.carrier
                 fields = encode_hop(event, *split) if split is not None else None
                 self.hops += 1
+                hop_id = event.hop_id
+                self.pins.watch(hop_id, group, version)
                 try:
-                    with self.pins.watching(event.hop_id, group, version):
-                        reply = await self.router.call(stream, event, timeout, fields)
+                    reply = await self.router.call(stream, event, timeout, fields)
                 except HopLost as exc:  # its version is gone: sent again, which moves the request
                     span.failed(str(exc), "lost")
                     log.warning("hop_taken_back", completion_id=event.completion_id, group=group,
-                                version=version, hop_id=event.hop_id, reason=str(exc))
+                                version=version, hop_id=hop_id, reason=str(exc))
                     event.hop_id = self.router.new_hop_id()  # a late reply of the lost one is not this one's
                     event.deadline = time.time() + timeout
                     continue
                 except HopTimeout as exc:
                     span.failed(str(exc), "timeout")
                     raise
+                finally:
+                    self.pins.unwatch(hop_id)
                 span.replied(reply.replica, reply.failure, reply.outcomes)
                 return reply
 

@@ -109,16 +109,20 @@ def test_a_hop_in_flight_is_lost_once_its_version_is_gone_but_not_after_a_drain(
     registry = RegistryView(aredis.Redis(), Keys("t:"))
     pins = VersionPins(registry.client, Keys("t:"), registry)
     registry.versions = {"g": _states(a=("v1", False), b=("v2", False))}
-    with pins.watching("hop-1", "g", "v1"), pins.watching("hop-2", "g", "v2"), pins.watching("hop-3", "g", None):
-        assert pins.lost_hops() == []
-        registry.versions = {"g": _states(b=("v2", False))}  # v1's heartbeat lapsed
-        assert [hop for hop, _ in pins.lost_hops()] == ["hop-1"]
-        registry.versions = {"g": {}}  # no replica at all: the hops wait (the version may come back)
-        assert pins.lost_hops() == []
+    pins.watch("hop-1", "g", "v1")
+    pins.watch("hop-2", "g", "v2")
+    pins.watch("hop-3", "g", None)
+    assert pins.lost_hops() == []
+    registry.versions = {"g": _states(b=("v2", False))}  # v1's heartbeat lapsed
+    assert [hop for hop, _ in pins.lost_hops()] == ["hop-1"]
+    registry.versions = {"g": {}}  # no replica at all: the hops wait (the version may come back)
+    assert pins.lost_hops() == []
+    registry.versions = {"g": _states(b=("v2", False))}
+    pins.unwatch("hop-1")
     assert pins.lost_hops() == []  # no longer waiting: nothing to take back
 
     registry.versions = {"g": _states(a=("v1", True), b=("v2", False))}  # v1's last replica drains
-    with pins.watching("hop-4", "g", "v1"):
-        assert pins.lost_hops() == []
-        registry.versions = {"g": _states(b=("v2", False))}  # it left at its drain limit, finishing its hops
-        assert pins.lost_hops() == []
+    pins.watch("hop-4", "g", "v1")
+    assert pins.lost_hops() == []
+    registry.versions = {"g": _states(b=("v2", False))}  # it left at its drain limit, finishing its hops
+    assert pins.lost_hops() == []
