@@ -34,14 +34,15 @@ def resolve(spec: str) -> Any:
 
 
 def _import_from_here(module_name: str) -> Any:
-    """The module, found like `python -m` finds it: a console script's `sys.path` starts at
-    its own folder (`.venv/bin`), so a newcomer's `mymodule.py` beside them was not found.
-    The current folder goes first on the path only when the module's top package is found
-    nowhere else, so a spec naming an installed package imports exactly what it did."""
+    """The module, found in the current folder too, as `python -m` finds it: a console
+    script's `sys.path` starts at its own folder (`.venv/bin`), so a newcomer's
+    `mymodule.py` beside them was not found. The folder joins the path only when the
+    module's top package is found nowhere else, and last, so a file there never shadows
+    an installed package the service imports later (a stray `redis.py`)."""
     top = module_name.partition(".")[0]
     here = os.getcwd()
     if importlib.util.find_spec(top) is None and here not in sys.path:
-        sys.path.insert(0, here)
+        sys.path.append(here)
     return importlib.import_module(module_name)
 
 

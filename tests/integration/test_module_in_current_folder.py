@@ -59,7 +59,10 @@ def _start_worker(folder: Path, env: dict[str, str], log: Path) -> subprocess.Po
 
 
 async def test_a_worker_loads_a_skill_from_the_current_folder(tmp_path: Path, service_env, prefix):
+    """Beside the module, a `uvloop.py` (the worker imports uvloop after the spec): the
+    folder joins the import path last, so it shadows no installed package."""
     (tmp_path / "mymodule.py").write_text(SHOUT)
+    (tmp_path / "uvloop.py").write_text("raise SystemExit('the folder shadowed an installed package')\n")
     log = tmp_path / "worker.log"
     worker = _start_worker(tmp_path, _env(service_env), log)
     client = aredis.Redis.from_url(service_env["REDIS_URL"])
@@ -105,3 +108,4 @@ def test_a_module_found_nowhere_says_where_it_was_looked_for(tmp_path: Path, ser
     assert result.returncode != 0
     assert "No module named 'notthere'" in result.stderr
     assert str(tmp_path) in result.stderr and "PYTHONPATH" in result.stderr, result.stderr
+
