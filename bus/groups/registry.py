@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import redis.asyncio as aredis
@@ -161,6 +162,9 @@ class RegistryView:
         self.rollouts: dict[str, Rollout] = {}
         self._conflicts: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
+        self.on_refresh: list[Callable[[], None]] = []
+        """Called after each look at the replicas (every `REFRESH_EVERY` seconds): what
+        must act as soon as a replica is seen gone."""
 
     @property
     def client(self) -> aredis.Redis:
@@ -216,6 +220,8 @@ class RegistryView:
                 rollouts[group] = rollout
             self._report_conflicts(group, versions[group])
         self.live, self.versions, self.rollouts = live, versions, rollouts
+        for listener in self.on_refresh:
+            listener()
 
     def _report_conflicts(self, group: str, states: dict[str, VersionState]) -> None:
         """Two replicas announcing one version with different hooks: a deployment error

@@ -71,6 +71,12 @@ class HopUnsent(HopTimeout):
     a timeout, it counts as the segment's hooks failing."""
 
 
+class HopLost(HopTimeout):
+    """Every replica that could answer the hop is gone (its version has no live replica
+    left: hookbus.services.orchestrator.version_pins); no reply will come, so its wait ends
+    now, not at its deadline."""
+
+
 class _Deadlines:
     """The deadlines of the waiting hops under one timer, armed for the soonest. A hop
     answered in time stays in the heap until it comes up (or the heap is compacted) and
@@ -209,7 +215,7 @@ class ReplyRouter:
                     raise RedisOutOfMemory() from exc
                 raise
             return await future
-        except HopUnsent:
+        except (HopUnsent, HopLost):
             raise
         except TimeoutError as exc:
             raise HopTimeout(f"no reply from {stream} within {timeout:g}s") from exc
@@ -241,10 +247,18 @@ class ReplyRouter:
         self._deadlines.add(loop, loop.time() + timeout, hop_id)
         try:
             return await future
+        except HopLost:
+            raise
         except TimeoutError as exc:
             raise HopTimeout(f"no reply to hop {hop_id} within {timeout:g}s") from exc
         finally:
             self._waiting.pop(hop_id, None)
+
+    def lost(self, hop_id: str, why: str) -> None:
+        """No reply to `hop_id` can come (`why`): its `call` or `wait` raises HopLost now."""
+        future = self._waiting.get(hop_id)
+        if future is not None and not future.done():
+            future.set_exception(HopLost(why))
 
     def forget(self, hop_ids: Iterable[str]) -> None:
         """Stop expecting these hops: a reply that still comes is dropped as late."""

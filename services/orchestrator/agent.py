@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
 import time
 import uuid
@@ -51,6 +52,7 @@ from hookbus.services.orchestrator.assemble import add_usage
 from hookbus.services.orchestrator.chunk_pipeline import Judged, stream_chunks
 from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
 from hookbus.services.orchestrator.compactor import Compactor
+from hookbus.services.orchestrator.hold_back import whole_answer_chunk
 from hookbus.services.orchestrator.instructions import with_instructions
 from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.observations import LocalObservers, RequestObservations
@@ -490,8 +492,11 @@ class Agent:
                             async for chunk in chunks:
                                 yield chunk
                     else:
-                        state.last_response = await self.llm.complete(self.model, messages, tools, settings)
-                        state.last_response.id = state.completion_id
+                        answer = await self.llm.complete(self.model, messages, tools, settings)
+                        answer.id = state.completion_id
+                        state.last_response = answer
+                        if state.plan.hold_back(state.ctx.auth.scopes):
+                            state.last_response = await self._guarded_answer(state, answer)
                 return
             except ContextTooLong as refusal:
                 if retried or state.chunks_seen != chunks_before:
@@ -531,6 +536,25 @@ class Agent:
         async with contextlib.aclosing(chunks) as visible:
             async for chunk in visible:
                 yield chunk
+
+    async def _guarded_answer(self, state: RunState, answer: ChatCompletion) -> ChatCompletion:
+        """A non-streamed answer judged by the on_chunk hooks that hold text back: a client
+        that asked for no stream would otherwise get what those guards keep from a stream.
+        The answer goes through them as a stream of one chunk holding all of it (their
+        window is the whole text), so a refusal is the same error and a rewrite reaches
+        the answer; the other on_chunk hooks and observers run for streams only, as they
+        always did."""
+        judging = dataclasses.replace(state, plan=state.plan.windowed())
+        chunks = stream_chunks(
+            judging, _as_stream(whole_answer_chunk(answer)), self.model,
+            self._on_chunk, self._on_chunks, self._chunk_batch,
+        )
+        async with contextlib.aclosing(chunks) as judged:
+            async for _ in judged:
+                pass
+        state.chunks_seen = judging.chunks_seen
+        assert judging.last_response is not None
+        return judging.last_response
 
     async def _on_chunk(self, state: RunState, given: ChunkIn) -> Judged:
         scopes = state.ctx.auth.scopes
@@ -879,6 +903,10 @@ def _judged(data: HookData, content: str) -> Judged:
     if data.chunk is not None and data.content != content and data.chunk.choices:
         data.chunk.choices[0].delta.content = data.content
     return Judged(data.chunk, data.held)
+
+
+async def _as_stream(chunk: ChatCompletionChunk) -> AsyncGenerator[ChatCompletionChunk, None]:
+    yield chunk
 
 
 def _round_cap_message() -> dict[str, Any]:

@@ -17,7 +17,7 @@ import structlog
 from pydantic import ValidationError
 
 from hookbus.bus.groups.registry import RegistryView
-from hookbus.bus.hops.reply_router import HopTimeout, ReplyRouter
+from hookbus.bus.hops.reply_router import HopLost, HopTimeout, ReplyRouter
 from hookbus.bus.keys import Keys
 from hookbus.bus.limits import over_hop_limits
 from hookbus.bus.settings import get_settings
@@ -84,6 +84,7 @@ class BusRuntime:
         self.forwarded = 0
         """Hops a worker sent on along a route (hookbus.bus.hops.send_on) instead of this runtime."""
         self.pins = VersionPins(registry.client, keys, registry)
+        registry.on_refresh.append(self._end_lost_hops)
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
         self._observing: set[asyncio.Task[None]] = set()
         """Observation entries being appended (the request's ack and shutdown wait for them)."""
@@ -219,7 +220,11 @@ class BusRuntime:
             if sent is not None:
                 self.hops += 1
                 self.forwarded += 1
-                reply = await self.router.wait(sent, timeout + HOP_GRACE)
+                self.pins.watch(sent, group, self.pins.pinned(ctx.completion_id).get(group))
+                try:
+                    reply = await self.router.wait(sent, timeout + HOP_GRACE)
+                finally:
+                    self.pins.unwatch(sent)
             elif (unavailable := self.registry.unavailable(group)) is not None:
                 return fail(unavailable, Outcome.SKIPPED), False
             else:
@@ -272,19 +277,37 @@ class BusRuntime:
         version of `group` the request is pinned to (`pin=False`: a hop outside any
         request, to the newest version)."""
         pin = pin and _pins_versions(event.completion_id)
-        stream = await self.pins.stream_for(group, event.completion_id, pin=pin)
-        version = self.pins.pinned(event.completion_id).get(group) if pin else None
-        with tracing.hop_span(group, stream, event.lifecycle, hooks, version) as span:
-            event.trace = span.carrier
-            fields = encode_hop(event, *split) if split is not None else None
-            self.hops += 1
-            try:
-                reply = await self.router.call(stream, event, timeout, fields)
-            except HopTimeout as exc:
-                span.failed(str(exc), "timeout")
-                raise
-            span.replied(reply.replica, reply.failure, reply.outcomes)
-            return reply
+        while True:
+            stream = await self.pins.stream_for(group, event.completion_id, pin=pin)
+            version = self.pins.pinned(event.completion_id).get(group) if pin else None
+            with tracing.hop_span(group, stream, event.lifecycle, hooks, version) as span:
+                event.trace = span.carrier
+                fields = encode_hop(event, *split) if split is not None else None
+                self.hops += 1
+                hop_id = event.hop_id
+                self.pins.watch(hop_id, group, version)
+                try:
+                    reply = await self.router.call(stream, event, timeout, fields)
+                except HopLost as exc:  # its version is gone: sent again, which moves the request
+                    span.failed(str(exc), "lost")
+                    log.warning("hop_taken_back", completion_id=event.completion_id, group=group,
+                                version=version, hop_id=hop_id, reason=str(exc))
+                    event.hop_id = self.router.new_hop_id()  # a late reply of the lost one is not this one's
+                    event.deadline = time.time() + timeout
+                    continue
+                except HopTimeout as exc:
+                    span.failed(str(exc), "timeout")
+                    raise
+                finally:
+                    self.pins.unwatch(hop_id)
+                span.replied(reply.replica, reply.failure, reply.outcomes)
+                return reply
+
+    def _end_lost_hops(self) -> None:
+        """After each look at the replicas: the hops waiting for a version that is gone end
+        their wait now (hookbus.services.orchestrator.version_pins)."""
+        for hop_id, why in self.pins.lost_hops():
+            self.router.lost(hop_id, why)
 
     def _apply(self, reply: HopReply, data: HookData, ctx: Context) -> ChainResult:
         """A reply without data (the split format's "the hooks left it unchanged") keeps

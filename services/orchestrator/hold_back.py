@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import collections
 
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from hookbus.services.orchestrator.llm import completion_chunks
 
 
 class HoldBack:
@@ -113,3 +115,13 @@ def chunk_text(chunk: ChatCompletionChunk) -> str:
     if chunk.choices and chunk.choices[0].delta.content:
         return chunk.choices[0].delta.content
     return ""
+
+
+def whole_answer_chunk(answer: ChatCompletion) -> ChatCompletionChunk:
+    """A non-streamed answer as the one chunk its windowed on_chunk hooks judge: its text and
+    tool calls, its finish and its usage together, so that a worker group judges it in one
+    hop (as the stream's three chunks it took two)."""
+    chunk, finish, *usage = completion_chunks(answer)
+    chunk.choices[0].finish_reason = finish.choices[0].finish_reason
+    chunk.usage = usage[0].usage if usage else None
+    return chunk

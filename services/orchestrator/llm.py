@@ -10,7 +10,8 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
 - sends the messages in the form all of them accept (`upstream_messages`), the request's
   model settings, and `tool_choice: "auto"` when tools are offered and none was chosen
   (llama.cpp's server offers no tools without it);
-- retries only a call that could not connect (`HOOKBUS_LLM_RETRIES`, default 1): an
+- retries only a call that could not connect (`HOOKBUS_LLM_RETRIES`, default 1), on a
+  connection of its own (`fresh_client`), never a kept-alive one: an
   answer (429, 5xx) or a timeout goes straight back, since the client retries those itself
   and retrying here too multiplied the calls; a generation is never sent twice for being
   slow (`HOOKBUS_LLM_TIMEOUT`, default 600 s);
@@ -96,6 +97,9 @@ class LLM:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
+        self._fresh_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
         self.token_scale = TokenScale(exact=self.offline)
         self.unstreamed_tool_rounds = False
         """Set once the endpoint ended a stream with `tool_choice: "auto"` at once and
@@ -125,38 +129,65 @@ class LLM:
         return {}
 
     def client(self) -> openai.AsyncOpenAI:
+        return self._loop_client(
+            self._clients,
+            lambda: openai.DefaultAioHttpClient(timeout=self.timeout) if self.http == "aiohttp" else None,
+        )
+
+    def fresh_client(self) -> openai.AsyncOpenAI:
+        """The running loop's client for retries, which keeps no connection alive: every call
+        opens a connection of its own. A call that could not connect had most often sent on
+        a kept-alive connection the endpoint had just closed (its idle timeout, a busy
+        server), and the shared client's next kept-alive connection was as likely closed:
+        both tries failed (one 502 in about 18,000 requests under saturation). httpx, on
+        either stack: its pool closes a connection at once when it may keep none."""
+        limits = type(openai.DEFAULT_CONNECTION_LIMITS)(max_connections=None, max_keepalive_connections=0)
+        return self._loop_client(
+            self._fresh_clients, lambda: openai.DefaultAsyncHttpxClient(timeout=self.timeout, limits=limits)
+        )
+
+    def _loop_client(
+        self,
+        clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI],
+        http_client: Callable[[], Any],
+    ) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
+        client = clients.get(loop)
         if client is None:
             client = openai.AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,
                 timeout=self.timeout,
                 max_retries=0,  # our own, narrower retry: see the module docstring
-                http_client=openai.DefaultAioHttpClient(timeout=self.timeout) if self.http == "aiohttp" else None,
+                http_client=http_client(),
             )
-            self._clients[loop] = client
+            clients[loop] = client
         return client
 
     async def aclose(self) -> None:
-        """Close the client of the running loop (its connections, its aiohttp session);
-        the next call opens a new one. Idempotent."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.close()
+        """Close the clients of the running loop (their connections, the aiohttp session);
+        the next call opens new ones. Idempotent."""
+        loop = asyncio.get_running_loop()
+        for clients in (self._clients, self._fresh_clients):
+            client = clients.pop(loop, None)
+            if client is not None:
+                await client.close()
 
-    async def _connecting(self, call: Callable[[], Awaitable[T]]) -> T:
-        """`call()`, again (at most `retries` times) when it could not reach the endpoint."""
+    async def _connecting(self, call: Callable[[openai.AsyncOpenAI], Awaitable[T]]) -> T:
+        """`call(client)`, again (at most `retries` times) on a new connection when it could
+        not reach the endpoint."""
         attempt = 0
+        client = self.client()
         while True:
             try:
-                return await call()
+                return await call(client)
             except openai.APIConnectionError as exc:
                 if timed_out(exc) or attempt >= self.retries:
                     raise
                 attempt += 1
                 log.warning("llm_connect_retry", attempt=attempt, error=str(exc))
                 await asyncio.sleep(RETRY_PAUSE)
+                client = self.fresh_client()
 
     async def learn_model(self, model: str, *, window: bool) -> int | None:
         """Ask the endpoint once per process what it knows of `model`: its context window
@@ -222,7 +253,7 @@ class LLM:
         with tracing.chat_span(model, self, messages, tools, stream=False, settings=settings) as span:
             try:
                 response: ChatCompletion = await self._connecting(
-                    lambda: create_chat_completion(self.client(), arguments)
+                    lambda client: create_chat_completion(client, arguments)
                 )
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
@@ -258,7 +289,7 @@ class LLM:
         with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
                 response = await self._connecting(
-                    lambda: create_chat_completion(self.client(), arguments)
+                    lambda client: create_chat_completion(client, arguments)
                 )
                 async with response:
                     async for chunk in response:

@@ -83,6 +83,7 @@ class HookPlan:
     observers_by_lifecycle: dict[Lifecycle, tuple[PlannedHook, ...]] = field(default_factory=dict)
     _segments: dict[tuple[Lifecycle, tuple[str, ...]], tuple[Segment, ...]] = field(default_factory=dict)
     _observers: dict[tuple[Lifecycle, tuple[str, ...]], tuple[PlannedHook, ...]] = field(default_factory=dict)
+    _windowed: HookPlan | None = None
 
     @classmethod
     def build(
@@ -142,6 +143,19 @@ class HookPlan:
         """The widest on_chunk window (characters held back from the client) among the
         on_chunk hooks that apply to a caller with `scopes`; 0: none."""
         return max((h.descriptor.hold_back for h in _allowed(self.by_lifecycle[Lifecycle.ON_CHUNK], scopes)), default=0)
+
+    def windowed(self) -> HookPlan:
+        """This plan with only the on_chunk hooks that ask for a hold-back window, and no
+        on_chunk observer: what judges a non-streamed answer (hookbus.services.orchestrator.
+        agent), where the other on_chunk hooks and observers never ran."""
+        if self._windowed is None:
+            guards = tuple(h for h in self.by_lifecycle[Lifecycle.ON_CHUNK] if h.descriptor.hold_back)
+            self._windowed = HookPlan(
+                {**self.by_lifecycle, Lifecycle.ON_CHUNK: guards},
+                self.tools,
+                {**self.observers_by_lifecycle, Lifecycle.ON_CHUNK: ()},
+            )
+        return self._windowed
 
     def tool_schemas(self, scopes: Sequence[str]) -> list[dict[str, Any]]:
         allowed = set(scopes)

@@ -169,6 +169,21 @@ async def test_a_typescript_hook_rewrites_the_held_text(parity: Stack) -> None:
     assert clean == " ".join(f"w{n}" for n in range(30))
 
 
+async def test_a_typescript_window_judges_a_non_streamed_answer_as_a_stream(parity: Stack) -> None:
+    """The answer as one chunk through the windowed TypeScript hooks: the stream's refusal,
+    the stream's rewrite (docs/observers.md, Answers that are not streamed)."""
+    secret = "[[echo]] the plan is top secret and more"
+    _, _, streamed = await stream(parity, HELD, secret)
+    async with client(parity, HELD) as api:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await api.chat.completions.create(model="offline", messages=[{"role": "user", "content": secret}])
+    assert isinstance(streamed, openai.APIError)
+    assert (refused.value.code, refused.value.message) == (streamed.code, streamed.message)
+    async with client(parity, FILTER) as api:
+        answer = await api.chat.completions.create(model="offline", messages=[{"role": "user", "content": secret}])
+    assert answer.choices[0].message.content == "the plan is [filtered] and more"
+
+
 async def test_typescript_on_compaction_hooks_run_for_a_compaction_in_a_request(parity: Stack) -> None:
     messages = cast(list[ChatCompletionMessageParam], [*conversation(10), {"role": "user", "content": "[[echo]] after a long talk"}])
     async with client(parity) as api:

@@ -4,14 +4,19 @@ is pinned to (hookbus.bus.groups.versions, hookbus.services.worker.versioning)."
 from __future__ import annotations
 
 import pytest
+import redis.asyncio as aredis
 
+from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.groups.versions import (
     ReplicaInfo,
     Rollout,
+    VersionState,
     check_version,
     choose_version,
     version_states,
 )
+from hookbus.bus.keys import Keys
+from hookbus.services.orchestrator.version_pins import VersionPins
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.versioning import hooks_fingerprint, replica_version
 from hookbus.skills import Context, HookData, Skill, hook
@@ -89,3 +94,35 @@ def test_a_canary_gets_its_share_of_new_requests_and_the_rest_the_newest_other_v
     assert choose_version(live, canary, draw=0.3) == "v1"
     assert choose_version(live, Rollout(canary="v2", share=0.0), draw=0.0) == "v1"  # a roll back
     assert choose_version(live, Rollout(canary="v3", share=1.0)) == "v2"  # a canary with no replica
+
+
+def _states(**replicas: tuple[str, bool]) -> dict[str, VersionState]:
+    """replica -> (version, draining), as the registry's look at the live replicas shows them."""
+    return version_states(
+        {name: ReplicaInfo(version=v, hooks="h", draining=d, started=n) for n, (name, (v, d)) in enumerate(replicas.items())}
+    )
+
+
+def test_a_hop_in_flight_is_lost_once_its_version_is_gone_but_not_after_a_drain():
+    """hookbus.services.orchestrator.version_pins.VersionPins.lost_hops, called after each
+    look at the replicas (no Redis command: the client is never used)."""
+    registry = RegistryView(aredis.Redis(), Keys("t:"))
+    pins = VersionPins(registry.client, Keys("t:"), registry)
+    registry.versions = {"g": _states(a=("v1", False), b=("v2", False))}
+    pins.watch("hop-1", "g", "v1")
+    pins.watch("hop-2", "g", "v2")
+    pins.watch("hop-3", "g", None)
+    assert pins.lost_hops() == []
+    registry.versions = {"g": _states(b=("v2", False))}  # v1's heartbeat lapsed
+    assert [hop for hop, _ in pins.lost_hops()] == ["hop-1"]
+    registry.versions = {"g": {}}  # no replica at all: the hops wait (the version may come back)
+    assert pins.lost_hops() == []
+    registry.versions = {"g": _states(b=("v2", False))}
+    pins.unwatch("hop-1")
+    assert pins.lost_hops() == []  # no longer waiting: nothing to take back
+
+    registry.versions = {"g": _states(a=("v1", True), b=("v2", False))}  # v1's last replica drains
+    pins.watch("hop-4", "g", "v1")
+    assert pins.lost_hops() == []
+    registry.versions = {"g": _states(b=("v2", False))}  # it left at its drain limit, finishing its hops
+    assert pins.lost_hops() == []
