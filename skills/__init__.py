@@ -10,8 +10,9 @@ an error or a lifecycle (`hookbus.skills.errors`, `hookbus.skills.lifecycle`) mu
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hookbus.skills.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from hookbus.skills.context import AuthInfo, Context, HookCall, Metadata, Session
@@ -93,14 +94,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOME)
