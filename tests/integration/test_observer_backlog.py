@@ -9,7 +9,7 @@ from typing import Any
 
 from hookbus import Agent
 from hookbus.bus.connection.retrying import connect
-from hookbus.bus.groups.observer_backlog import BacklogBound
+from hookbus.bus.groups.observer_backlog import BacklogBound, bound_stream
 from hookbus.bus.keys import Keys
 from hookbus.services.cli.monitor import format_status, read_status
 from hookbus.services.console.data import ConsoleData
@@ -114,3 +114,32 @@ async def test_a_stopped_observer_group_keeps_within_its_bound_and_counts_what_i
         assert int(await probe.hget(keys.observe_dropped, "watch")) == dropped  # nothing more dropped
     finally:
         await probe.aclose()
+
+
+async def test_the_bound_takes_pending_entries_only_past_it_and_acks_what_it_took(redis_url: str, prefix: str) -> None:
+    """A replica that read entries and hangs (they stay pending): within the bound nothing
+    it holds is trimmed; past it the oldest go, out of its pending list too. A stream no
+    replica ever read (no consumer group) is bounded the same way."""
+    redis = connect(redis_url)
+    try:
+        read, unread = f"{prefix}observe:hung", f"{prefix}observe:never"
+        await redis.xgroup_create(read, "hung", id="0", mkstream=True)
+        ids = [await redis.xadd(read, {"e": f"entry {n}"}) for n in range(20)]
+        await redis.xreadgroup("hung", "replica-a", {read: ">"}, count=20)  # read, never acked
+        for n in range(20):
+            await redis.xadd(unread, {"e": f"entry {n}"})
+
+        within = await bound_stream(redis, read, BacklogBound(max_entries=20, max_bytes=10**9))
+        assert (within.dropped, within.entries) == (0, 20)
+        assert (await redis.xpending(read, "hung"))["pending"] == 20  # within the bound: nothing taken
+
+        dropped = await bound_stream(redis, read, BacklogBound(max_entries=5, max_bytes=10**9))
+        assert (dropped.dropped, dropped.entries) == (15, 5) and dropped.dropped_bytes > 0
+        pending: Any = await redis.xpending(read, "hung")
+        assert pending["pending"] == 5 and pending["min"] == ids[15]  # the newest 5 stay pending
+        assert [e for e, _ in await redis.xrange(read)] == ids[15:]
+
+        assert (await bound_stream(redis, unread, BacklogBound(max_entries=5, max_bytes=10**9))).dropped == 15
+        assert await redis.xlen(unread) == 5
+    finally:
+        await redis.aclose()
