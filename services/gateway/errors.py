@@ -97,7 +97,7 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     log.error("gateway_error", path=request.url.path, error=repr(exc), exc_info=exc)
-    return error_response(GatewayError(500, "internal_error", "the gateway failed: see its logs"), request)
+    return error_response(GatewayError(500, "internal_error", "the server failed: see its logs"), request)
 
 
 ERROR_HANDLERS: Mapping[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
