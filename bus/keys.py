@@ -13,7 +13,7 @@ load spreads over the nodes:
 | observer-stream shard of a group a request's observations go to | the same shard |
 | events of one request | its completion id's shard |
 | reply stream of one process | its instance name's shard |
-| registry, its version, replica and orchestrator heartbeats, stats | one slot, `{registry}` |
+| registry, its version, replica and orchestrator heartbeats, stats, observer drops | one slot, `{registry}` |
 | replicas' versions, requests served per version, rollouts | the same slot |
 | sessions, dead-letter | their own key |
 
@@ -223,6 +223,12 @@ class Keys:
     def rollout(self, group: str) -> str:
         """Hash: the canary version of `group` and the share of new requests it gets."""
         return self._control(f"rollout:{group}")
+
+    @property
+    def observe_dropped(self) -> str:
+        """Hash: group -> observations its backlog bound dropped; `{group}:bytes` -> their bytes
+        (hookbus.bus.groups.observer_backlog)."""
+        return self._control("observe-dropped")
 
     @property
     def orchestrators(self) -> str:

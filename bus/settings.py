@@ -99,6 +99,18 @@ class Settings(BaseSettings):
         alias="HOOKBUS_MAX_STATE_BYTES",
         description="Bytes of ctx.state (as JSON) a request may carry from hop to hop; over it the hop fails.",
     )
+    observe_max_entries: int = Field(
+        default=10_000,
+        gt=0,
+        alias="HOOKBUS_OBSERVE_MAX_ENTRIES",
+        description="Entries (requests) an observer group's stream may hold; past it the oldest are dropped, counted.",
+    )
+    observe_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        alias="HOOKBUS_OBSERVE_MAX_BYTES",
+        description="Bytes of Redis memory an observer group's stream may hold; past it the oldest are dropped, counted.",
+    )
     worker_version: str | None = Field(
         default=None,
         alias="HOOKBUS_WORKER_VERSION",

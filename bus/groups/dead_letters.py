@@ -70,7 +70,7 @@ def _routing(raw: bytes | None) -> dict[str, Any]:
         return {}
     try:
         envelope = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested too deep to parse
         return {}
     if not isinstance(envelope, dict):
         return {}

@@ -7,6 +7,9 @@
   last-delivered id. One Lua script reads the groups and trims, atomically, so an entry
   delivered or acked meanwhile cannot be lost. A stream with no consumer group is
   never trimmed (nobody has read anything yet).
+- `observe:{group}`: trimmed the same way by its replicas, and kept within a bound in
+  entries and bytes by the orchestrators, whose drops are counted
+  (hookbus.bus.groups.observer_backlog).
 - `responses:{completion_id}` expire (hookbus.bus.store.response_stream.RESPONSE_TTL) and are deleted by the
   client once it read the terminal item; `journal:{completion_id}` expire
   (hookbus.bus.store.journal).
@@ -29,32 +32,41 @@ from hookbus.bus.connection.values import text
 TRIM_EVERY = 30.0
 FORGET_AFTER = 600.0
 
-_TRIM = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups == 0 then return {0, ''} end
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-local best_ms, best_seq = nil, nil
-for _, g in ipairs(groups) do
-  local info = {}
-  for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-  local ms, seq
-  if tonumber(info['pending']) > 0 then
-    local summary = redis.call('XPENDING', KEYS[1], info['name'])
-    ms, seq = parse(summary[2])
-  else
-    ms, seq = parse(info['last-delivered-id'])
-    seq = seq + 1
+TRIM_ACKED_LUA = """
+local function trim_acked(key)
+  if redis.call('EXISTS', key) == 0 then return 0, '' end
+  local groups = redis.call('XINFO', 'GROUPS', key)
+  if #groups == 0 then return 0, '' end
+  local function parse(id)
+    local dash = string.find(id, '-', 1, true)
+    return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
   end
-  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
-    best_ms, best_seq = ms, seq
+  local best_ms, best_seq = nil, nil
+  for _, g in ipairs(groups) do
+    local info = {}
+    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+    local ms, seq
+    if tonumber(info['pending']) > 0 then
+      local summary = redis.call('XPENDING', key, info['name'])
+      ms, seq = parse(summary[2])
+    else
+      ms, seq = parse(info['last-delivered-id'])
+      seq = seq + 1
+    end
+    if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
+      best_ms, best_seq = ms, seq
+    end
   end
+  local minid = string.format('%d-%d', best_ms, best_seq)
+  return redis.call('XTRIM', key, 'MINID', minid), minid
 end
-local minid = string.format('%d-%d', best_ms, best_seq)
-return {redis.call('XTRIM', KEYS[1], 'MINID', minid), minid}
+"""
+"""A Lua function `trim_acked(key)` -> (entries removed, MINID or ""): the trim of
+`trim_acked` below, for the scripts that trim more (hookbus.bus.groups.observer_backlog)."""
+
+_TRIM = TRIM_ACKED_LUA + """
+local removed, minid = trim_acked(KEYS[1])
+return {removed, minid}
 """
 
 # KEYS[1] stream; ARGV: group, then consumer names to forget if they hold nothing.

@@ -4,6 +4,10 @@ Every command reads its settings from the environment (hookbus.bus.settings.Sett
 REDIS_URL, commands use the Redis of a running `hookbus run` (its URL is kept in
 `.hookbus/redis-url` in the current directory); `hookbus run` itself starts an embedded
 Redis server when there is none.
+
+Each command imports what it uses when it runs, never at the top of this module: the light
+ones (`--help`, `status`, `rollout`, `health`) must not load the agent, the openai client or
+FastStream (tests/integration/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hookbus.bus import run_state
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.services.cli.rollout_command import add_rollout_parser
@@ -32,6 +35,8 @@ CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not 
 
 def redis_url_or_exit() -> str:
     """REDIS_URL, else the URL a running `hookbus run` left behind, else a clear error."""
+    from hookbus.bus import run_state
+
     url = run_state.redis_url()
     if url:
         return url

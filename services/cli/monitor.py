@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from hookbus.bus.connection.cluster import latest_ids, xread_streams
 from hookbus.bus.connection.values import text
+from hookbus.bus.groups.observer_backlog import ObserverDrops, read_drops
 from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, replica_protocols
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
@@ -146,6 +147,11 @@ class GroupStatus(BaseModel):
     """Observation entries (one per request) not yet delivered to the group's observers."""
     observe_pending: int = 0
     """Observation entries delivered to a replica and not yet acked."""
+    observe_dropped: int = 0
+    """Observation entries its backlog bound dropped, oldest first, since the count began
+    (hookbus.bus.groups.observer_backlog)."""
+    observe_dropped_bytes: int = 0
+    """The bytes of Redis memory those entries held."""
     heartbeats: dict[str, float] = Field(default_factory=dict, description="Replica -> its last heartbeat (unix time).")
     in_flight: dict[str, int] = Field(
         default_factory=dict, description="Replica -> entries delivered to it and not yet acked."
@@ -182,6 +188,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
     now = time.time()
     registry = await client.hgetall(keys.registry)
     hops_by_replica = Counter((h.group, h.replica) for h in hops)  # counted once, not per group and replica
+    drops = await read_drops(client, keys)
     groups = []
     for raw_name, body in sorted(registry.items()):
         name = text(raw_name)
@@ -214,6 +221,8 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
                 pending=pending,
                 observe_lag=observe_lag,
                 observe_pending=observe_pending,
+                observe_dropped=drops.get(name, ObserverDrops()).entries,
+                observe_dropped_bytes=drops.get(name, ObserverDrops()).bytes,
                 heartbeats=beats,
                 in_flight=await _in_flight(client, streams, name),
                 hops_last_minute={r: hops_by_replica[(name, r)] for r in replicas},
@@ -308,8 +317,12 @@ def format_status(status: Status) -> str:
         )
         if group.refused:
             lines.append(f"{'':<16}   REFUSED: {group.refused} (its hooks are not called)")
-        if group.observe_lag or group.observe_pending:
-            lines.append(f"{'':<16}   observer backlog: lag {group.observe_lag}, pending {group.observe_pending}")
+        if group.observe_lag or group.observe_pending or group.observe_dropped:
+            lines.append(
+                f"{'':<16}   observer backlog: lag {group.observe_lag}, pending {group.observe_pending}"
+                + (f", DROPPED {group.observe_dropped} ({group.observe_dropped_bytes:,} bytes: over its bound)"
+                   if group.observe_dropped else "")
+            )
         versioned = {r for v in group.versions for r in v.replicas}
         lines += format_versions(group.versions, partial(replica_work, group))
         lines += [

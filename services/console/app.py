@@ -16,7 +16,6 @@ from typing import Any
 import redis.asyncio as aredis
 import uvicorn
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -27,8 +26,7 @@ from hookbus.services.console import CONSOLE_PATH
 from hookbus.services.console.routes import attach_console, console_mount
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.cross_site import CrossSiteGuard
-from hookbus.services.gateway.errors import on_hook_error, on_http_exception
-from hookbus.skills import HookError
+from hookbus.services.gateway.errors import ERROR_HANDLERS
 
 
 def create_console_app(
@@ -52,7 +50,7 @@ def create_console_app(
     app = Starlette(
         routes=[Route("/", to_console, methods=["GET"]), console_mount()],
         middleware=[Middleware(CrossSiteGuard, allowed_hosts=allowed_hosts)] if normalized is None else [],
-        exception_handlers={HookError: on_hook_error, HTTPException: on_http_exception},
+        exception_handlers=dict(ERROR_HANDLERS),
         lifespan=lifespan,
     )
     attach_console(app, client, keys, Authenticator(normalized))

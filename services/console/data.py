@@ -70,6 +70,11 @@ class GroupView(BaseModel):
     pending: int
     live: bool
     behind: bool
+    observe_lag: int = Field(default=0, description="Observation entries not yet delivered to its observers.")
+    observe_dropped: int = Field(
+        default=0, description="Observation entries its backlog bound dropped since the count began."
+    )
+    observe_dropped_bytes: int = 0
 
 
 class OrchestratorView(BaseModel):
@@ -362,6 +367,8 @@ class ConsoleData:
                 GroupView(
                     name=group.name, hooks=group.hooks, tools=group.tools, replicas=replicas,
                     lag=group.lag, pending=group.pending, live=bool(replicas), behind=group.lag >= BEHIND_LAG,
+                    observe_lag=group.observe_lag, observe_dropped=group.observe_dropped,
+                    observe_dropped_bytes=group.observe_dropped_bytes,
                 )
             )
         return BusView(

@@ -10,6 +10,7 @@ names) is replaced by its length, the way traces leave content out by default.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import redis.asyncio as aredis
@@ -27,6 +28,13 @@ SHOWN_TEXT = frozenset({
     "role", "name", "type", "id", "tool_call_id", "model", "skill", "method", "session_id", "reason",
 })
 """Text values inspect shows without being asked for content: they route, they do not say."""
+MAX_DEPTH = 100
+"""A field nested deeper than this is shown as its raw text, not parsed: parsing, hiding and
+answering it would each recurse once per level (a RecursionError, not a page)."""
+
+
+ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+"""A stream entry id as Redis writes it (anything else would be a Redis error, not a 404)."""
 
 
 class DeadLetterView(BaseModel):
@@ -59,6 +67,9 @@ async def list_dead_letters(client: aredis.Redis, keys: Keys, count: int = LISTE
 
 
 async def dead_letter(client: aredis.Redis, keys: Keys, letter_id: str) -> DeadLetterView | None:
+    """The dead letter `letter_id`; None when there is none (or the id is no stream id)."""
+    if not ENTRY_ID.fullmatch(letter_id):
+        return None
     entries: Any = await client.xrange(keys.dead_letter, min=letter_id, max=letter_id)
     return _view(*entries[0]) if entries else None
 
@@ -99,7 +110,7 @@ def _view(entry_id: Any, fields: dict[bytes, bytes]) -> DeadLetterView:
     values = {text(k): text(v) for k, v in fields.items()}
     try:
         routing = json.loads(values.get("original", "{}")).get("routing", {})
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         routing = {}
     try:
         ts = float(values.get("ts", 0))
@@ -113,13 +124,30 @@ def _view(entry_id: Any, fields: dict[bytes, bytes]) -> DeadLetterView:
 
 
 def _parsed(raw: bytes, content: bool) -> Any:
-    """A field as JSON when it is JSON (else text), its content hidden unless asked."""
+    """A field as JSON when it is JSON nested at most MAX_DEPTH deep (else its raw text),
+    its content hidden unless asked."""
     try:
         value: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        value = raw.decode(errors="replace")
-        return value if content else _hidden(value)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = raw
+    if isinstance(value, bytes) or _deeper_than(value, MAX_DEPTH):
+        shown = raw.decode(errors="replace")
+        return shown if content else _hidden(shown)
     return value if content else _without_content(value)
+
+
+def _deeper_than(value: Any, depth: int) -> bool:
+    """Whether `value` nests lists and objects more than `depth` deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if level > depth:
+            return True
+        stack.extend((child, level + 1) for child in children)
+    return False
 
 
 def _without_content(value: Any, key: str | None = None) -> Any:

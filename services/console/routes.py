@@ -127,12 +127,24 @@ async def requests(request: Request) -> Response:
     return JSONResponse([view.model_dump(mode="json") for view in found[: _limit(query.get("limit"))]])
 
 
+LIMIT_DIGITS = 9
+"""A longer `limit` is refused before it becomes a number (Python's int() refuses past
+4,300 digits; a list never holds more than KEPT_REQUESTS anyway)."""
+
+
 def _limit(given: str | None) -> int:
-    """How many requests a list answers: `limit`, LIVE_REQUESTS by default, at most KEPT_REQUESTS."""
+    """How many requests a list answers: `limit`, LIVE_REQUESTS by default, at most KEPT_REQUESTS.
+    Only the digits 0-9 count as digits (`isdigit` alone takes "²", which int() refuses)."""
     if not given:
         return LIVE_REQUESTS
-    if not given.isdigit():
-        raise GatewayError(400, "invalid_limit", f"limit must be a whole number, got {given!r}")
+    if not (given.isascii() and given.isdigit()) or len(given) > LIMIT_DIGITS:
+        shown = given if len(given) <= 20 else f"{given[:20]}... ({len(given):,} characters)"
+        raise GatewayError(
+            400, "invalid_limit",
+            f"limit must be a whole number written with 0-9, at most {LIMIT_DIGITS} digits "
+            f"(the list holds at most {KEPT_REQUESTS:,}), got {shown!r}",
+            param="limit",
+        )
     return min(int(given), KEPT_REQUESTS)
 
 

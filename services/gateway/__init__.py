@@ -9,8 +9,9 @@ it under uvicorn until SIGTERM. The gateway runs no agent code; run as many as y
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hookbus.skills.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from hookbus.services.gateway.app import create_app
@@ -28,8 +29,4 @@ _HOME = {
 __all__ = ["create_app", "openapi_document", "serve"]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__, __dir__ = lazy_names(__name__, _HOME)

@@ -22,7 +22,6 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,12 +37,7 @@ from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
 from hookbus.services.gateway.edge_options import BODY_TIMEOUT, STALL_TIMEOUT
-from hookbus.services.gateway.errors import (
-    GatewayError,
-    on_hook_error,
-    on_http_exception,
-    on_unexpected,
-)
+from hookbus.services.gateway.errors import ERROR_HANDLERS, GatewayError
 from hookbus.services.gateway.key_limits import KeyLimits
 from hookbus.services.gateway.metrics import (
     ORCHESTRATOR_TTL,
@@ -59,7 +53,6 @@ from hookbus.services.gateway.responses_api import (
 )
 from hookbus.services.gateway.state import Gateway, gateway_of
 from hookbus.services.observability import tracing
-from hookbus.skills import HookbusError
 
 log = structlog.get_logger("hookbus.gateway")
 
@@ -148,11 +141,7 @@ def create_app(
             console_mount(),
         ],
         middleware=[*tracing.gateway_middleware(), Middleware(MetricsMiddleware, metrics=metrics), edge_guard],
-        exception_handlers={
-            HookbusError: on_hook_error,
-            HTTPException: on_http_exception,
-            Exception: on_unexpected,
-        },
+        exception_handlers=dict(ERROR_HANDLERS),
         lifespan=lifespan,
     )
     app.state.gateway = gateway

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
+
 import structlog
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
@@ -95,4 +97,14 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     log.error("gateway_error", path=request.url.path, error=repr(exc), exc_info=exc)
-    return error_response(GatewayError(500, "internal_error", "the gateway failed: see its logs"), request)
+    return error_response(GatewayError(500, "internal_error", "the server failed: see its logs"), request)
+
+
+ERROR_HANDLERS: Mapping[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
+    HookbusError: on_hook_error,
+    HTTPException: on_http_exception,
+    Exception: on_unexpected,
+}
+"""How every hookbus HTTP app answers an error: the gateway and `hookbus console` both take
+this map, so the console's refusals (401, 403, 404, 400) are the same in both and an
+unexpected error is logged. Starlette picks the most specific class."""

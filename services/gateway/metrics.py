@@ -17,7 +17,8 @@ Three sources:
   live replicas per group and live orchestrators; per worker group and version, the live
   replicas and the requests pinned to it that have not ended (hookbus.bus.groups.versions),
   and from the events stream the hops each version answered, by outcome (a canary's error
-  rate beside the stable version's).
+  rate beside the stable version's); per observer group, the observations its backlog
+  bound dropped (`hookbus_observations_dropped*`, hookbus.bus.groups.observer_backlog).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hookbus.bus.connection.cluster import latest_ids, xread_streams
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.connection.values import text_or_none
+from hookbus.bus.groups.observer_backlog import read_drops
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.registry import REPLICA_TTL
 from hookbus.bus.groups.versions import VersionState, live_versions, serving_counts
@@ -171,6 +173,16 @@ class GatewayMetrics:
             "hookbus_worker_version_hops", "Hops answered, per worker group, version and outcome.",
             ["group", "version", "outcome"], registry=r,
         )
+        self.observations_dropped = Gauge(
+            "hookbus_observations_dropped",
+            "Observation entries (one per request) an observer group's backlog bound dropped, oldest first, "
+            "since the count began (kept in Redis: every gateway shows the same).",
+            ["group"], registry=r,
+        )
+        self.observations_dropped_bytes = Gauge(
+            "hookbus_observations_dropped_bytes", "The bytes of Redis memory those dropped entries held.",
+            ["group"], registry=r,
+        )
         self.orchestrators = Gauge(
             "hookbus_orchestrators", "Orchestrators with a fresh heartbeat.", registry=r
         )
@@ -254,6 +266,9 @@ class GatewayMetrics:
         if not isinstance(counts[-1], Exception):
             self.orchestrators.set(int(counts[-1]))
         await self._refresh_versions(client, keys, versions)
+        for group, drops in (await read_drops(client, keys)).items():
+            self.observations_dropped.labels(group).set(drops.entries)
+            self.observations_dropped_bytes.labels(group).set(drops.bytes)
 
     async def _refresh_versions(self, client: aredis.Redis, keys: Keys, versions: dict[str, dict[str, VersionState]]) -> None:
         self.version_replicas.clear()

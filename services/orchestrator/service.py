@@ -24,7 +24,9 @@ Reliability (see bus/journal.py and services/orchestrator/recovery.py):
 - a cancel signal (`{prefix}cancel:{completion_id}` marker, `{prefix}cancel` channel, as
   the gateway writes them) cancels the run: finalize runs with a 499 and the client gets
   that error;
-- a janitor trims `requests` up to what was acked (bus/trim.py).
+- a janitor trims `requests` up to what was acked (bus/trim.py), and every few seconds
+  each observer group's stream is kept within its bound, what it drops counted
+  (hookbus.bus.groups.observer_backlog).
 """
 
 from __future__ import annotations
@@ -57,7 +59,13 @@ from hookbus.bus.connection.retrying import (
 )
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.dead_letters import add_dead_letter
-from hookbus.bus.groups.periodic import cancel_and_wait
+from hookbus.bus.groups.observer_backlog import (
+    CHECK_EVERY,
+    BacklogBound,
+    ObserverDrops,
+    bound_observer_backlogs,
+)
+from hookbus.bus.groups.periodic import cancel_and_wait, repeat
 from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.groups.shard_reader import ShardedGroupReader
 from hookbus.bus.groups.trim import TRIM_EVERY
@@ -162,7 +170,12 @@ class OrchestratorService(BusApp):
         max_deliveries: int = ORCHESTRATOR_MAX_DELIVERIES,
         limits: RequestLimits | None = None,
         trim_every: float = TRIM_EVERY,
+        observe_bound: BacklogBound | None = None,
+        backlog_every: float = CHECK_EVERY,
     ) -> None:
+        """`observe_bound`: what each observer group's stream may hold (default: the
+        settings' HOOKBUS_OBSERVE_MAX_ENTRIES and HOOKBUS_OBSERVE_MAX_BYTES), checked every
+        `backlog_every` seconds."""
         self.agent = agent
         self.redis_url = redis_url
         super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
@@ -173,6 +186,13 @@ class OrchestratorService(BusApp):
         self.max_deliveries = max_deliveries
         self.limits = limits or RequestLimits()
         self.trim_every = trim_every
+        settings = get_settings()
+        self.observe_bound = observe_bound or BacklogBound(
+            max_entries=settings.observe_max_entries, max_bytes=settings.observe_max_bytes
+        )
+        self.backlog_every = backlog_every
+        self.observations_dropped = 0
+        """Observations this process's checks dropped (each group's total is in Redis)."""
         self._client: aredis.Redis | None = None
         self.runtime: BusRuntime | None = None
         self.journal: Journal | None = None
@@ -253,7 +273,13 @@ class OrchestratorService(BusApp):
         self._serving = True
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self.recovery.start()
-        self._tasks = [asyncio.create_task(self._cancel_listener(), name="hookbus-cancel")]
+        self._tasks = [
+            asyncio.create_task(self._cancel_listener(), name="hookbus-cancel"),
+            asyncio.create_task(
+                repeat(self.backlog_every, self.bound_observer_backlogs, what="observer_backlog"),
+                name="hookbus-observer-backlog",
+            ),
+        ]
         self._run_slots = asyncio.Semaphore(self.concurrency)
         self._reader = ShardedGroupReader(
             self.redis_url, self.keys.request_streams, ORCHESTRATOR_GROUP, self.instance,
@@ -264,6 +290,15 @@ class OrchestratorService(BusApp):
             "orchestrator_started", instance=self.instance, agent=self.agent.name,
             groups=list(registry.groups), claim_idle=self.claim_idle,
         )
+
+    async def bound_observer_backlogs(self) -> dict[str, ObserverDrops]:
+        """One check of every announced observer group's stream: what it dropped, by group."""
+        assert self.runtime is not None
+        announced = self.runtime.registry.announced
+        groups = [name for name, group in announced.items() if any(h.observe for h in group.hooks)]
+        dropped = await bound_observer_backlogs(self.client, self.keys, groups, self.observe_bound)
+        self.observations_dropped += sum(d.entries for d in dropped.values())
+        return dropped
 
     async def _on_shutdown(self) -> None:
         """Take no more requests (read or claimed), let the ones running finish."""

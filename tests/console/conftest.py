@@ -1,6 +1,7 @@
 """A stack for the console's tests: embedded Redis, an orchestrator, the worker group `audit`
 (two replicas, a hook on every lifecycle; one hook fails for scope `boom`) with a tool,
-and a real gateway with keys in front.
+and a real gateway with keys in front; `standalone` is `hookbus console` with the same keys,
+a process of its own.
 
 Keys: ADMIN_KEY has the console's admin scope; USER_KEY is an ordinary caller; BOOM_KEY's
 requests are aborted by a worker hook in before_llm_call; HOLD_KEY's wait in before_llm_call
@@ -11,14 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from hookbus import Agent
+from hookbus.bus.connection.embedded import free_port
 from hookbus.services.console.access import ADMIN_SCOPE
 from hookbus.skills import Context, HookData, HookError, Skill, hook
 from tests.gateway.server import RunningGateway, running_gateway
@@ -122,6 +129,49 @@ async def stack(redis_url: str, module_prefix: str, hold: Hold) -> AsyncIterator
 async def gateway(stack: Any, redis_url: str, module_prefix: str) -> AsyncIterator[RunningGateway]:
     async with running_gateway(redis_url, module_prefix, api_keys=API_KEYS, models=["offline"]) as gw:
         yield gw
+
+
+@dataclass(frozen=True)
+class StandaloneConsole:
+    """`hookbus console --api-keys FILE` running as a process."""
+
+    url: str
+    process: asyncio.subprocess.Process
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gateway's keys as a keys file (`--api-keys FILE`)."""
+    path = tmp_path_factory.mktemp("console-keys") / "keys.json"
+    path.write_text(json.dumps(API_KEYS))
+    return path
+
+
+@pytest.fixture(scope="module")
+async def standalone(stack: Any, redis_url: str, module_prefix: str, keys_file: Path) -> AsyncIterator[StandaloneConsole]:
+    """The console without a gateway, as an operator starts it, with the gateway's keys."""
+    port = free_port()
+    env = dict(os.environ, REDIS_URL=redis_url, HOOKBUS_PREFIX=module_prefix, HOOKBUS_LOG_FORMAT="json")
+    env.pop("HOOKBUS_API_KEYS", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hookbus.services.cli.main", "console", "--port", str(port),
+        "--api-keys", str(keys_file), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+
+            async def up() -> bool:
+                try:
+                    return (await http.get("/console/")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            assert await wait_for(up, timeout=30, every=0.2), "hookbus console did not start"
+        yield StandaloneConsole(url, process)
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), timeout=15)
 
 
 async def send(gateway: RunningGateway, key: str, text: str) -> tuple[str | None, int]:

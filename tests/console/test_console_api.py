@@ -8,16 +8,19 @@ import json
 import os
 import sys
 import time
-from typing import Any
+import uuid
+from typing import Any, Protocol
 
 import httpx
 import pytest
 
 from hookbus.bus.connection.embedded import free_port
-from hookbus.bus.groups.dead_letters import ORIGINAL_RETENTION, original_key
+from hookbus.bus.connection.values import text
+from hookbus.bus.groups.dead_letters import ORIGINAL_RETENTION, original_key, send_dead_letter
 from hookbus.bus.groups.registry import GroupAnnouncement, announce
 from hookbus.bus.groups.versions import parse_infos
 from hookbus.services.console.data import BEHIND_LAG, POLL_EVERY
+from hookbus.services.console.dead_letters import MAX_DEPTH
 from hookbus.services.console.routes import LIVE_STREAM_SECONDS
 from tests.console.conftest import (
     ADMIN_KEY,
@@ -29,6 +32,7 @@ from tests.console.conftest import (
     TOOL_PROMPT,
     USER_KEY,
     Hold,
+    StandaloneConsole,
     bearer,
     dead_letter_a_request,
     send,
@@ -37,9 +41,23 @@ from tests.gateway.server import RunningGateway, running_gateway
 from tests.waiting import wait_for
 
 
-async def get(gateway: RunningGateway, path: str, key: str | None = ADMIN_KEY) -> httpx.Response:
+class Served(Protocol):
+    """A console's server: the gateway, or `hookbus console` on its own."""
+
+    @property
+    def url(self) -> str: ...
+
+
+async def get(gateway: Served, path: str, key: str | None = ADMIN_KEY) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
         return await http.get(path, headers=bearer(key) if key else {})
+
+
+@pytest.fixture(params=["gateway", "standalone"])
+def console(request: pytest.FixtureRequest) -> Served:
+    """Each console server in turn: what one answers, the other answers the same."""
+    served: RunningGateway | StandaloneConsole = request.getfixturevalue(request.param)
+    return served
 
 
 async def request_view(gateway: RunningGateway, **query: str) -> dict[str, Any] | None:
@@ -53,19 +71,61 @@ async def request_view(gateway: RunningGateway, **query: str) -> dict[str, Any] 
     return await wait_for(found, timeout=15, every=0.3)  # type: ignore[no-any-return]
 
 
-async def test_the_page_loads_for_anyone_but_its_data_only_for_an_admin_key(gateway: RunningGateway) -> None:
-    page = await get(gateway, "/console/", key=None)
+async def test_the_page_loads_for_anyone_but_its_data_only_for_an_admin_key(console: Served) -> None:
+    page = await get(console, "/console/", key=None)
     assert page.status_code == 200 and "hookbus console" in page.text
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]  # no clickjacking of its buttons
-    script = await get(gateway, "/console/static/console.js", key=None)
+    script = await get(console, "/console/static/console.js", key=None)
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
-    for path in ("/console/api/bus", "/console/api/requests", "/console/api/dead-letters", "/console/api/live"):
-        assert (await get(gateway, path, key=None)).status_code == 401, path
-        assert (await get(gateway, path, key="sk-test-not-a-key-at-all")).status_code == 401, path
-        refused = await get(gateway, path, key=USER_KEY)
+    for path in ("/console/api/bus", "/console/api/requests", "/console/api/dead-letters", "/console/api/live",
+                 "/console/api/requests/chatcmpl-nobody", "/console/api/dead-letters/1-1"):
+        missing = await get(console, path, key=None)
+        assert missing.status_code == 401, path
+        assert missing.headers["www-authenticate"] == "Bearer" and missing.json()["error"]["code"] == "missing_api_key"
+        assert (await get(console, path, key="sk-test-not-a-key-at-all")).status_code == 401, path
+        refused = await get(console, path, key=USER_KEY)
         assert refused.status_code == 403, path
         assert refused.json()["error"]["code"] == "console_admin_only"
-    assert (await get(gateway, "/console/static/../app.py", key=None)).status_code == 404
+    assert (await get(console, "/console/static/../app.py", key=None)).status_code == 404
+
+
+async def test_an_unknown_request_or_dead_letter_is_a_404(console: Served) -> None:
+    unknown = await get(console, "/console/api/requests/chatcmpl-nobody")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "request_not_found"
+    for letter in ("1-1", "not-an-id"):
+        gone = await get(console, f"/console/api/dead-letters/{letter}")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "dead_letter_not_found", gone.text
+        async with httpx.AsyncClient(base_url=console.url, timeout=10, headers=bearer(ADMIN_KEY)) as http:
+            assert (await http.post(f"/console/api/dead-letters/{letter}/requeue", json={})).status_code == 404
+            assert (await http.delete(f"/console/api/dead-letters/{letter}")).status_code == 404
+
+
+@pytest.mark.parametrize("limit", ["\u00b2", "\u0663", "9" * 5000, "-1", "1e3", " 7"])
+async def test_a_limit_that_is_not_a_plain_number_is_a_400_that_says_so(console: Served, limit: str) -> None:
+    refused = await get(console, f"/console/api/requests?{httpx.QueryParams({'limit': limit})}")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_limit", "limit")
+    assert "whole number" in error["message"] and len(error["message"]) < 300
+    assert (await get(console, "/console/api/requests?limit=999999999")).status_code == 200  # more than kept: all kept
+
+
+async def test_a_dead_letter_nested_too_deep_to_parse_shows_as_its_raw_text(console: Served, stack: Any) -> None:
+    redis, keys = stack[0].redis, stack[0].keys
+    source = f"{keys.prefix}hostile-{uuid.uuid4().hex[:8]}"
+    too_deep = b"[" * 50_000 + b"]" * 50_000  # beyond what Python's JSON parser recurses into
+    deep = b'{"a":' * (MAX_DEPTH + 5) + b"1" + b"}" * (MAX_DEPTH + 5)  # parses; hiding and answering it would recurse
+    for n, value in enumerate((too_deep, deep)):
+        await send_dead_letter(redis, keys.dead_letter, source=source, entry_id=f"{n}-1", reason="hostile",
+                               fields={b"e": value}, consumer="test")
+    letters = {text(f[b"entry_id"]): text(i) for i, f in await redis.xrange(keys.dead_letter) if f[b"source"] == source.encode()}
+    assert (await get(console, "/console/api/dead-letters")).status_code == 200
+    for n, value in enumerate((too_deep, deep)):
+        hidden = await get(console, f"/console/api/dead-letters/{letters[f'{n}-1']}")
+        assert hidden.status_code == 200, hidden.text
+        assert hidden.json()["original"]["e"] == f"[hidden: {len(value)} characters]"
+        shown = await get(console, f"/console/api/dead-letters/{letters[f'{n}-1']}?content=1")
+        assert shown.status_code == 200 and shown.json()["original"]["e"] == value.decode()
 
 
 async def test_the_bus_view_shows_each_group_with_its_live_replicas(gateway: RunningGateway, stack: Any) -> None:

@@ -27,6 +27,7 @@ from tests.console.conftest import (
     TOOL_PROMPT,
     USER_KEY,
     Hold,
+    StandaloneConsole,
     dead_letter_a_request,
     send,
 )
@@ -69,6 +70,18 @@ async def shoot(page: Page, name: str) -> None:
     await page.screenshot(path=str(SHOTS / f"console-{name}.png"), full_page=True)
 
 
+async def sign_in(page: Page, url: str) -> None:
+    """Open the console at `url` and sign in: a key without the admin scope is refused with
+    the reason, the admin key opens the console."""
+    await page.goto(url)
+    await expect(page.locator("#login")).to_be_visible()
+    await page.fill("#key", USER_KEY)
+    await page.click("#login button[type=submit]")
+    await expect(page.locator("#login-why")).to_contain_text("hookbus:admin")
+    await page.fill("#key", ADMIN_KEY)
+    await page.click("#login button[type=submit]")
+
+
 async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_dead_letter(
     page: Page, gateway: RunningGateway, stack: Any, hold: Hold
 ) -> None:
@@ -80,14 +93,7 @@ async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_d
     assert (await send(gateway, BOOM_KEY, "hello"))[1] == 503
     dead_id = await dead_letter_a_request(stack)
 
-    # signing in: a key without the admin scope is refused, the admin key opens the console
-    await page.goto(f"{gateway.url}/console/")
-    await expect(page.locator("#login")).to_be_visible()
-    await page.fill("#key", USER_KEY)
-    await page.click("#login button[type=submit]")
-    await expect(page.locator("#login-why")).to_contain_text("hookbus:admin")
-    await page.fill("#key", ADMIN_KEY)
-    await page.click("#login button[type=submit]")
+    await sign_in(page, f"{gateway.url}/console/")
 
     # the key stays in the tab: no cookie holds it
     await expect(page.locator("#sign-out")).to_be_visible()
@@ -168,3 +174,24 @@ async def test_an_operator_sees_groups_waterfalls_a_failed_hook_and_requeues_a_d
     client = stack[0]
     requeued = await client.redis.xrange(client.keys.dead_letter, min=letter_id, max=letter_id)
     assert requeued == []
+
+
+async def test_hookbus_console_signs_in_and_refuses_like_the_gateway(
+    page: Page, standalone: StandaloneConsole, stack: Any
+) -> None:
+    """`hookbus console --api-keys FILE`: the same sign-in, refusals and views as `/console/`."""
+    expect.set_options(timeout=WAIT_MS)
+    await sign_in(page, f"{standalone.url}/")  # the root sends to the console
+    await expect(page.locator("#sign-out")).to_be_visible()
+    group = page.locator("section[data-group=audit]")
+    await expect(group.locator("tr[data-replica]")).to_have_count(2)
+    await expect(page.locator("#live")).to_contain_text("live")
+
+    # an unknown request is said to be unknown (a 404), not a failure of the console
+    await page.goto(f"{standalone.url}/console/#/requests/chatcmpl-nobody")
+    await expect(page.locator(".error-box")).to_contain_text("chatcmpl-nobody")
+
+    # signing out forgets the key: the sign-in form again
+    await page.click("#sign-out")
+    await expect(page.locator("#login")).to_be_visible()
+    assert await page.evaluate("sessionStorage.getItem('hookbus-console-key')") is None

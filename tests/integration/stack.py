@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
@@ -49,7 +50,9 @@ async def running_stack(
     replicas: int = 1,
     orchestrators: int = 1,
     claim_idle: float = 5.0,
+    orchestrator_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[HookbusClient, list[OrchestratorService], list[WorkerReplica]]]:
+    """`orchestrator_options` go to each OrchestratorService."""
     workers = [
         WorkerReplica(
             GroupHost(group, skills), redis_url, prefix=prefix, concurrency=8,
@@ -59,7 +62,7 @@ async def running_stack(
         for n in range(replicas)
     ]
     services = [
-        OrchestratorService(agent, redis_url, prefix=prefix, instance=f"orch-{n}")
+        OrchestratorService(agent, redis_url, prefix=prefix, instance=f"orch-{n}", **(orchestrator_options or {}))
         for n in range(orchestrators)
     ]
     for worker in workers:

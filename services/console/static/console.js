@@ -189,10 +189,16 @@ function groupCard(group, withVersion) {
   if (!group.live) badges.push(h("span", { className: "badge bad" }, "no live replica"));
   else badges.push(h("span", { className: "badge" }, `${group.replicas.length} live`));
   if (group.behind) badges.push(h("span", { className: "badge warn" }, "falling behind"));
+  // observations its backlog bound dropped, oldest first (its observers stopped or too slow)
+  if (group.observe_dropped) {
+    badges.push(h("span", { className: "badge bad", "data-testid": "observe-dropped" },
+      `${group.observe_dropped} observations dropped`));
+  }
   return h("section", { className: `group${group.live ? "" : " dead"}${group.behind ? " behind" : ""}`, "data-group": group.name },
     h("div", { className: "title" },
       h("span", { className: "name" }, group.name), badges,
       h("span", {}, `lag ${group.lag}`), h("span", {}, `pending ${group.pending}`),
+      group.observe_lag ? h("span", {}, `observer lag ${group.observe_lag}`) : null,
     ),
     h("div", { className: "muted mono" }, [...group.hooks, ...group.tools.map((t) => `tool:${t}`)].join("  ")),
     group.replicas.length ? h("table", {},
