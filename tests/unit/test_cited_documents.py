@@ -1,5 +1,5 @@
 """No file of the repository cites a document the repository does not hold: a reader who
-follows "see X.md" must find X.md (a design note kept elsewhere is said in the project's
+follows a cited Markdown file must find it (a design note kept elsewhere is said in the project's
 own words or pointed to under docs/)."""
 
 from __future__ import annotations

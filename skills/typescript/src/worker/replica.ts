@@ -35,10 +35,12 @@ import { servePinnedRequests } from './drain.js';
 import { ObserverConsumer } from './observer.js';
 import { sendOn, type Onward } from './sendOn.js';
 import { hooksFingerprint, replicaVersion } from './versioning.js';
+import { hopLimits, overHopLimits, type HopLimits } from './limits.js';
 import { log } from '../log.js';
+import { CONSTANTS } from '../generated/protocol.js';
 
-export const DRAIN_SECONDS = 30;
-const REPLY_RETRY_GRACE = 5;
+export const DRAIN_SECONDS = CONSTANTS.timings.drain_limit;
+const REPLY_RETRY_GRACE = CONSTANTS.timings.reply_retry_grace;
 
 export interface ReplicaOptions {
   redisUrl: string;
@@ -49,6 +51,8 @@ export interface ReplicaOptions {
   claimIdle?: number;
   maxDeliveries?: number;
   trimEvery?: number;
+  /** The reply size limits (default: HOOKBUS_MAX_HOP_BYTES and HOOKBUS_MAX_STATE_BYTES, else the spec's). */
+  limits?: HopLimits;
   /** The version this replica runs its group at (default: ./versioning.ts). */
   version?: string;
   /** Seconds the drain on SIGTERM waits for the requests pinned to the version, at most. */
@@ -123,6 +127,7 @@ export class WorkerReplica {
   readonly claimIdle: number;
   readonly maxDeliveries: number;
   readonly member: GroupMember;
+  readonly limits: HopLimits;
   /** Runs the group's observers from its observer stream, when it has some. */
   observer: ObserverConsumer | undefined;
   processed = 0;
@@ -145,9 +150,10 @@ export class WorkerReplica {
     this.version = replicaVersion(options.version, host.skills, this.hooksFingerprint);
     this.streams = [...this.keys.hookStreams(this.group), ...this.keys.pinnedHookStreams(this.group, this.version)];
     this.replica = options.replica ?? instanceName(`worker-${this.group}`);
-    this.concurrency = options.concurrency ?? 16;
-    this.claimIdle = options.claimIdle ?? 5.0;
-    this.maxDeliveries = options.maxDeliveries ?? 3;
+    this.concurrency = options.concurrency ?? CONSTANTS.timings.concurrency;
+    this.claimIdle = options.claimIdle ?? CONSTANTS.timings.claim_idle;
+    this.limits = options.limits ?? hopLimits();
+    this.maxDeliveries = options.maxDeliveries ?? CONSTANTS.timings.max_deliveries;
     this.trimEvery = options.trimEvery ?? TRIM_EVERY;
     this.drainSeconds = options.drainSeconds ?? DRAIN_SECONDS;
     this.redisUrl = options.redisUrl;
@@ -275,17 +281,22 @@ export class WorkerReplica {
     let reply = answered;
     let onward = sendOn(hop, reply, split, dataJson);
     if (onward) reply.forwarded = onward.hopId;
-    let replyFields: string[];
+    let replyFields: string[] | undefined;
+    let unsendable: string | undefined;
     try {
       replyFields = encodeReply(reply, dataJson);
+      unsendable = overHopLimits(replyFields, reply.state, this.limits);
     } catch (exc) {
-      // a value in ctx.state or the session that JSON cannot carry: answer a failure,
-      // else the hop would be claimed and run again until dead-lettered
-      reply = failureReply(hop, this.replica, `the hooks' results are not JSON: ${(exc as Error).message}`, hop.v);
+      // a value in ctx.state or the session that JSON cannot carry
+      unsendable = `the hooks' results are not JSON: ${(exc as Error).message}`;
+    }
+    if (unsendable !== undefined || replyFields === undefined) {
+      // answer a failure, else the hop would be claimed and run again until dead-lettered
+      reply = failureReply(hop, this.replica, unsendable ?? 'no reply', hop.v);
       reply.duration_ms = answered.duration_ms;
       replyFields = encodeReply(reply);
       onward = undefined;
-      log('reply_not_encodable', { hop_id: hop.hop_id, completion_id: hop.completion_id }, 'error');
+      log('reply_not_sendable', { hop_id: hop.hop_id, completion_id: hop.completion_id, error: reply.failure }, 'error');
     }
     await this.reply(stream, entryId, hop, replyFields, onward);
     this.processed++;
