@@ -21,6 +21,9 @@ skills' own \`version\`s, else h-<hash of the hooks>). Environment: REDIS_URL,
 HOOKBUS_PREFIX (default "hookbus:"), HOOKBUS_SHARDS (default 1), HOOKBUS_WORKER_VERSION,
 HOOKBUS_LOG_LEVEL.`;
 
+/** How often the worker looks whether the process that started it is gone. */
+const PARENT_POLL_MS = 250;
+
 function number(name: string, raw: string | undefined, fallback: number, integer: boolean): number {
   if (raw === undefined) return fallback;
   const value = Number(raw);
@@ -37,6 +40,21 @@ export function redisUrl(): string {
   throw new SpecError(
     'no Redis to talk to. Set REDIS_URL=redis://host:port/0, or start the whole stack on an embedded Redis with `hookbus run`.',
   );
+}
+
+/**
+ * Call `exited` once the process that started this one is gone. `npx hookbus-worker` runs
+ * node under `sh -c`: a SIGTERM to npx reaches the shell, which dies without passing it on,
+ * and node would serve on, re-parented. Its parent changing is that signal, so the worker
+ * drains and stops as it does on SIGTERM. (A worker started under pid 1 is never orphaned.)
+ */
+function watchParent(exited: () => void): NodeJS.Timeout {
+  const parent = process.ppid;
+  const timer = setInterval(() => {
+    if (process.ppid !== parent) exited();
+  }, PARENT_POLL_MS);
+  timer.unref();
+  return timer;
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -80,13 +98,19 @@ export async function main(argv: string[]): Promise<number> {
     }
     throw exc;
   }
+  let orphaned: NodeJS.Timeout | undefined;
   const stopped = new Promise<void>((resolve) => {
+    let stopping = false;
     const stop = (signal: string): void => {
+      if (stopping) return;
+      stopping = true;
+      clearInterval(orphaned);
       log('worker_stopping', { signal, replica: replica.replica }, 'info');
       void replica.stop().then(resolve);
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
+    orphaned = watchParent(() => stop('parent_exited'));
   });
   try {
     await replica.start();
