@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from hookbus.bus.connection.shards import DEFAULT_CLUSTER_SHARDS
 from hookbus.bus.groups.claims import MIN_LONG_IDLE, RETRY_CAP, heartbeat_every
 from hookbus.bus.groups.registry import HEARTBEAT_EVERY, REFRESH_EVERY, REPLICA_TTL
 from hookbus.bus.groups.trim import FORGET_AFTER, TRIM_EVERY
@@ -75,6 +76,7 @@ class KeyNames(BaseModel):
 
     plain: dict[str, str]
     cluster: dict[str, str]
+    cluster_shards: int = Field(description="Shards of each sharded stream on a Redis Cluster when HOOKBUS_SHARDS is unset.")
 
 
 class ProtocolConstants(BaseModel):
@@ -127,5 +129,8 @@ def protocol_constants() -> ProtocolConstants:
             ),
         ),
         version=VersionStrings(pattern=VERSION_PATTERN, rule=VERSION_RULE + "; the whole text, nothing trimmed"),
-        keys=KeyNames(plain=_key_names(Keys("<prefix>:")), cluster=_key_names(Keys("<prefix>:", cluster=True))),
+        keys=KeyNames(
+            plain=_key_names(Keys("<prefix>:")), cluster=_key_names(Keys("<prefix>:", cluster=True)),
+            cluster_shards=DEFAULT_CLUSTER_SHARDS,
+        ),
     )

@@ -23,6 +23,9 @@ import type { HookDescriptor } from './descriptors.js';
 import { log } from './log.js';
 import { NOTIFICATIONS } from './lifecycle.js';
 
+/** Wraps each hook call (a tracing span: ./worker/tracing.ts), ended with the failure if it failed. */
+export type HookObserver = (key: string, lifecycle: string) => { end(error?: string): void };
+
 export type Outcome = 'ok' | 'failed' | 'hop_failed' | 'timeout' | 'blocked' | 'aborted' | 'skipped' | 'expired' | 'dead_letter';
 
 export interface HookOutcome {
@@ -56,6 +59,7 @@ export async function runHooks(
   ctx: Context,
   stageKey = '',
   attempt = 1,
+  observe?: HookObserver,
 ): Promise<ChainResult> {
   const result: ChainResult = { data, outcomes: [], abort: null, blocked: false };
   const lifecycle = String(data.lifecycle);
@@ -67,12 +71,15 @@ export async function runHooks(
     const chunkBefore = lifecycle === 'on_chunk' ? { content: result.data.content, text: chunkText(result.data) } : undefined;
     const started = performance.now();
     let returned: unknown;
+    const observed = observe?.(bound.key, lifecycle);
     try {
       returned = await call(bound.fn, [guarded(result.data), ctx], bound.descriptor.timeout);
       if (returned !== undefined && returned !== null && (typeof returned !== 'object' || Array.isArray(returned))) {
         throw new WrongReturn(`returned ${Array.isArray(returned) ? 'array' : typeof returned}, expected HookData or undefined`);
       }
+      observed?.end();
     } catch (exc) {
+      observed?.end(describe(exc, bound.descriptor.timeout));
       restore(result.data, savedFields, ctx, savedState);
       if (isHookError(exc)) {
         result.outcomes.push(outcome(bound.key, started, 'aborted', exc.message));

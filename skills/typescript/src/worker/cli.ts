@@ -11,6 +11,9 @@ import { GroupHost } from './host.js';
 import { loadSkills, SpecError } from './loadSkills.js';
 import { instanceName, WorkerReplica } from './replica.js';
 import { log } from '../log.js';
+import { isCluster } from '../bus/connection.js';
+import { configureTracing } from './tracing.js';
+import { CONSTANTS } from '../generated/protocol.js';
 
 const USAGE = `usage: hookbus-worker --group NAME FILE[:SkillClass] [FILE ...] [--concurrency N] [--replica NAME]
                       [--claim-idle SECONDS] [--max-deliveries N] [--version VERSION]
@@ -81,10 +84,13 @@ export async function main(argv: string[]): Promise<number> {
     if (!positionals.length) throw new SpecError('name at least one file of skills');
     const skills = await loadSkills(positionals);
     const group = values.group;
+    const url = redisUrl();
+    const cluster = await isCluster(url);
     replica = new WorkerReplica(new GroupHost(group, skills), {
-      redisUrl: redisUrl(),
+      redisUrl: url,
+      cluster,
       prefix: process.env.HOOKBUS_PREFIX ?? 'hookbus:',
-      shards: number('HOOKBUS_SHARDS', process.env.HOOKBUS_SHARDS, 1, true),
+      shards: number('HOOKBUS_SHARDS', process.env.HOOKBUS_SHARDS, cluster ? CONSTANTS.keys.cluster_shards : 1, true),
       concurrency: number('concurrency', values.concurrency, 16, true),
       replica: values.replica ?? instanceName(`worker-${group}`),
       claimIdle: number('claim-idle', values['claim-idle'], 5.0, false),
@@ -112,6 +118,7 @@ export async function main(argv: string[]): Promise<number> {
     process.once('SIGINT', () => stop('SIGINT'));
     orphaned = watchParent(() => stop('parent_exited'));
   });
+  configureTracing(replica.replica);
   try {
     await replica.start();
   } catch (exc) {
