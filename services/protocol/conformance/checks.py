@@ -15,7 +15,12 @@ from typing import Any
 
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.claims import heartbeat_every
-from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, ReplicaHeartbeat
+from hookbus.bus.groups.registry import (
+    REFRESH_EVERY,
+    REPLICA_TTL,
+    GroupAnnouncement,
+    ReplicaHeartbeat,
+)
 from hookbus.bus.groups.versions import ReplicaInfo, check_version, publish
 from hookbus.bus.wire.protocol_version import PROTOCOL
 from hookbus.services.protocol.conformance.harness import Check, CheckFailed, Harness, Run
@@ -364,6 +369,7 @@ async def check_drain_timing(h: Harness) -> None:
         await asyncio.to_thread(h.worker.stop)
         h.worker.start()
         await h.wait_for_worker(other_than=[replica])
+        await asyncio.sleep(2 * REFRESH_EVERY + 0.25)  # every orchestrator's view lost the stand-in
 
 
 CHECKS: list[tuple[str, Check]] = [

@@ -16,12 +16,12 @@ import { context, defaultTextMapGetter, ROOT_CONTEXT, SpanKind, SpanStatusCode, 
 import { W3CTraceContextPropagator } from '@opentelemetry/core';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
-import { BatchSpanProcessor, ConsoleSpanExporter, TracerProvider, type SpanExporter } from '@opentelemetry/sdk-trace';
+import { BasicTracerProvider, BatchSpanProcessor, ConsoleSpanExporter, type SpanExporter } from '@opentelemetry/sdk-trace-base';
 import { log } from '../log.js';
 import type { HookObserver } from '../runner.js';
 
 
-let provider: TracerProvider | undefined;
+let provider: BasicTracerProvider | undefined;
 let tracer: Tracer | undefined;
 const propagator = new W3CTraceContextPropagator();
 
@@ -48,8 +48,8 @@ export function configureTracing(replica: string, env: NodeJS.ProcessEnv = proce
     'telemetry.sdk.language': 'nodejs',
   }));
   const delay = Number(env.OTEL_BSP_SCHEDULE_DELAY);
-  const processor = new BatchSpanProcessor({ exporter: chosen, ...(delay > 0 ? { scheduledDelayMillis: delay } : {}) });
-  provider = new TracerProvider({ resource, spanProcessors: [processor] });
+  const processor = new BatchSpanProcessor(chosen, delay > 0 ? { scheduledDelayMillis: delay } : {});
+  provider = new BasicTracerProvider({ resource, spanProcessors: [processor] });
   tracer = provider.getTracer('hookbus');
   log('tracing_on', { replica, exporter: chosen.constructor.name }, 'info');
   return true;
