@@ -161,11 +161,14 @@ def _chunk_text_agrees(data: HookData, content: str | None, text: str | None) ->
     a hook that changed `content` changed the chunk's text (as the client gets it), a hook
     that changed only the chunk's text changed `content`. `full_content` is the model's
     text and stays as it was (docs/hooks.md)."""
-    now = chunk_text(data)
-    if data.content != content and data.chunk is not None and data.chunk.choices:
-        data.chunk.choices[0].delta.content = data.content
-    elif now != text and data.chunk is not None:
-        data.set_internal(content=now)
+    chunk = data.chunk
+    if chunk is None or not chunk.choices:
+        return
+    delta, now = chunk.choices[0].delta, data.content
+    if now is not content and now != content:  # identity first: an unchanged text is the same object
+        delta.content = now
+    elif delta.content is not text and delta.content != text:
+        data.set_internal(content=delta.content)
 
 
 def fail_unanswered(
