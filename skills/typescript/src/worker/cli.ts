@@ -2,7 +2,7 @@
  * `hookbus-worker --group NAME ./skills.ts [...] [--concurrency N]`: one replica of a
  * hook-worker group, with the flags and environment of `hookbus worker` (REDIS_URL, else
  * the Redis of a running `hookbus run` from `.hookbus/redis-url`; HOOKBUS_PREFIX;
- * HOOKBUS_SHARDS; HOOKBUS_WORKER_VERSION; HOOKBUS_LOG_LEVEL).
+ * HOOKBUS_SHARDS; HOOKBUS_WORKER_VERSION; the reply size limits; OTEL_*; HOOKBUS_LOG_LEVEL).
  */
 
 import { existsSync, readFileSync } from 'node:fs';
@@ -20,9 +20,11 @@ const USAGE = `usage: hookbus-worker --group NAME FILE[:SkillClass] [FILE ...] [
 
 Runs one replica of a hookbus worker group hosting every Skill subclass the files export
 or define (TypeScript or JavaScript), at VERSION (default: HOOKBUS_WORKER_VERSION, else the
-skills' own \`version\`s, else h-<hash of the hooks>). Environment: REDIS_URL,
-HOOKBUS_PREFIX (default "hookbus:"), HOOKBUS_SHARDS (default 1), HOOKBUS_WORKER_VERSION,
-HOOKBUS_LOG_LEVEL.`;
+skills' own \`version\`s, else h-<hash of the hooks>). Environment: REDIS_URL (a single
+Redis or any node of a Cluster), HOOKBUS_PREFIX (default "hookbus:"), HOOKBUS_SHARDS
+(default 1, 12 on a Cluster), HOOKBUS_WORKER_VERSION, HOOKBUS_MAX_HOP_BYTES,
+HOOKBUS_MAX_STATE_BYTES, OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables
+(tracing), HOOKBUS_LOG_LEVEL.`;
 
 /** How often the worker looks whether the process that started it is gone. */
 const PARENT_POLL_MS = 250;
