@@ -20,6 +20,7 @@ from hookbus.bus.groups.registry import (
     REPLICA_TTL,
     GroupAnnouncement,
     ReplicaHeartbeat,
+    leave,
 )
 from hookbus.bus.groups.versions import ReplicaInfo, check_version, publish
 from hookbus.bus.wire.protocol_version import PROTOCOL
@@ -325,6 +326,8 @@ async def check_version_strings(h: Harness) -> None:
         finally:
             await asyncio.to_thread(worker.kill)
             worker.log_path.unlink(missing_ok=True)
+            for wrongly in set(await h.live_replicas()) - before:  # a worker that wrongly started: gone for the next checks
+                await leave(h.client.redis, h.keys, GROUP, wrongly)
 
 
 async def check_drain_timing(h: Harness) -> None:
