@@ -100,7 +100,7 @@ TS_STAMP := $(TS_DIR)/node_modules/.hookbus-built
 
 ts-deps: $(TS_STAMP)
 
-$(TS_STAMP): $(TS_DIR)/package-lock.json $(TS_DIR)/package.json $(TS_DIR)/tsconfig.json $(wildcard $(TS_DIR)/src/*.ts $(TS_DIR)/src/*/*.ts)
+$(TS_STAMP): $(TS_DIR)/package-lock.json $(TS_DIR)/package.json $(TS_DIR)/tsconfig.json $(TS_DIR)/scripts/protocol.mjs services/protocol/spec/protocol.json $(wildcard $(TS_DIR)/src/*.ts $(TS_DIR)/src/*/*.ts)
 	@if command -v node >/dev/null 2>&1; then \
 		$(NPM) ci --prefix $(TS_DIR) --no-audit --no-fund && $(NPM) run --prefix $(TS_DIR) build && touch $@; \
 	else \

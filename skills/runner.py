@@ -109,6 +109,7 @@ async def run_hooks(
         ctx.call.idempotency_key = key_prefix + bound.key
         ctx.call.attempt = attempt
         saved_fields, saved_state = _snapshot(result.data), copy_state(ctx.state)
+        chunk_before = (result.data.content, chunk_text(result.data)) if lifecycle == Lifecycle.ON_CHUNK else None
         started = time.perf_counter()
         try:
             if observe is None and bound.is_async and bound.descriptor.timeout is None:  # the common case, inline
@@ -142,8 +143,32 @@ async def run_hooks(
             return result
         if returned is not None:
             result.data = returned
+        if chunk_before is not None:
+            _chunk_text_agrees(result.data, *chunk_before)
         result.outcomes.append(_outcome(bound.key, started, Outcome.OK))
     return result
+
+
+def chunk_text(data: HookData) -> str | None:
+    """The text of an on_chunk stage's chunk (its first choice's delta), None without one."""
+    if data.chunk is None or not data.chunk.choices:
+        return None
+    return data.chunk.choices[0].delta.content
+
+
+def _chunk_text_agrees(data: HookData, content: str | None, text: str | None) -> None:
+    """After an on_chunk hook, `content` and the chunk's text say the same for the next hook:
+    a hook that changed `content` changed the chunk's text (as the client gets it), a hook
+    that changed only the chunk's text changed `content`. `full_content` is the model's
+    text and stays as it was (docs/hooks.md)."""
+    chunk = data.chunk
+    if chunk is None or not chunk.choices:
+        return
+    delta, now = chunk.choices[0].delta, data.content
+    if now is not content and now != content:  # identity first: an unchanged text is the same object
+        delta.content = now
+    elif delta.content is not text and delta.content != text:
+        data.set_internal(content=delta.content)
 
 
 def fail_unanswered(

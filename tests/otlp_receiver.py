@@ -97,7 +97,7 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self._body()
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 try:
@@ -119,6 +119,17 @@ class OtlpReceiver:
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
                 self.wfile.write(answer)
+
+            def _body(self) -> bytes:
+                """The request's body, sized or chunked (Node's OTLP exporter streams it)."""
+                if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                    return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                parts = []
+                while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+                self.rfile.readline()
+                return b"".join(parts)
 
             def log_message(self, format: str, *args: Any) -> None:
                 return

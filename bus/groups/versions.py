@@ -41,15 +41,18 @@ PIN_STALE = 3 * RESTAMP_EVERY
 """Seconds after which a pin not stamped again (its orchestrator died before the request
 ended) is no longer counted."""
 
-_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+"""What a version string may be, as the protocol spec states it (ECMA-262 semantics, as in
+JSON Schema: `$` is the end of the text, so no trailing newline or space gets through)."""
+VERSION_RULE = "1-64 letters, digits, '.', '_', '+' or '-' (starting with a letter or digit)"
+_VERSION = re.compile(VERSION_PATTERN.removeprefix("^").removesuffix("$"))
 
 
 def check_version(version: str) -> str:
-    """`version` if it can name a stream (`hooks:{group}@{version}`), else ValueError."""
-    if not _VERSION.match(version):
-        raise ValueError(
-            f"version {version!r}: use 1-64 letters, digits, '.', '_', '+' or '-' (starting with a letter or digit)"
-        )
+    """`version` if it can name a stream (`hooks:{group}@{version}`), else ValueError. The
+    whole text must match (Python's `$` would let a trailing newline through)."""
+    if not _VERSION.fullmatch(version):
+        raise ValueError(f"version {version!r}: use {VERSION_RULE}")
     return version
 
 

@@ -16,6 +16,11 @@ reply of a hop whose worker sent the stage on (hookbus.bus.hops.send_on) leads t
 only such replies the next read goes at once, as the next group's reply may already be
 there.
 
+A reply entry larger than a hop may be (HOOKBUS_MAX_HOP_BYTES: workers refuse to write
+one, but nothing forces a worker of another language or build to) is not decoded: its hop
+fails ("over a hop's limit") and its bytes are trimmed with the rest, so whatever wrote
+it, a reply cannot make the orchestrator parse and keep more than the limit.
+
 The replies read are trimmed away by the reader (no one else reads this stream): every
 TRIM_EVERY replies or TRIM_BYTES of them while hops keep coming, and once no hop waited
 for IDLE_TRIM seconds, so large hook data does not outlive its request in Redis.
@@ -32,6 +37,7 @@ import contextlib
 import heapq
 import itertools
 import math
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -45,7 +51,8 @@ from hookbus.bus.connection.retrying import RECONNECT_ERRORS, out_of_memory
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.dead_letters import send_dead_letter
 from hookbus.bus.hops.pipelined_read import LINGER, RideOffer, ride
-from hookbus.bus.wire.envelopes import DecodeError, HopEvent, HopReply, decode, encode
+from hookbus.bus.settings import get_settings
+from hookbus.bus.wire.envelopes import FIELD, DecodeError, HopEvent, HopReply, decode, encode
 from hookbus.skills.errors import RedisOutOfMemory
 
 log = structlog.get_logger("hookbus.router")
@@ -59,6 +66,7 @@ with it)."""
 TRIM_BYTES = 1024 * 1024
 """Bytes of replies read that trim the stream at once (large hook data must not linger)."""
 COMPACT_AT = 1024
+_HOP_ID = re.compile(rb'"hop_id"\s*:\s*"([^"\\]{1,200})"')
 """Deadlines kept before the answered ones are swept out of the heap (when most are)."""
 
 
@@ -133,10 +141,12 @@ class ReplyRouter:
         *,
         dead_letter: str | None = None,
         linger: float = LINGER,
+        max_reply_bytes: int | None = None,
     ) -> None:
         """`reader` is a client without retries (hookbus.bus.connection.retrying.connect(url, retries=0));
         `dead_letter` the stream bad replies are copied to (None: only logged); `linger`
-        how long a read offered to ride waits for a flush (hookbus.bus.hops.pipelined_read)."""
+        how long a read offered to ride waits for a flush (hookbus.bus.hops.pipelined_read);
+        `max_reply_bytes` the largest reply entry decoded (default HOOKBUS_MAX_HOP_BYTES)."""
         self._client = client
         self._appender = StreamAppender(client)
         self._reader_client = reader
@@ -144,6 +154,8 @@ class ReplyRouter:
         self.dead_letter = dead_letter
         self.linger = linger
         self.bad_replies = 0
+        self.max_reply_bytes = get_settings().max_hop_bytes if max_reply_bytes is None else max_reply_bytes
+        self.oversized_replies = 0
         self._background: set[asyncio.Task[None]] = set()
         self._waiting: dict[str, asyncio.Future[HopReply]] = {}
         self._last_id: bytes | str = "0-0"
@@ -332,9 +344,10 @@ class ReplyRouter:
         for _stream, entries in response or ():
             for entry_id, fields in entries:
                 self._last_id = entry_id
-                writes_coming |= self._resolve(entry_id, fields)
+                size = sum(len(value) for value in fields.values())
+                writes_coming |= self._resolve(entry_id, fields) if size <= self.max_reply_bytes else self._oversized(fields, size)
                 self._since_trim += 1
-                self._bytes_since_trim += sum(len(value) for value in fields.values())
+                self._bytes_since_trim += size
         return writes_coming
 
     def _resolve(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> bool:
@@ -358,6 +371,20 @@ class ReplyRouter:
             return True
         future.set_result(reply)
         return reply.forwarded is None
+
+    def _oversized(self, fields: dict[bytes, bytes], size: int) -> bool:
+        """A reply over the limit fails its hop undecoded: the first hop id in its envelope
+        that a caller waits for (a forged one can only fail a hop of this process)."""
+        self.oversized_replies += 1
+        why = f"the reply is {size:,} bytes, over a hop's limit of {self.max_reply_bytes:,} (HOOKBUS_MAX_HOP_BYTES)"
+        for match in _HOP_ID.finditer(fields.get(FIELD, b"")):
+            future = self._waiting.get(match.group(1).decode(errors="replace"))
+            if future is not None and not future.done():
+                log.error("oversized_reply", hop_id=match.group(1).decode(errors="replace"), bytes=size, stream=self.reply_stream)
+                future.set_result(HopReply(hop_id=match.group(1).decode(), completion_id="", replica="", failure=why))
+                return True
+        log.error("oversized_reply", hop_id=None, bytes=size, stream=self.reply_stream)
+        return True
 
     async def _dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
         assert self.dead_letter is not None

@@ -92,7 +92,7 @@ class Agent:
 
     An agent holds no per-request state, so one instance serves concurrent requests and
     may be used from several event loops one after another. The one record it keeps is
-    `last_compaction` (DESIGN.md): the last compaction outcome that changed something.
+    `last_compaction` (docs/guide.md): the last compaction outcome that changed something.
 
     `model_settings` are the agent's defaults for every LLM call (a client's values replace
     them), `pinned_settings` the values a client cannot change (they replace the client's);

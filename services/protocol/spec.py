@@ -9,7 +9,10 @@ A worker in another language reads these: a hop (`HopEvent` in the entry field `
 context `Context` in `c`, the stage data `HookData` in `d`, or for a batched on_chunk hop a
 `ChunkBatch` in `d`), its reply (`HopReply` in `e`, changed data in `d`, a `ChunkResults`
 array for a batch), the group's `GroupAnnouncement` in the registry hash and each replica's
-`ReplicaHeartbeat`. docs/protocol.md says how they fit together.
+`ReplicaHeartbeat`. `protocol.json` also states the constants every worker keeps to
+(timings, size limits, the version rule, key names: hookbus.services.protocol.constants),
+which the TypeScript package reads from the committed copy when it is built.
+docs/protocol.md says how they fit together.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from hookbus.bus.wire.chunk_batch import CHUNK_BATCH, CHUNK_RESULTS
 from hookbus.bus.wire.envelopes import HopEvent, HopReply
 from hookbus.bus.wire.protocol_version import PROTOCOL, SERVED_MAJORS
 from hookbus.services.protocol.asyncapi import DeadLetter, asyncapi_document
+from hookbus.services.protocol.constants import protocol_constants
 from hookbus.skills import Context, HookData
 
 SPEC_DIR = Path(__file__).with_name("spec")
@@ -84,10 +88,12 @@ def message_schema(name: str) -> dict[str, Any]:
 
 
 def index() -> dict[str, Any]:
-    """`protocol.json`: the version, what it serves, the revisions and the message files."""
+    """`protocol.json`: the version, what it serves, the revisions, the message files and the
+    constants every worker shares."""
     return {
         "protocol": PROTOCOL,
         "served_majors": sorted(SERVED_MAJORS),
+        "constants": protocol_constants().model_dump(),
         "revisions": [r.model_dump() for r in REVISIONS],
         "messages": {
             name: MessageFile(schema=f"schemas/{name}.json", where=where).model_dump(by_alias=True)

@@ -12,8 +12,10 @@ import pytest
 PROBE = "hookbus.services.protocol.conformance.skills:Probe"
 
 
-def conformance(*options: str, skills: str = PROBE) -> subprocess.CompletedProcess[str]:
-    worker = [sys.executable, "-m", "hookbus.services.cli.main", "worker", "--group", "conformance", "--claim-idle", "2", skills]
+def conformance(
+    *options: str, skills: str = PROBE, cli: str = "hookbus.services.cli.main"
+) -> subprocess.CompletedProcess[str]:
+    worker = [sys.executable, "-m", cli, "worker", "--group", "conformance", "--claim-idle", "2", skills]
     return subprocess.run(
         [sys.executable, "-m", "hookbus.services.cli.main", "conformance", *options, "--", *worker],
         capture_output=True, text=True, timeout=150, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -29,7 +31,7 @@ def test_the_python_worker_passes_every_check_but_the_kill() -> None:
     result = conformance("--no-kill")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = verdicts(result)
-    assert len(found) == 15 and set(found.values()) == {"PASS"}, result.stdout
+    assert len(found) == 18 and set(found.values()) == {"PASS"}, result.stdout
 
 
 @pytest.mark.slow
@@ -47,3 +49,17 @@ def test_the_kit_fails_a_worker_that_breaks_the_rules() -> None:
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     assert verdicts(result) == {"none_is_unchanged": "FAIL", "hook_error": "FAIL", "session_round_trip": "PASS"}, result.stdout
     assert "FAIL none_is_unchanged: on_message: returning None changed the data" in result.stdout
+
+
+def test_the_kit_fails_a_worker_that_disagrees_with_the_spec_constants() -> None:
+    """A drain settle of 1.25 s, no reply size limits, a refused version taken: each of the
+    three checks of the spec's constants fails it (the TypeScript worker before they were
+    shared did the first two)."""
+    result = conformance(
+        "--check", "reply_size_limits", "--check", "version_strings", "--check", "drain_timing",
+        cli="tests.conformance.disagreeing_worker",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert verdicts(result) == {"reply_size_limits": "FAIL", "version_strings": "FAIL", "drain_timing": "FAIL"}, result.stdout
+    assert "big_state: the over-limit ctx.state came back" in result.stdout or "big_state: the over-limit change" in result.stdout
+    assert "not after the spec's 1.75 s" in result.stdout

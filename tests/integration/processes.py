@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis.asyncio as aredis
 
+from hookbus.bus.connection.cluster import keys_for
+from hookbus.bus.connection.retrying import connect
 from hookbus.bus.groups.registry import REFRESH_EVERY
-from hookbus.bus.keys import Keys
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +109,8 @@ class Processes:
         self.env.setdefault("HOOKBUS_LOG_LEVEL", "info")
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.keys = Keys(self.env["HOOKBUS_PREFIX"], shards=int(self.env.get("HOOKBUS_SHARDS", "1")))
+        shards = self.env.get("HOOKBUS_SHARDS")  # else the layout's default: 1, or a cluster's
+        self.keys = keys_for(self.env["REDIS_URL"], self.env["HOOKBUS_PREFIX"], shards=int(shards) if shards else None)
         self.procs: list[Proc] = []
         self._spawned: dict[str, int] = {}
 
@@ -211,7 +212,7 @@ class Processes:
     async def wait_ready(self, *procs: Proc, timeout: float = 60.0) -> None:
         """Until each process wrote a heartbeat after it started (it is consuming); 60 s:
         several interpreters importing at once on a loaded 2-core CI machine."""
-        client = aredis.Redis.from_url(self.env["REDIS_URL"])
+        client = connect(self.env["REDIS_URL"])  # a cluster client on a cluster
         waiting = list(procs)
 
         async def all_ready() -> bool:

@@ -13,6 +13,7 @@ from hookbus.bus.connection.retrying import connect
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.hops.reply_router import COMPACT_AT, HopTimeout, ReplyRouter
 from hookbus.bus.wire.envelopes import HopEvent, HopReply, decode, encode
+from tests.waiting import wait_for
 
 
 def hop(router: ReplyRouter) -> HopEvent:
@@ -162,3 +163,39 @@ async def test_a_reader_with_no_hop_waiting_reads_nothing_and_the_next_hop_wakes
             await cancel_and_wait(worker)
             await client.aclose()
     assert idle == [0, 0, 0, 0]
+
+
+async def test_a_reply_over_the_hop_limit_fails_its_hop_undecoded_whatever_wrote_it(redis_url, prefix):
+    """A worker that ignores HOOKBUS_MAX_HOP_BYTES (here: a raw XADD) cannot make the
+    orchestrator decode and keep its reply: the hop fails at once, naming the limit; the
+    next reply, under it, is taken as usual and the big one is trimmed away."""
+    stream = f"{prefix}replies"
+    router = ReplyRouter(connect(redis_url), connect(redis_url, retries=0), stream, max_reply_bytes=64 * 1024)
+    await router.start()
+    client = connect(redis_url)
+    try:
+        event = hop(router)
+        waiting = asyncio.create_task(router.call(f"{prefix}hooks", event, timeout=30))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        big = HopReply(hop_id=event.hop_id, completion_id="c", replica="r", state={"blob": "x" * 200_000})
+        await client.xadd(stream, encode(big))  # type: ignore[arg-type]
+        reply = await waiting
+        assert time.monotonic() - started < 5
+        assert reply.failure is not None and "HOOKBUS_MAX_HOP_BYTES" in reply.failure and reply.state == {}
+        assert router.oversized_replies == 1
+        small_hop = hop(router)
+        answering = asyncio.create_task(router.call(f"{prefix}hooks", small_hop, timeout=30))
+        await asyncio.sleep(0.05)
+        await client.xadd(stream, encode(HopReply(hop_id=small_hop.hop_id, completion_id="c", replica="r", state={"k": 1})))  # type: ignore[arg-type]
+        assert (await answering).state == {"k": 1}
+        assert await wait_for(lambda: _trimmed(client, stream), timeout=10)
+    finally:
+        await client.aclose()
+        await router.stop()
+
+
+async def _trimmed(client, stream: str) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the stream holds less than the big reply."""
+    entries = await client.xrange(stream)
+    return sum(len(v) for _, fields in entries for v in fields.values()) < 64 * 1024

@@ -63,7 +63,8 @@ def test_the_flag_beats_the_environment_which_beats_the_skills_declared_version(
 
 
 def test_a_version_that_cannot_name_a_stream_is_refused():
-    for bad in ("", "v 2", "v2}", "{x}", "-v2", "a" * 65):
+    # the whole text counts: a trailing newline (a script's `echo`) is refused, not trimmed
+    for bad in ("", "v 2", "v2}", "{x}", "-v2", "a" * 65, "v2\n", "v2 "):
         with pytest.raises(ValueError):
             check_version(bad)
     assert check_version("1.2.3+build-7") == "1.2.3+build-7"

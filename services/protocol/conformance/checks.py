@@ -15,11 +15,19 @@ from typing import Any
 
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.claims import heartbeat_every
-from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, ReplicaHeartbeat
-from hookbus.bus.groups.versions import ReplicaInfo
+from hookbus.bus.groups.registry import (
+    REFRESH_EVERY,
+    REPLICA_TTL,
+    GroupAnnouncement,
+    ReplicaHeartbeat,
+    leave,
+)
+from hookbus.bus.groups.versions import ReplicaInfo, check_version, publish
 from hookbus.bus.wire.protocol_version import PROTOCOL
 from hookbus.services.protocol.conformance.harness import Check, CheckFailed, Harness, Run
 from hookbus.services.protocol.conformance.skills import FIELDS, GROUP, HOOK_ERROR, Probe
+from hookbus.services.protocol.conformance.worker_process import WorkerProcess
+from hookbus.services.protocol.constants import protocol_constants
 from hookbus.services.worker.host import GroupHost
 from hookbus.skills import HookData
 
@@ -279,6 +287,94 @@ async def check_claim_after_kill(h: Harness) -> None:
     expect((run.state.get("hold_attempt") or 0) >= 2, f"the hop was answered on attempt {run.state.get('hold_attempt')}")
 
 
+# ------------------------------------------------------------------ what the spec's constants say
+
+
+async def check_reply_size_limits(h: Harness) -> None:
+    """The kit gives the worker HOOKBUS_MAX_STATE_BYTES and HOOKBUS_MAX_HOP_BYTES
+    (skills.KIT_MAX_*): a reply over either is a failure reply naming the variable."""
+    limits = protocol_constants().limits
+    for mode, env in (("big_state", limits.max_state_bytes.env), ("big_data", limits.max_hop_bytes.env)):
+        run = await h.request("[[echo]] small", mode, stream=False)
+        expect(run.error is None, f"{mode}: the request failed: {run.error!r}")
+        expect(run.text == "small", f"{mode}: the over-limit change reached the model: it answered {run.text[:80]!r}...")
+        expect("blob" not in run.state, f"{mode}: the over-limit ctx.state came back")
+        errors = [r.error or "" for r in await h.worker_records(run.completion_id, "before_llm_call")]
+        expect(any(env in e for e in errors), f"{mode}: the worker's before_llm_call hop records say {errors}, none names {env}")
+
+
+async def check_version_strings(h: Harness) -> None:
+    """A version the spec's rule refuses (here with a trailing newline, or starting with a
+    dash) stops the worker before it announces anything."""
+    for bad in ("v2\n", "-v2"):
+        try:
+            check_version(bad)
+        except ValueError:
+            pass
+        else:  # pragma: no cover - the kit's own rule
+            raise CheckFailed(f"the kit's rule takes {bad!r}")
+        before = set(await h.live_replicas())
+        worker = WorkerProcess(h.worker.command, {**h.worker.env, "HOOKBUS_WORKER_VERSION": bad})
+        worker.start()
+        try:
+            deadline = time.monotonic() + 60
+            while worker.exited is None and time.monotonic() < deadline:
+                started = set(await h.live_replicas()) - before
+                expect(not started, f"HOOKBUS_WORKER_VERSION={bad!r}: the worker started (replica {', '.join(started)})")
+                await asyncio.sleep(0.1)
+            expect(worker.exited not in (None, 0), f"HOOKBUS_WORKER_VERSION={bad!r}: the worker did not exit with an error in 60 s")
+        finally:
+            await asyncio.to_thread(worker.kill)
+            worker.log_path.unlink(missing_ok=True)
+            for wrongly in set(await h.live_replicas()) - before:  # a worker that wrongly started: gone for the next checks
+                await leave(h.client.redis, h.keys, GROUP, wrongly)
+
+
+async def check_drain_timing(h: Harness) -> None:
+    """SIGTERM to the last replica of its version while another version takes new requests:
+    it is marked draining at once and serves on for the spec's drain_pin_settle (no request
+    is pinned to it), then leaves the group. The other version is the kit's stand-in (a
+    version record and heartbeats, no process); the worker is started again afterwards."""
+    settle = protocol_constants().timings.drain_pin_settle
+    [replica, *_] = await h.live_replicas() or [""]
+    expect(replica, "no live replica")
+    other = "conformance-other-version"
+    await publish(h.client.redis, h.keys, GROUP, other, ReplicaInfo(version="conformance-other", hooks="00000000"))
+
+    async def beat() -> None:
+        while True:
+            await h.client.redis.zadd(h.keys.replicas(GROUP), {other: time.time()})
+            await asyncio.sleep(0.2)
+
+    beating = asyncio.ensure_future(beat())
+    try:
+        await asyncio.sleep(0.3)  # the stand-in's first beats
+        h.worker.terminate()
+        marked = left = None
+        deadline = time.monotonic() + settle + 30
+        while left is None and time.monotonic() < deadline:
+            body = await h.client.redis.hget(h.keys.replica_versions(GROUP), replica)
+            if marked is None and body and ReplicaInfo.model_validate_json(body).draining:
+                marked = time.monotonic()
+            if await h.client.redis.zscore(h.keys.replicas(GROUP), replica) is None:
+                left = time.monotonic()
+            await asyncio.sleep(0.02)
+        expect(marked is not None, "the replica was never marked draining")
+        expect(left is not None, "the replica did not leave the group")
+        assert marked is not None and left is not None
+        served = left - marked
+        expect(served >= settle - 0.1, f"it left {served:.2f} s after it was marked draining, not after the spec's {settle} s")
+        expect(served <= settle + 5, f"it left {served:.2f} s after it was marked draining: no request held it past {settle} s")
+    finally:
+        beating.cancel()
+        await h.client.redis.zrem(h.keys.replicas(GROUP), other)
+        await h.client.redis.hdel(h.keys.replica_versions(GROUP), other)
+        await asyncio.to_thread(h.worker.stop)
+        h.worker.start()
+        await h.wait_for_worker(other_than=[replica])
+        await asyncio.sleep(2 * REFRESH_EVERY + 0.25)  # every orchestrator's view lost the stand-in
+
+
 CHECKS: list[tuple[str, Check]] = [
     ("announcement", check_announcement),
     ("heartbeat", check_heartbeat),
@@ -295,5 +391,8 @@ CHECKS: list[tuple[str, Check]] = [
     ("critical_exception", check_critical_exception),
     ("timeout", check_timeout),
     ("dead_letters", check_dead_letters),
+    ("reply_size_limits", check_reply_size_limits),
+    ("version_strings", check_version_strings),
+    ("drain_timing", check_drain_timing),
 ]
 KILL_CHECK: tuple[str, Check] = ("claim_after_kill", check_claim_after_kill)

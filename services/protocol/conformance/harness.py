@@ -14,6 +14,7 @@ from typing import Any
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement
 from hookbus.bus.keys import Keys
+from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.services.protocol.conformance.skills import GROUP, REFERENCE_GROUP, Recorder
 from hookbus.services.protocol.conformance.worker_process import WorkerProcess
@@ -86,6 +87,27 @@ class Harness:
         run.ended.setdefault("state", {})
         run.ended["metadata"] = metadata
         return run
+
+    async def worker_records(self, completion_id: str, lifecycle: str, *, within: float = 5.0) -> list[MonitorRecord]:
+        """The hop records the worker under test wrote for a request at `lifecycle` (the
+        events are flushed every 0.1 s: waited for up to `within` seconds)."""
+        deadline = time.monotonic() + within
+        while True:
+            found: list[MonitorRecord] = []
+            for stream in self.keys.event_streams:
+                entries: Any = await self.client.redis.xrange(stream)
+                for _, fields in entries:
+                    try:
+                        records = monitor_records(fields)
+                    except DecodeError:
+                        continue
+                    found += [
+                        r for r in records
+                        if (r.completion_id, r.lifecycle, r.group, r.kind) == (completion_id, lifecycle, GROUP, "hop")
+                    ]
+            if found or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.1)
 
     async def live_replicas(self) -> list[str]:
         members = await self.client.redis.zrangebyscore(self.keys.replicas(GROUP), time.time() - REPLICA_TTL, "+inf")

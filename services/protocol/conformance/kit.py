@@ -26,7 +26,14 @@ from hookbus.services.orchestrator.llm import LLM
 from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.services.protocol.conformance.checks import CHECKS, KILL_CHECK
 from hookbus.services.protocol.conformance.harness import Check, CheckFailed, Harness, until_served
-from hookbus.services.protocol.conformance.skills import GROUP, REFERENCE_GROUP, Recorder, Reference
+from hookbus.services.protocol.conformance.skills import (
+    GROUP,
+    KIT_MAX_HOP_BYTES,
+    KIT_MAX_STATE_BYTES,
+    REFERENCE_GROUP,
+    Recorder,
+    Reference,
+)
 from hookbus.services.protocol.conformance.worker_process import WorkerProcess
 from hookbus.services.testing.offline_server import shared_offline_base_url
 from hookbus.services.worker.host import GroupHost
@@ -53,7 +60,11 @@ async def _run(command: Sequence[str], checks: Sequence[tuple[str, Check]]) -> i
     redis = EmbeddedRedis(appendonly=False)
     redis.start()
     prefix = f"conformance-{uuid.uuid4().hex[:8]}:"
-    env = {**os.environ, "REDIS_URL": redis.url, "HOOKBUS_PREFIX": prefix, "HOOKBUS_GROUP": GROUP}
+    env = {
+        **os.environ, "REDIS_URL": redis.url, "HOOKBUS_PREFIX": prefix, "HOOKBUS_GROUP": GROUP,
+        "HOOKBUS_MAX_HOP_BYTES": str(KIT_MAX_HOP_BYTES), "HOOKBUS_MAX_STATE_BYTES": str(KIT_MAX_STATE_BYTES),
+    }
+    env.pop("HOOKBUS_WORKER_VERSION", None)
     worker = WorkerProcess(command, env)
     reference = WorkerReplica(GroupHost(REFERENCE_GROUP, [Reference()]), redis.url, prefix=prefix, replica="reference-0")
     agent = Agent("conformance", model="offline", skills=[Recorder()], llm=LLM(base_url=shared_offline_base_url()))

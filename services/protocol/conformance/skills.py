@@ -36,6 +36,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 """What a recording hook copies of each lifecycle's data (the fields not null)."""
 
+KIT_MAX_HOP_BYTES = 1024 * 1024
+"""HOOKBUS_MAX_HOP_BYTES in the worker's environment: smaller than the default, so that the
+size checks stay quick (the orchestrator's own bound stays the default)."""
+KIT_MAX_STATE_BYTES = 512 * 1024
+"""HOOKBUS_MAX_STATE_BYTES in the worker's environment."""
+OVER_STATE = "x" * (KIT_MAX_STATE_BYTES + 1024)
+"""What mode `big_state` puts in ctx.state.blob: over the state limit, under the hop's."""
+OVER_HOP = "y" * (KIT_MAX_HOP_BYTES + 1024)
+"""What mode `big_data` makes the last message: over the hop's limit."""
+
 HOOK_ERROR: dict[str, Any] = {
     "status_code": 429, "code": "probe_limit", "message": "probe says slow down", "details": {"retry_after": 7},
 }
@@ -91,10 +101,16 @@ class Probe(Skill):
             ctx.state["hold_attempt"] = ctx.call.attempt
 
     @hook("before_llm_call", 20)
-    def before_llm(self, data: HookData, ctx: Context) -> None:
+    def before_llm(self, data: HookData, ctx: Context) -> HookData | None:
         record("probe", data, ctx)
         if mode(ctx) == "hook_error":
             raise HookError(**HOOK_ERROR)
+        if mode(ctx) == "big_state":
+            ctx.state["blob"] = OVER_STATE
+        if mode(ctx) == "big_data":
+            data.messages = [{"role": "user", "content": OVER_HOP}]
+            return data
+        return None
 
     @hook("after_llm_call", 20)
     def after_llm(self, data: HookData, ctx: Context) -> None:

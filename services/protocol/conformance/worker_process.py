@@ -47,6 +47,19 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def terminate(self) -> None:
+        """SIGTERM to its whole process group, without waiting: the drain starts."""
+        self._signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit status once it ended within `timeout` seconds, else None."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 

@@ -41,6 +41,13 @@ function record(name: string, data: HookData, ctx: Context): void {
   (mine[lifecycle] ??= []).push(copy);
 }
 
+/** The limits the kit gives the worker (HOOKBUS_MAX_STATE_BYTES, HOOKBUS_MAX_HOP_BYTES), and
+ * what the modes `big_state` and `big_data` write: over the state limit, over the hop's. */
+const KIT_MAX_STATE_BYTES = 512 * 1024;
+const KIT_MAX_HOP_BYTES = 1024 * 1024;
+const OVER_STATE = 'x'.repeat(KIT_MAX_STATE_BYTES + 1024);
+const OVER_HOP = 'y'.repeat(KIT_MAX_HOP_BYTES + 1024);
+
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 export class Probe extends Skill {
@@ -87,6 +94,12 @@ export class Probe extends Skill {
   async before_llm(data: HookData, ctx: Context) {
     record('probe', data, ctx);
     if (mode(ctx) === 'hook_error') throw new HookError(429, 'probe_limit', 'probe says slow down', { retry_after: 7 });
+    if (mode(ctx) === 'big_state') ctx.state.blob = OVER_STATE;
+    if (mode(ctx) === 'big_data') {
+      data.messages = [{ role: 'user', content: OVER_HOP }];
+      return data;
+    }
+    return undefined;
   }
 
   @hook({ lifecycle: 'after_llm_call', priority: 20 })

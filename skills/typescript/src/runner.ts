@@ -23,6 +23,9 @@ import type { HookDescriptor } from './descriptors.js';
 import { log } from './log.js';
 import { NOTIFICATIONS } from './lifecycle.js';
 
+/** Wraps each hook call (a tracing span: ./worker/tracing.ts), ended with the failure if it failed. */
+export type HookObserver = (key: string, lifecycle: string) => { end(error?: string): void };
+
 export type Outcome = 'ok' | 'failed' | 'hop_failed' | 'timeout' | 'blocked' | 'aborted' | 'skipped' | 'expired' | 'dead_letter';
 
 export interface HookOutcome {
@@ -56,6 +59,7 @@ export async function runHooks(
   ctx: Context,
   stageKey = '',
   attempt = 1,
+  observe?: HookObserver,
 ): Promise<ChainResult> {
   const result: ChainResult = { data, outcomes: [], abort: null, blocked: false };
   const lifecycle = String(data.lifecycle);
@@ -64,14 +68,18 @@ export async function runHooks(
     ctx.call.attempt = attempt;
     const savedFields = snapshot(result.data);
     const savedState = copyState(ctx.state);
+    const chunkBefore = lifecycle === 'on_chunk' ? { content: result.data.content, text: chunkText(result.data) } : undefined;
     const started = performance.now();
     let returned: unknown;
+    const observed = observe?.(bound.key, lifecycle);
     try {
       returned = await call(bound.fn, [guarded(result.data), ctx], bound.descriptor.timeout);
       if (returned !== undefined && returned !== null && (typeof returned !== 'object' || Array.isArray(returned))) {
         throw new WrongReturn(`returned ${Array.isArray(returned) ? 'array' : typeof returned}, expected HookData or undefined`);
       }
+      observed?.end();
     } catch (exc) {
+      observed?.end(describe(exc, bound.descriptor.timeout));
       restore(result.data, savedFields, ctx, savedState);
       if (isHookError(exc)) {
         result.outcomes.push(outcome(bound.key, started, 'aborted', exc.message));
@@ -99,9 +107,34 @@ export async function runHooks(
         result.data = { ...next, lifecycle: result.data.lifecycle };
       }
     }
+    if (chunkBefore) chunkTextAgrees(result.data, chunkBefore.content, chunkBefore.text);
     result.outcomes.push(outcome(bound.key, started, 'ok'));
   }
   return result;
+}
+
+interface Delta {
+  content?: string | null;
+}
+
+function firstDelta(data: Record<string, unknown>): Delta | undefined {
+  const chunk = data.chunk as { choices?: Array<{ delta?: Delta }> } | null | undefined;
+  return chunk?.choices?.[0]?.delta ?? undefined;
+}
+
+/** The text of an on_chunk stage's chunk (its first choice's delta), null without one. */
+function chunkText(data: Record<string, unknown>): string | null {
+  return firstDelta(data)?.content ?? null;
+}
+
+/** After an on_chunk hook, `content` and the chunk's text say the same for the next hook
+ * (the Python runner's rule): a hook that changed `content` changed the chunk's text, a hook
+ * that changed only the chunk's text changed `content`; `full_content` stays the model's. */
+function chunkTextAgrees(data: Record<string, unknown>, content: unknown, text: string | null): void {
+  const delta = firstDelta(data);
+  if (!delta) return;
+  if ((data.content ?? null) !== (content ?? null)) delta.content = (data.content as string | null | undefined) ?? null;
+  else if ((delta.content ?? null) !== text) data.content = delta.content ?? null;
 }
 
 type Effect = 'refuse' | 'abort' | 'block' | 'unchanged';

@@ -274,3 +274,36 @@ test('an unknown hook fails the hop as a whole', async () => {
   const { reply } = await host.answer(hop('on_message', ['nope']), 1, 'rep', [ctxJson(), '{"lifecycle":"on_message"}']);
   assert.equal(reply.failure, "group 'g' has no hook 'chain.nope'");
 });
+
+test('on_chunk: content follows a rewrite of the chunk, the chunk a rewrite of content; full_content stays the model\'s', async () => {
+  class Rewrite extends Skill {
+    readonly name = 'rewrite';
+
+    @hook({ lifecycle: 'on_chunk', priority: 1 })
+    async viaChunk(data: HookData) {
+      if (data.content === ' b') data.chunk.choices[0].delta.content = '[filtered]';
+    }
+
+    @hook({ lifecycle: 'on_chunk', priority: 2 })
+    async viaContent(data: HookData) {
+      if (data.content === ' c') data.content = '[C]';
+    }
+
+    @hook({ lifecycle: 'on_chunk', priority: 3 })
+    async sees(data: HookData, ctx: Context) {
+      const seen = (ctx.state.seen ??= []) as unknown[];
+      seen.push([data.content, data.chunk.choices[0].delta.content, data.full_content]);
+    }
+  }
+  const rewrite = new GroupHost('g', [new Rewrite()]);
+  const chunk = (content: string) => ({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content } }] });
+  const items: Array<Record<string, unknown>> = [' a', ' b', ' c'].map((content, i) => ({ lifecycle: 'on_chunk', chunk: chunk(content), content, chunk_index: i }));
+  items[0]!.full_content = ' a';
+  const hooks = ['viaChunk', 'viaContent', 'sees'].map((method) => ({ skill: 'rewrite', method }));
+  const { reply, dataJson } = await rewrite.answer({ ...hop('on_chunk', [], { chunks: 3 }), hooks }, 1, 'rep', [ctxJson(), JSON.stringify(items)]);
+  assert.deepEqual(reply.state.seen, [[' a', ' a', ' a'], ['[filtered]', '[filtered]', ' a b'], ['[C]', '[C]', ' a b c']]);
+  const results = JSON.parse(dataJson!);
+  assert.equal(results[0], null);
+  assert.deepEqual([results[1].content, results[1].chunk.choices[0].delta.content], ['[filtered]', '[filtered]']);
+  assert.deepEqual([results[2].content, results[2].chunk.choices[0].delta.content], ['[C]', '[C]']);
+});

@@ -8,9 +8,10 @@
  */
 
 import type { Redis } from 'ioredis';
+import { CONSTANTS } from '../generated/protocol.js';
 
-const MIN_LONG_IDLE = 60.0;
-const RETRY_CAP = 1.0;
+const MIN_LONG_IDLE = CONSTANTS.timings.min_long_idle;
+const RETRY_CAP = CONSTANTS.timings.retry_cap;
 
 export interface Orphan {
   entryId: string;

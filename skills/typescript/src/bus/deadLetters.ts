@@ -6,7 +6,8 @@
  */
 
 import { createHash } from 'node:crypto';
-import type { ChainableCommander } from 'ioredis';
+import type { ChainableCommander, Redis } from 'ioredis';
+import { inOrder } from './connection.js';
 
 const MAXLEN = 10_000;
 const RETENTION = 7 * 24 * 3600;
@@ -56,4 +57,17 @@ export function addDeadLetter(
   );
   pipe.xtrim(stream, 'MINID', `${Math.floor((now - RETENTION) * 1000)}-0`);
   pipe.expire(stream, RETENTION);
+}
+
+/** Move an entry of `group` to the dead-letter stream, tell its caller when `reply` says
+ * who waits (a failure reply), then ack it: in that order, on a Cluster too. */
+export async function setAside(
+  client: Redis, deadLetter: string, group: string,
+  entry: { source: string; entryId: string; reason: string; fields: Record<string, string>; consumer: string },
+  reply?: { to: string; fields: string[] },
+): Promise<void> {
+  await inOrder(client, (pipe) => {
+    addDeadLetter(pipe, deadLetter, entry);
+    if (reply) pipe.xadd(reply.to, '*', ...reply.fields);
+  }, (pipe) => pipe.xack(entry.source, group, entry.entryId));
 }

@@ -6,6 +6,7 @@
 
 import type { Redis } from 'ioredis';
 import type { Keys } from './keys.js';
+import { inOrder } from './connection.js';
 import type { HookOutcome } from '../runner.js';
 
 const EVENTS_MAXLEN = 100_000;
@@ -76,16 +77,16 @@ export class EventWriter {
       byStream.set(stream, list);
     }
     const cap = Math.max(1, Math.floor(this.maxPerShard / this.recordsPerEntry));
-    const pipe = this.client.pipeline();
     const sizes: number[] = [];
-    for (const [stream, records] of byStream) {
-      for (let start = 0; start < records.length; start += MAX_RECORDS_PER_ENTRY) {
-        const part = records.slice(start, start + MAX_RECORDS_PER_ENTRY);
-        pipe.xadd(stream, 'MAXLEN', '~', cap, '*', 'e', JSON.stringify({ v: 1, kind: 'batch', records: part }));
-        sizes.push(part.length);
+    await inOrder(this.client, (pipe) => {
+      for (const [stream, records] of byStream) {
+        for (let start = 0; start < records.length; start += MAX_RECORDS_PER_ENTRY) {
+          const part = records.slice(start, start + MAX_RECORDS_PER_ENTRY);
+          pipe.xadd(stream, 'MAXLEN', '~', cap, '*', 'e', JSON.stringify({ v: 1, kind: 'batch', records: part }));
+          sizes.push(part.length);
+        }
       }
-    }
-    await pipe.exec();
+    });
     for (const size of sizes) this.recordsPerEntry += 0.05 * (size - this.recordsPerEntry);
   }
 

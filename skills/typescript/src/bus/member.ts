@@ -17,7 +17,8 @@
  * entry pending, for a claim to run it again.
  */
 
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
+import { connect } from './connection.js';
 import { claim, findOrphans, pairs, type Steadiness } from './claims.js';
 import { pruneConsumers, trimAcked } from './trim.js';
 import { log } from '../log.js';
@@ -32,6 +33,8 @@ export interface Entry {
 
 export interface MemberOptions {
   redisUrl: string;
+  /** A Redis Cluster: each stream (its own slot) is read by a connection and a loop of its own. */
+  cluster?: boolean;
   client: Redis;
   streams: string[];
   group: string;
@@ -61,23 +64,24 @@ export class GroupMember {
   /** Reads that delivered entries. */
   deliveries = 0;
 
-  private readonly reader: Redis;
+  /** Blocking reads, each on its connection: one for every stream on a single Redis, one per stream on a Cluster. */
+  private readonly readers: Array<{ client: Redis; streams: string[] }>;
   private readonly timers = new Map<string, NodeJS.Timeout>();
   private stopping = false;
   private startedAt = performance.now();
-  /** Resumes the read loop waiting for a free slot. */
-  private wake: (() => void) | undefined;
+  /** Resume the read loops waiting for a free slot. */
+  private waiting: Array<() => void> = [];
   /** Ends the read loop's linger early (the member stops). */
   private endPause: (() => void) | undefined;
-  private readLoopDone: Promise<void> | undefined;
+  private readLoopsDone: Promise<unknown> | undefined;
 
   constructor(private readonly o: MemberOptions) {
-    this.reader = new Redis(o.redisUrl, {
-      maxRetriesPerRequest: null,
-      retryStrategy: (n: number) => Math.min(50 * 2 ** n, 1000),
-      connectionName: `${o.replica}-${o.label}-reader`,
+    const groups = o.cluster ? o.streams.map((stream) => [stream]) : [o.streams];
+    this.readers = groups.map((streams) => {
+      const client = connect(o.redisUrl, `${o.replica}-${o.label}-reader`, o.cluster ?? false);
+      client.on('error', (e: Error) => log('redis_error', { connection: `${o.label} reader`, error: e.message }));
+      return { client, streams };
     });
-    this.reader.on('error', (e: Error) => log('redis_error', { connection: `${o.label} reader`, error: e.message }));
   }
 
   get streams(): readonly string[] {
@@ -108,18 +112,18 @@ export class GroupMember {
     this.repeat('claim', this.o.claimIdle / 2, () => this.claimOnce());
     this.repeat('lease', this.o.claimIdle / 3, () => this.renewLeases());
     this.repeat('janitor', this.o.trimEvery, () => this.janitorOnce());
-    this.readLoopDone = this.readLoop();
+    this.readLoopsDone = Promise.all(this.readers.map((reader) => this.readLoop(reader.client, reader.streams)));
   }
 
   /** Read and claim nothing more (what was not read stays for the siblings). */
   async stopReading(): Promise<void> {
     if (!this.stopping) {
       this.stopping = true;
-      this.wake?.();
+      this.wakeReaders();
       this.endPause?.();
-      this.reader.disconnect();
+      for (const reader of this.readers) reader.client.disconnect();
     }
-    await this.readLoopDone;
+    await this.readLoopsDone;
     this.stop('claim', 'janitor');
   }
 
@@ -143,20 +147,20 @@ export class GroupMember {
     return done;
   }
 
-  private async readLoop(): Promise<void> {
-    const { streams, group, replica } = this.o;
+  private async readLoop(reader: Redis, streams: string[]): Promise<void> {
+    const { group, replica } = this.o;
+    const share = this.readers.length;
     let backoff = 50;
     while (!this.stopping) {
       const free = this.o.concurrency - this.inFlight.size;
       if (free <= 0) {
-        await new Promise<void>((resolve) => (this.wake = resolve));
-        this.wake = undefined;
+        await new Promise<void>((resolve) => this.waiting.push(resolve));
         continue;
       }
       let result: Array<[string, Array<[string, string[]]>]> | null;
       try {
-        result = (await this.reader.xreadgroup(
-          'GROUP', group, replica, 'COUNT', free, 'BLOCK', READ_BLOCK_MS,
+        result = (await reader.xreadgroup(
+          'GROUP', group, replica, 'COUNT', Math.ceil(free / share), 'BLOCK', READ_BLOCK_MS,
           'STREAMS', ...streams, ...streams.map(() => '>'),
         )) as typeof result;
         backoff = 50;
@@ -179,6 +183,13 @@ export class GroupMember {
     }
   }
 
+  /** Resume the read loops waiting for a free slot. */
+  private wakeReaders(): void {
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const resume of waiting) resume();
+  }
+
   /** Sleep `seconds`, cut short when the member stops. */
   private async pause(seconds: number): Promise<void> {
     await new Promise<void>((resolve) => {
@@ -199,7 +210,7 @@ export class GroupMember {
       .finally(() => {
         this.inFlight.delete(key);
         this.tasks.delete(task);
-        this.wake?.();
+        this.wakeReaders();
       });
     this.tasks.add(task);
   }

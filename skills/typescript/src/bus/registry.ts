@@ -12,10 +12,10 @@ import type { Redis } from 'ioredis';
 import type { Keys } from './keys.js';
 import type { GroupAnnouncement } from '../worker/host.js';
 
-import { PROTOCOL } from '../wire/envelopes.js';
+import { CONSTANTS, PROTOCOL } from '../generated/protocol.js';
 
-export const HEARTBEAT_EVERY = 2.0;
-export const REPLICA_TTL = 10;
+export const HEARTBEAT_EVERY = CONSTANTS.timings.heartbeat_every;
+export const REPLICA_TTL = CONSTANTS.timings.replica_ttl;
 
 /** What the fingerprint of hookbus.bus.groups.registry covers: the group, hooks, tools. */
 function sameDescriptors(a: Partial<GroupAnnouncement>, b: GroupAnnouncement): boolean {
@@ -46,7 +46,7 @@ export async function announce(client: Redis, keys: Keys, announcement: GroupAnn
 }
 
 export function heartbeatEvery(claimIdle: number, fallback = HEARTBEAT_EVERY): number {
-  return Math.max(0.05, Math.min(fallback, claimIdle / 4));
+  return Math.max(CONSTANTS.timings.heartbeat_min, Math.min(fallback, claimIdle / 4));
 }
 
 /** One beat, in one round trip: the score that says the replica lives, and its record. */

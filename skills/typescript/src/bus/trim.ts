@@ -5,9 +5,10 @@
  */
 
 import type { Redis } from 'ioredis';
+import { CONSTANTS } from '../generated/protocol.js';
 
-export const TRIM_EVERY = 30.0;
-const FORGET_AFTER = 600.0;
+export const TRIM_EVERY = CONSTANTS.timings.trim_every;
+const FORGET_AFTER = CONSTANTS.timings.forget_after;
 
 const TRIM = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end

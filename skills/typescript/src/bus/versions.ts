@@ -9,16 +9,17 @@
 
 import type { Redis } from 'ioredis';
 import type { Keys } from './keys.js';
+import { CONSTANTS } from '../generated/protocol.js';
 
 /** Seconds after which a pin still counted in `serving:` (its orchestrator died) no longer counts. */
-const PIN_STALE = 3600;
-const VERSION = /^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$/;
+const PIN_STALE = CONSTANTS.timings.pin_stale;
+const VERSION = new RegExp(CONSTANTS.version.pattern);
 
 /** `version` if it can name a stream (`hooks:{group}@{version}`), else a RangeError. */
 export function checkVersion(version: string): string {
   if (!VERSION.test(version)) {
     throw new RangeError(
-      `version ${JSON.stringify(version)}: use 1-64 letters, digits, '.', '_', '+' or '-' (starting with a letter or digit)`,
+      `version ${JSON.stringify(version)}: use ${CONSTANTS.version.rule}`,
     );
   }
   return version;

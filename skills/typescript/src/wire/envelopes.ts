@@ -8,8 +8,7 @@
 
 export const VERSION = 1;
 export const SPLIT_VERSION = 2;
-export const PROTOCOL = '1.0';
-/** The protocol version this worker speaks, announced with its group (DESIGN.md section 8). */
+export { PROTOCOL } from '../generated/protocol.js';
 
 export interface HookRef {
   skill: string;

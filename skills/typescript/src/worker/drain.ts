@@ -19,9 +19,11 @@ import type { Keys } from '../bus/keys.js';
 import { sleep } from '../bus/member.js';
 import { liveVersions, servingCount } from '../bus/versions.js';
 import { log } from '../log.js';
+import { CONSTANTS } from '../generated/protocol.js';
 
-/** Two registry refreshes of an orchestrator (0.5 s each) and a margin. */
-const PIN_SETTLE = 1.25;
+/** Two registry refreshes of an orchestrator, a publication of its `serving:` counts and a
+ * margin: the spec's `drain_pin_settle` (docs/rollouts.md). */
+export const PIN_SETTLE = CONSTANTS.timings.drain_pin_settle;
 const POLL_EVERY_MS = 100;
 
 /** Return once this replica may stop reading (see the module docstring). A sibling counts

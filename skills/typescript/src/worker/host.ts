@@ -6,7 +6,7 @@
 
 import { Context } from '../context.js';
 import { dumpData } from '../data.js';
-import { runHooks, type HookOutcome } from '../runner.js';
+import { runHooks, type HookObserver, type HookOutcome } from '../runner.js';
 import type { BoundHook, BoundTool, Skill } from '../skill.js';
 import type { HookDescriptor, ToolDescriptor } from '../descriptors.js';
 import { dumpResults, HeldText, loadChunks } from '../wire/chunkBatch.js';
@@ -60,8 +60,9 @@ export class GroupHost {
   }
 
   /** Run the hop's hooks (or tool) and build the reply;
-   * hop-level problems (an unknown hook, unreadable data) become its `failure`. */
-  async answer(hop: HopEvent, attempt: number, replica: string, split?: [string, string | undefined]): Promise<Answer> {
+   * hop-level problems (an unknown hook, unreadable data) become its `failure`; `observe`
+   * wraps each hook call (its tracing span: ./tracing.ts). */
+  async answer(hop: HopEvent, attempt: number, replica: string, split?: [string, string | undefined], observe?: HookObserver): Promise<Answer> {
     const started = performance.now();
     const reply: HopReply = {
       v: hop.v, kind: 'reply', hop_id: hop.hop_id, completion_id: hop.completion_id, replica,
@@ -73,7 +74,7 @@ export class GroupHost {
       if (hop.tool) {
         reply.tool_result = await this.callTool(hop, ctx);
       } else {
-        dataJson = await this.runHooks(hop, ctx, attempt, split, reply);
+        dataJson = await this.runHooks(hop, ctx, attempt, split, reply, observe);
       }
       reply.state = ctx.state;
       reply.session = ctx.session.data;
@@ -100,18 +101,20 @@ export class GroupHost {
   }
 
   /** Fills the reply of a hook hop; returns the changed data's JSON (version 2 only). */
-  private async runHooks(hop: HopEvent, ctx: Context, attempt: number, split: [string, string | undefined] | undefined, reply: HopReply): Promise<string | undefined> {
+  private async runHooks(
+    hop: HopEvent, ctx: Context, attempt: number, split: [string, string | undefined] | undefined, reply: HopReply, observe?: HookObserver,
+  ): Promise<string | undefined> {
     const bound = this.bound(hop);
     const sent = split?.[1];
     if (hop.chunks) {
       if (!sent) throw new HopProblem("a batched on_chunk hop needs its chunks in the 'd' field");
-      return this.runChunks(bound, sent, ctx, attempt, reply);
+      return this.runChunks(bound, sent, ctx, attempt, reply, observe);
     }
     const raw: Record<string, unknown> = split
       ? (sent ? JSON.parse(sent) : { lifecycle: hop.lifecycle })
       : (hop.data ?? { lifecycle: hop.lifecycle });
     const before = split ? dumpData(raw) : '';
-    const result = await runHooks(bound, raw, ctx, hop.stage_key, attempt);
+    const result = await runHooks(bound, raw, ctx, hop.stage_key, attempt, observe);
     if (result.abort) reply.abort = result.abort as unknown as Record<string, unknown>;
     reply.blocked = result.blocked;
     reply.outcomes = timings(result.outcomes);
@@ -126,14 +129,16 @@ export class GroupHost {
   /** The chain over each chunk in turn (each sees the state the previous one left, and
    * the held text as the earlier chunks left it), up to a HookError; per hook, the reply's
    * outcome sums its calls' time and keeps its first failure. */
-  private async runChunks(bound: BoundHook[], raw: string, ctx: Context, attempt: number, reply: HopReply): Promise<string | undefined> {
+  private async runChunks(
+    bound: BoundHook[], raw: string, ctx: Context, attempt: number, reply: HopReply, observe?: HookObserver,
+  ): Promise<string | undefined> {
     const results: Array<string | null> = [];
     const perHook = new Map<string, HookOutcome>();
     const held = new HeldText();
     for (const chunk of loadChunks(raw)) {
       const before = dumpData(chunk);
       held.give(chunk);
-      const result = await runHooks(bound, chunk, ctx, `on_chunk#${String(chunk.chunk_index)}`, attempt);
+      const result = await runHooks(bound, chunk, ctx, `on_chunk#${String(chunk.chunk_index)}`, attempt, observe);
       held.took(result.data);
       const after = dumpData(result.data);
       results.push(after !== before ? after : null);

@@ -25,7 +25,7 @@
 
 import type { Redis } from 'ioredis';
 import { Context } from '../context.js';
-import { addDeadLetter } from '../bus/deadLetters.js';
+import { setAside } from '../bus/deadLetters.js';
 import { outcomesRecord, type EventWriter } from '../bus/events.js';
 import type { Keys } from '../bus/keys.js';
 import { GroupMember, type Entry } from '../bus/member.js';
@@ -71,7 +71,7 @@ export class ObserverConsumer {
   constructor(readonly host: GroupHost, private readonly o: ObserverOptions) {
     this.group = host.group;
     this.member = new GroupMember({
-      redisUrl: o.redisUrl, client: o.client, streams: o.keys.observeStreams(this.group), group: this.group,
+      redisUrl: o.redisUrl, cluster: o.keys.cluster, client: o.client, streams: o.keys.observeStreams(this.group), group: this.group,
       replica: o.replica, heartbeats: o.keys.replicas(this.group), concurrency: o.concurrency, claimIdle: o.claimIdle,
       trimEvery: o.trimEvery, steadiness: o.steadiness, run: (entry) => this.run(entry), label: 'observations',
       linger: LINGER,
@@ -135,10 +135,9 @@ export class ObserverConsumer {
   }
 
   private async deadLetter(entry: Entry, reason: string): Promise<void> {
-    const pipe = this.o.client.pipeline();
-    addDeadLetter(pipe, this.o.keys.deadLetter, { source: entry.stream, entryId: entry.entryId, reason, fields: entry.fields, consumer: this.o.replica });
-    pipe.xack(entry.stream, this.group, entry.entryId);
-    await pipe.exec();
+    await setAside(this.o.client, this.o.keys.deadLetter, this.group, {
+      source: entry.stream, entryId: entry.entryId, reason, fields: entry.fields, consumer: this.o.replica,
+    });
     this.deadLettered++;
     log('dead_lettered', { stream: entry.stream, entry_id: entry.entryId, reason });
   }

@@ -20,8 +20,9 @@
  */
 
 import { hostname } from 'node:os';
-import { Redis } from 'ioredis';
-import { addDeadLetter } from '../bus/deadLetters.js';
+import type { Redis } from 'ioredis';
+import { connect, inOrder, type Results } from '../bus/connection.js';
+import { setAside } from '../bus/deadLetters.js';
 import { EventWriter, type MonitorRecord } from '../bus/events.js';
 import { Keys } from '../bus/keys.js';
 import { announce, heartbeat, heartbeatEvery, leave } from '../bus/registry.js';
@@ -35,10 +36,13 @@ import { servePinnedRequests } from './drain.js';
 import { ObserverConsumer } from './observer.js';
 import { sendOn, type Onward } from './sendOn.js';
 import { hooksFingerprint, replicaVersion } from './versioning.js';
+import { hopLimits, overHopLimits, type HopLimits } from './limits.js';
+import { processSpan, shutdownTracing } from './tracing.js';
 import { log } from '../log.js';
+import { CONSTANTS } from '../generated/protocol.js';
 
-export const DRAIN_SECONDS = 30;
-const REPLY_RETRY_GRACE = 5;
+export const DRAIN_SECONDS = CONSTANTS.timings.drain_limit;
+const REPLY_RETRY_GRACE = CONSTANTS.timings.reply_retry_grace;
 
 export interface ReplicaOptions {
   redisUrl: string;
@@ -49,6 +53,10 @@ export interface ReplicaOptions {
   claimIdle?: number;
   maxDeliveries?: number;
   trimEvery?: number;
+  /** The reply size limits (default: HOOKBUS_MAX_HOP_BYTES and HOOKBUS_MAX_STATE_BYTES, else the spec's). */
+  limits?: HopLimits;
+  /** REDIS_URL names a Redis Cluster node (../bus/connection.ts isCluster): Cluster clients and hash-tagged keys. */
+  cluster?: boolean;
   /** The version this replica runs its group at (default: ./versioning.ts). */
   version?: string;
   /** Seconds the drain on SIGTERM waits for the requests pinned to the version, at most. */
@@ -85,25 +93,25 @@ class ReplyBatcher {
   private async flush(): Promise<void> {
     const batch = this.queue;
     this.queue = [];
-    const pipe = this.client.pipeline();
-    for (const q of batch) {
-      if (q.onward) pipe.xadd(q.onward.stream, '*', ...q.onward.fields);
-      pipe.xadd(q.replyTo, '*', ...q.fields);
-      pipe.xack(q.stream, this.group, q.entryId);
-    }
-    let results: Array<[Error | null, unknown]>;
+    let results: Results;
     try {
-      results = ((await pipe.exec()) ?? []) as Array<[Error | null, unknown]>;
+      results = await inOrder(this.client, (pipe) => {
+        for (const q of batch) {
+          if (q.onward) pipe.xadd(q.onward.stream, '*', ...q.onward.fields);
+          pipe.xadd(q.replyTo, '*', ...q.fields);
+        }
+      }, (pipe) => {
+        for (const q of batch) pipe.xack(q.stream, this.group, q.entryId);
+      });
     } catch (exc) {
       for (const q of batch) q.done(exc as Error);
       return;
     }
     this.batches++;
     let at = 0;
-    for (const q of batch) {
+    for (const q of batch) {  // the acks follow: a group or stream gone leaves nothing to ack
       const [onwardError] = q.onward ? results[at++] ?? [null] : [null];
       const [replyError] = results[at++] ?? [null];
-      at++; // the ack: a group or stream gone leaves nothing to ack
       if (onwardError) log('send_on_refused', { onward: q.onward?.hopId, error: onwardError.message }, 'error');
       // a refused reply is acked too (Redis refused it: nobody can ever get it)
       if (replyError) log('reply_refused', { entry_id: q.entryId, reply_to: q.replyTo, error: replyError.message }, 'error');
@@ -123,6 +131,7 @@ export class WorkerReplica {
   readonly claimIdle: number;
   readonly maxDeliveries: number;
   readonly member: GroupMember;
+  readonly limits: HopLimits;
   /** Runs the group's observers from its observer stream, when it has some. */
   observer: ObserverConsumer | undefined;
   processed = 0;
@@ -140,26 +149,26 @@ export class WorkerReplica {
 
   constructor(readonly host: GroupHost, options: ReplicaOptions) {
     this.group = host.group;
-    this.keys = new Keys(options.prefix ?? 'hookbus:', options.shards ?? 1);
+    const cluster = options.cluster ?? false;
+    this.keys = new Keys(options.prefix ?? 'hookbus:', options.shards ?? (cluster ? CONSTANTS.keys.cluster_shards : 1), cluster);
     this.hooksFingerprint = hooksFingerprint(host.announcement());
     this.version = replicaVersion(options.version, host.skills, this.hooksFingerprint);
     this.streams = [...this.keys.hookStreams(this.group), ...this.keys.pinnedHookStreams(this.group, this.version)];
     this.replica = options.replica ?? instanceName(`worker-${this.group}`);
-    this.concurrency = options.concurrency ?? 16;
-    this.claimIdle = options.claimIdle ?? 5.0;
-    this.maxDeliveries = options.maxDeliveries ?? 3;
+    this.concurrency = options.concurrency ?? CONSTANTS.timings.concurrency;
+    this.claimIdle = options.claimIdle ?? CONSTANTS.timings.claim_idle;
+    this.limits = options.limits ?? hopLimits();
+    this.maxDeliveries = options.maxDeliveries ?? CONSTANTS.timings.max_deliveries;
     this.trimEvery = options.trimEvery ?? TRIM_EVERY;
     this.drainSeconds = options.drainSeconds ?? DRAIN_SECONDS;
     this.redisUrl = options.redisUrl;
-    this.client = new Redis(options.redisUrl, {
-      maxRetriesPerRequest: null, retryStrategy: (n: number) => Math.min(50 * 2 ** n, 1000), connectionName: this.replica,
-    });
+    this.client = connect(options.redisUrl, this.replica, cluster);
     this.client.on('error', (e: Error) => log('redis_error', { error: e.message }));
     this.batcher = new ReplyBatcher(this.client, this.group);
     this.events = new EventWriter(this.client, this.keys);
     this.steadiness = new Steadiness(this.claimIdle, heartbeatEvery(this.claimIdle));
     this.member = new GroupMember({
-      redisUrl: options.redisUrl, client: this.client, streams: this.streams, group: this.group, replica: this.replica,
+      redisUrl: options.redisUrl, cluster, client: this.client, streams: this.streams, group: this.group, replica: this.replica,
       heartbeats: this.keys.replicas(this.group), concurrency: this.concurrency, claimIdle: this.claimIdle,
       trimEvery: this.trimEvery, steadiness: this.steadiness, run: (entry) => this.run(entry), label: 'hop',
       beat: () => heartbeat(this.client, this.keys, this.group, this.replica), beatEvery: heartbeatEvery(this.claimIdle),
@@ -171,10 +180,6 @@ export class WorkerReplica {
   }
 
   async start(): Promise<void> {
-    const info = String(await this.client.info('cluster'));
-    if (/cluster_enabled:1/.test(info)) {
-      throw new Error('REDIS_URL names a Redis Cluster node: the TypeScript worker supports a single Redis (or Valkey) only');
-    }
     await this.member.ensureGroups();
     await announce(this.client, this.keys, this.host.announcement(), (event, fields) => log(event, fields as Record<string, unknown>));
     await this.checkSiblings();
@@ -235,6 +240,7 @@ export class WorkerReplica {
     }
     await this.events.stop();
     await this.client.quit().catch(() => undefined);
+    await shutdownTracing();
     log('worker_stopped', { group: this.group, replica: this.replica, processed: this.processed }, 'info');
   }
 
@@ -271,22 +277,29 @@ export class WorkerReplica {
       this.record(hop, undefined, 'expired', `deadline passed before attempt ${attempt}`);
       return;
     }
-    const { reply: answered, dataJson } = await this.host.answer(hop, attempt, this.replica, split);
+    const span = processSpan(this.group, this.replica, hop.lifecycle, hop.trace, attempt, this.version);
+    const { reply: answered, dataJson } = await this.host.answer(hop, attempt, this.replica, split, span?.observe);
     let reply = answered;
     let onward = sendOn(hop, reply, split, dataJson);
     if (onward) reply.forwarded = onward.hopId;
-    let replyFields: string[];
+    let replyFields: string[] | undefined;
+    let unsendable: string | undefined;
     try {
       replyFields = encodeReply(reply, dataJson);
+      unsendable = overHopLimits(replyFields, reply.state, this.limits);
     } catch (exc) {
-      // a value in ctx.state or the session that JSON cannot carry: answer a failure,
-      // else the hop would be claimed and run again until dead-lettered
-      reply = failureReply(hop, this.replica, `the hooks' results are not JSON: ${(exc as Error).message}`, hop.v);
+      // a value in ctx.state or the session that JSON cannot carry
+      unsendable = `the hooks' results are not JSON: ${(exc as Error).message}`;
+    }
+    if (unsendable !== undefined || replyFields === undefined) {
+      // answer a failure, else the hop would be claimed and run again until dead-lettered
+      reply = failureReply(hop, this.replica, unsendable ?? 'no reply', hop.v);
       reply.duration_ms = answered.duration_ms;
       replyFields = encodeReply(reply);
       onward = undefined;
-      log('reply_not_encodable', { hop_id: hop.hop_id, completion_id: hop.completion_id }, 'error');
+      log('reply_not_sendable', { hop_id: hop.hop_id, completion_id: hop.completion_id, error: reply.failure }, 'error');
     }
+    span?.end(reply.failure);
     await this.reply(stream, entryId, hop, replyFields, onward);
     this.processed++;
     this.record(hop, reply, reply.failure ? 'hop_failed' : 'ok', reply.failure);
@@ -302,11 +315,10 @@ export class WorkerReplica {
     let backoff = 50;
     for (;;) {
       try {
-        const pipe = this.client.pipeline();
-        if (onward) pipe.xadd(onward.stream, '*', ...onward.fields);
-        pipe.xadd(hop.reply_to, '*', ...fields);
-        pipe.xack(stream, this.group, entryId);
-        await pipe.exec();
+        await inOrder(this.client, (pipe) => {
+          if (onward) pipe.xadd(onward.stream, '*', ...onward.fields);
+          pipe.xadd(hop.reply_to, '*', ...fields);
+        }, (pipe) => pipe.xack(stream, this.group, entryId));
         return;
       } catch (exc) {
         if (Date.now() / 1000 + backoff / 1000 > hop.deadline + REPLY_RETRY_GRACE) {
@@ -321,11 +333,8 @@ export class WorkerReplica {
 
   /** Move the entry aside; if we know who waits for it, tell them the hop failed. */
   private async deadLetter(stream: string, entryId: string, fields: Fields, reason: string, hop?: HopEvent): Promise<void> {
-    const pipe = this.client.pipeline();
-    addDeadLetter(pipe, this.keys.deadLetter, { source: stream, entryId, reason, fields, consumer: this.replica });
-    if (hop) pipe.xadd(hop.reply_to, '*', ...encodeReply(failureReply(hop, this.replica, `dead-lettered: ${reason}`)));
-    pipe.xack(stream, this.group, entryId);
-    await pipe.exec();
+    const reply = hop && { to: hop.reply_to, fields: encodeReply(failureReply(hop, this.replica, `dead-lettered: ${reason}`)) };
+    await setAside(this.client, this.keys.deadLetter, this.group, { source: stream, entryId, reason, fields, consumer: this.replica }, reply);
     this.deadLettered++;
     log('dead_lettered', { stream, entry_id: entryId, reason });
     if (hop) this.record(hop, undefined, 'dead_letter', reason);
