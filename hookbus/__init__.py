@@ -18,8 +18,9 @@ client (seconds of imports on a busy host, enough to miss a probe's timeout).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hookbus.skills.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from hookbus.bus.client import HookbusClient
@@ -74,14 +75,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'hookbus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names('hookbus', _HOME, globals(), __all__)
