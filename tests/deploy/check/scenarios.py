@@ -186,13 +186,16 @@ def restart_redis(stack: Stack) -> str:
     one finalize; the stack answers again by itself and kept its state (AOF)."""
     groups_before = {g.name for g in stack.status().groups}
 
-    async def scenario() -> list[Outcome]:
+    async def scenario() -> tuple[list[Outcome], float]:
         running = asyncio.create_task(paying_load(stack, 12, SLOW, tag="redis-across", parallel=12))
         await asyncio.sleep(1.0)  # the restart lands mid-load: the 12 requests take ~1.8 s each
+        began = time.monotonic()
         await asyncio.to_thread(run, [docker_cli(), "restart", "--time", "10", stack.containers("redis")[0]])
-        return await running
+        return await running, began
 
-    across = asyncio.run(scenario())
+    across, began = asyncio.run(scenario())
+    spanned = sum(o.ended > began for o in across)
+    expect(spanned, f"every request had ended before the restart began: {outcome_summary(across)}")
     restarted = time.monotonic()
     while True:
         first = asyncio.run(paying_request(stack, "are you back?", tag="redis"))
@@ -209,7 +212,7 @@ def restart_redis(stack: Stack) -> str:
     expect(groups_before <= groups_after, f"groups before {groups_before}, after {groups_after}")
     healthy = stack.wait_healthy()
     return (
-        f"in flight across it: {all_terminal(stack, across)}; first answer {recovered:.1f} s after the restart; "
+        f"{spanned} of 12 in flight when it began: {all_terminal(stack, across)}; first answer {recovered:.1f} s after the restart; "
         f"12 of 12 after it, finalize once each; groups kept: {sorted(groups_after)}; all healthy {healthy} s later"
     )
 
