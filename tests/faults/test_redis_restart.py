@@ -15,6 +15,7 @@ from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, announce
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import finalize_log, pending, read_until_terminal, submit, version_stream
+from tests.faults.test_observer_faults import WATCHER, observed
 from tests.integration.processes import Processes
 from tests.waiting import wait_for
 
@@ -116,6 +117,46 @@ async def test_a_group_not_yet_beating_after_a_long_restart_still_runs_its_final
         assert sent, "the orchestrator sent no hop to the group whose replica had not beaten since the restart"
         runs = [await finalize_log(client, prefix, cid, counter="wfinalize") for cid in ids]
         assert [len(r) for r in runs] == [1] * len(ids), (runs, procs.logs())
+    finally:
+        procs.close()
+        await client.aclose()
+
+
+async def test_observations_of_requests_ending_across_a_restart_reach_their_observers(own_redis, service_env, tmp_path, prefix):
+    """Requests whose model call runs while Redis restarts end after it, so their observation
+    entries go out on a pooled connection the restart closed, or while Redis still refuses:
+    each is sent again, and every request's finalize_connection is observed exactly once.
+    Before, the first failure lost the entry (`observations_not_sent`): a RequestLogger
+    observer's finalize line was missing on the compose stack of `make deploy-check`."""
+    env = dict(service_env, REDIS_URL=own_redis.url)
+    procs = Processes(env, tmp_path / "logs")
+    client = aredis.Redis.from_url(own_redis.url)
+    keys = Keys(prefix)
+    try:
+        watcher = procs.worker("watch", WATCHER, replica="watch-0")
+        orchestrator = procs.orchestrator(AGENT, instance="orch-0")
+        await procs.wait_ready(watcher, orchestrator)
+        ids = [f"chatcmpl-observed-{n}-{uuid.uuid4().hex[:6]}" for n in range(8)]
+        for n, cid in enumerate(ids):
+            await submit(client, keys, f"[[delay:{300 + 100 * n}]] [[words:10]] slow", completion_id=cid, timeout=90)
+
+        async def in_flight() -> bool:
+            return await pending(client, keys.requests, ORCHESTRATOR_GROUP) == len(ids)
+
+        assert await wait_for(in_flight, timeout=20), procs.logs()
+        await asyncio.to_thread(own_redis.restart, down_for=2.0)
+        outcomes = await asyncio.gather(*(read_until_terminal(client, keys, cid, timeout=90) for cid in ids))
+        assert all(o.terminal is not None for o in outcomes), procs.logs()
+
+        async def finalize_observed() -> list[int]:
+            seen = [await observed(client, prefix, cid) for cid in ids]
+            return [sum(o["lifecycle"] == "finalize_connection" for o in s) for s in seen]
+
+        async def all_observed() -> bool:
+            return all(await finalize_observed())
+
+        await wait_for(all_observed, timeout=30)
+        assert await finalize_observed() == [1] * len(ids), procs.logs()
     finally:
         procs.close()
         await client.aclose()
