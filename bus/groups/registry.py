@@ -5,9 +5,10 @@ replica (a sorted set per group: the liveness everybody judges by; beside it, a 
 the replica that expires on its own, saying which protocol it speaks). Orchestrators keep
 a cached view and refresh it from one small pipeline every half second, rebuilding the
 hook order only when the registry version moved, so no request pays a Redis round trip
-for it. A group that speaks a protocol major this build does not serve is refused: listed
-in `refused` with the reason, kept out of `groups` (hookbus.bus.wire.protocol_version);
-no hop goes to it (`unavailable`).
+for it; the time the view waited on Redis (a restart) is not held against a replica's
+heartbeat (hookbus.bus.groups.outage_grace). A group that speaks a protocol major this
+build does not serve is refused: listed in `refused` with the reason, kept out of
+`groups` (hookbus.bus.wire.protocol_version); no hop goes to it (`unavailable`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import Field
 
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.connection.values import text
+from hookbus.bus.groups.outage_grace import OutageGrace
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.versions import (
     Rollout,
@@ -161,6 +163,7 @@ class RegistryView:
         """Per group, the versions its live replicas run (oldest first; empty: unversioned)."""
         self.rollouts: dict[str, Rollout] = {}
         self._conflicts: set[tuple[str, str]] = set()
+        self._grace = OutageGrace(ttl=REPLICA_TTL, shortest=HEARTBEAT_EVERY)
         self._task: asyncio.Task[None] | None = None
         self.on_refresh: list[Callable[[], None]] = []
         """Called after each look at the replicas (every `REFRESH_EVERY` seconds): what
@@ -190,29 +193,32 @@ class RegistryView:
 
     async def refresh(self) -> None:
         groups = list(self.groups)
+        self._grace.reading()
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.get(self._keys.registry_version)
             self._queue_replicas(pipe, groups)
             version_raw, *replies = await pipe.execute()
-        self._take_replicas(groups, replies)
+        self._take_replicas(groups, replies, oldest_live=self._grace.answered())
         registry_version = int(version_raw or 0)
         if registry_version != self._registry_version:
             await self._reload(registry_version)
 
     def _queue_replicas(self, pipe: aredis.client.Pipeline, groups: list[str]) -> None:
-        """Per group: its live replicas, their versions, its rollout (three replies)."""
+        """Per group: its replicas' last beats, their versions, its rollout (three replies).
+        Every beat is read (a group's set holds its recent replicas only: the janitor
+        forgets the long gone), since which are live is known only once Redis answered."""
         for group in groups:
-            pipe.zrangebyscore(self._keys.replicas(group), time.time() - REPLICA_TTL, "+inf")
+            pipe.zrange(self._keys.replicas(group), 0, -1, withscores=True)
             pipe.hgetall(self._keys.replica_versions(group))
             pipe.hgetall(self._keys.rollout(group))
 
-    def _take_replicas(self, groups: list[str], replies: list[object]) -> None:
+    def _take_replicas(self, groups: list[str], replies: list[object], *, oldest_live: float) -> None:
         live: dict[str, int] = {}
         versions: dict[str, dict[str, VersionState]] = {}
         rollouts: dict[str, Rollout] = {}
         for index, group in enumerate(groups):
-            members, infos_raw, rollout_raw = replies[3 * index : 3 * index + 3]
-            names = [text(m) for m in members]  # type: ignore[attr-defined]
+            beats, infos_raw, rollout_raw = replies[3 * index : 3 * index + 3]
+            names = [text(member) for member, beat in beats if beat >= oldest_live]  # type: ignore[attr-defined]
             live[group] = len(names)
             versions[group] = version_states(parse_infos(infos_raw, names))  # type: ignore[arg-type]
             rollout = parse_rollout(rollout_raw)  # type: ignore[arg-type]
@@ -263,7 +269,7 @@ class RegistryView:
         async with self._client.pipeline(transaction=False) as pipe:
             self._queue_replicas(pipe, names)
             replies = await pipe.execute()
-        self._take_replicas(names, replies)
+        self._take_replicas(names, replies, oldest_live=self._grace.oldest_live())
         log.info("registry_loaded", groups=list(self.groups), version=registry_version)
 
     async def _poll(self) -> None:

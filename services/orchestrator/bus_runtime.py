@@ -16,6 +16,7 @@ import pydantic_core
 import structlog
 from pydantic import ValidationError
 
+from hookbus.bus.connection.retrying import retryable
 from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.hops.reply_router import HopLost, HopTimeout, ReplyRouter
 from hookbus.bus.keys import Keys
@@ -47,6 +48,8 @@ log = structlog.get_logger("hookbus.bus_runtime")
 R = TypeVar("R")
 
 DEFAULT_HOP_TIMEOUT = 30.0
+OBSERVATIONS_RETRY_FOR = 30.0
+"""Seconds a request's observations are sent again while Redis cannot take them (a restart)."""
 HOP_GRACE = 0.25
 """Extra wait for a hop's reply beyond its hooks' timeouts: the worker enforces each hook's
 timeout itself and answers with the other hooks' results, which needs transport time."""
@@ -370,14 +373,17 @@ class BusRuntime:
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
         """Each group's entry goes out with the next pipeline of hops (ReplyRouter.append);
         no stage waits for it (`observations_stored`: the request's ack does). One that Redis
-        did not take is logged: its observations are lost (at least once holds from the
-        entry on)."""
+        could not take (a restart: refused, or a pooled connection the restart closed) is
+        sent again with backoff for up to OBSERVATIONS_RETRY_FOR seconds; only one Redis
+        refused for good, or past that, is lost, and logged (at least once holds from the
+        entry on). Before, the first failure lost it: a RequestLogger's finalize line
+        (make deploy-check, a request answered right after a Redis restart)."""
         if not entries:
             return
         appended = []
         for group, fields in entries:
             stream = self.keys.observe_for(group, completion_id)
-            appended.append((stream, self.router.append(stream, fields)))
+            appended.append((stream, fields, self.router.append(stream, fields)))
         task = asyncio.ensure_future(self._observations_appended(completion_id, appended))
         self._observing.add(task)
         self._sending[completion_id] = task
@@ -399,15 +405,25 @@ class BusRuntime:
             await asyncio.wait({sending}, timeout=timeout)
 
     async def _observations_appended(
-        self, completion_id: str, appended: list[tuple[str, asyncio.Future[None]]]
+        self, completion_id: str, appended: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]]
     ) -> None:
-        """Wait for a request's entries, in one task (not one per entry)."""
-        for stream, future in appended:
-            try:
-                await future
-                self.observations_sent += 1
-            except Exception as exc:  # noqa: BLE001 - an observer never fails a request
-                log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
+        """Wait for a request's entries, in one task (not one per entry), sending again
+        what Redis could not take for now."""
+        give_up = time.monotonic() + OBSERVATIONS_RETRY_FOR
+        for stream, fields, future in appended:
+            backoff = 0.05
+            while True:
+                try:
+                    await future
+                    self.observations_sent += 1
+                    break
+                except Exception as exc:  # noqa: BLE001 - an observer never fails a request
+                    if not retryable(exc) or time.monotonic() + backoff > give_up:
+                        log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
+                        break
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                future = self.router.append(stream, fields)
 
     def record_observed(
         self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float

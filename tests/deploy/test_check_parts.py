@@ -40,6 +40,7 @@ def test_the_health_probe_does_not_import_the_agent_gateway_or_client():
         "hookbus.services.gateway.server",
         "hookbus.bus.client",
         "starlette",
+        "openai",  # HookData's types: about a second of imports on a busy host, of a probe's ~0.5 s CPU
     )
     code = (
         "import sys, hookbus.services.cli.main, hookbus.services.cli.health; "

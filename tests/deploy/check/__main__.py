@@ -3,8 +3,12 @@ compose stack on a real Docker engine; print the summary table; exit 1 on any fa
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.deploy.check import images, scenarios
@@ -14,6 +18,8 @@ from tests.deploy.check.report import Report
 from tests.deploy.check.stack import Stack
 
 LOGS = Path("/var/tmp/hookbus-deploy-check-logs")
+LOCK = Path("/var/tmp/hookbus-deploy-check.lock")
+LOCK_WAIT = 1800.0
 
 
 def built(result: images.Built) -> str:
@@ -44,7 +50,31 @@ def keep_logs(stack: Stack) -> None:
         (LOGS / f"{stack.name(container)}.log").write_text(result.stdout + result.stderr)
 
 
+@contextlib.contextmanager
+def one_check_at_a_time() -> Iterator[None]:
+    """Two checks on one machine would share the compose project, the image tags and the
+    engine (the first to end stops the dockerd it started under the other): a second one
+    waits here, for a bounded time, until the first has ended."""
+    with LOCK.open("w") as lock:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    sys.exit(f"another deploy check held {LOCK} for {LOCK_WAIT:.0f} s; giving up")
+                print(f"... waiting for another deploy check on this machine ({LOCK})", flush=True)
+                time.sleep(15)  # poll interval of this bounded wait for the other check to end
+        yield
+
+
 def main() -> int:
+    with one_check_at_a_time():
+        return checked()
+
+
+def checked() -> int:
     report = Report()
     report.step("install packages", lambda: f"installed {install_packages() or 'nothing (all there)'}")
     with docker_engine() as engine, tempfile.TemporaryDirectory(prefix="hookbus-check-") as work:

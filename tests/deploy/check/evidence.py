@@ -38,9 +38,10 @@ class Finalized(BaseModel):
     outcome: str
 
 
-def finalized_sessions(stack: Stack) -> dict[str, Finalized]:
-    """session id -> its finalize log line, from every telemetry container that ever ran."""
-    found: dict[str, Finalized] = {}
+def finalized_sessions(stack: Stack) -> dict[str, list[Finalized]]:
+    """session id -> its finalize log lines (one, when finalize ran once), from every
+    telemetry container that ever ran."""
+    found: dict[str, list[Finalized]] = {}
     for line in stack.logs("worker-telemetry"):
         start = line.find("{")
         if start < 0:
@@ -50,7 +51,7 @@ def finalized_sessions(stack: Stack) -> dict[str, Finalized]:
         except ValidationError:
             continue
         if entry.event == "request_completed" and entry.session_id:
-            found[entry.session_id] = entry
+            found.setdefault(entry.session_id, []).append(entry)
     return found
 
 

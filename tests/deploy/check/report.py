@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from typing import Literal
 
@@ -24,7 +25,10 @@ class Report:
         self.failed = False
 
     def step(self, name: str, action: Callable[[], str], *, always: bool = False) -> None:
-        """Run one step unless an earlier one failed (or `always`); it returns the row's detail."""
+        """Run one step unless an earlier one failed (or `always`); it returns the row's detail.
+        Whatever a step raises fails that step: the steps after it are not run, but tear down
+        and the table always are (an exception other than CheckFailed used to end the run
+        with a traceback and no table, leaving `make` to say only that it exited 2)."""
         if self.failed and not always:
             self.rows.append(Row(step=name, result="not run", seconds=0.0, detail=""))
             return
@@ -34,6 +38,10 @@ class Report:
             detail, result = action(), "ok"
         except (CheckFailed, AssertionError) as exc:
             detail, result = f"{type(exc).__name__}: {exc}", "FAIL"
+            self.failed = True
+        except Exception as exc:  # noqa: BLE001 - a step that broke is a failed step, never a run without its table
+            traceback.print_exc()
+            detail, result = f"{type(exc).__name__} (traceback above): {exc}", "FAIL"
             self.failed = True
         seconds = round(time.monotonic() - started, 1)
         self.rows.append(Row(step=name, result=result, seconds=seconds, detail=detail))  # type: ignore[arg-type]

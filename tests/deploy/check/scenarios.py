@@ -81,17 +81,21 @@ def requests(stack: Stack) -> str:
 
 
 def wait_finalized(stack: Stack, outcomes: list[Outcome]) -> dict[str, evidence.Finalized]:
-    """Finalize log lines of these requests; fails naming the ones that never got one."""
+    """The finalize log line of each of these requests; fails naming the ones that never got
+    one, or got more than one (finalize_connection runs exactly once)."""
     wanted = {o.session_id for o in outcomes}
     deadline = time.monotonic() + FINALIZE_TIMEOUT
     while True:
         found = evidence.finalized_sessions(stack)
         missing = wanted - set(found)
         if not missing:
-            return found
+            break
         if time.monotonic() > deadline:
             raise CheckFailed(f"no finalize for {len(missing)} of {len(wanted)} requests: {sorted(missing)[:5]}")
         time.sleep(2)  # poll interval of this condition wait (each poll reads every container's log)
+    twice = {session: len(found[session]) for session in wanted if len(found[session]) > 1}
+    expect(not twice, f"finalize ran more than once for {len(twice)} of {len(wanted)} requests: {twice}")
+    return {session: found[session][0] for session in wanted}
 
 
 async def paying_load(stack: Stack, count: int, text: str, *, tag: str, parallel: int = 8) -> list[Outcome]:
@@ -116,7 +120,7 @@ def all_terminal(stack: Stack, outcomes: list[Outcome]) -> str:
     open_ended = [o for o in outcomes if o.terminal not in ("completed", "error")]
     expect(not open_ended, f"{len(open_ended)} requests without a terminal answer: {open_ended[:3]}")
     wait_finalized(stack, outcomes)
-    return f"{outcome_summary(outcomes)}; finalize logged for all {len(outcomes)}"
+    return f"{outcome_summary(outcomes)}; finalize logged once for each of {len(outcomes)}"
 
 
 def scale_guard(stack: Stack) -> str:
@@ -178,9 +182,20 @@ def drain_on_stop(stack: Stack) -> str:
 
 
 def restart_redis(stack: Stack) -> str:
-    """docker restart Redis; the stack answers again by itself and kept its state (AOF)."""
+    """docker restart Redis while 12 slow requests run: each ends with a terminal answer and
+    one finalize; the stack answers again by itself and kept its state (AOF)."""
     groups_before = {g.name for g in stack.status().groups}
-    run([docker_cli(), "restart", "--time", "10", stack.containers("redis")[0]])
+
+    async def scenario() -> tuple[list[Outcome], float]:
+        running = asyncio.create_task(paying_load(stack, 12, SLOW, tag="redis-across", parallel=12))
+        await asyncio.sleep(1.0)  # the restart lands mid-load: the 12 requests take ~1.8 s each
+        began = time.monotonic()
+        await asyncio.to_thread(run, [docker_cli(), "restart", "--time", "10", stack.containers("redis")[0]])
+        return await running, began
+
+    across, began = asyncio.run(scenario())
+    spanned = sum(o.ended > began for o in across)
+    expect(spanned, f"every request had ended before the restart began: {outcome_summary(across)}")
     restarted = time.monotonic()
     while True:
         first = asyncio.run(paying_request(stack, "are you back?", tag="redis"))
@@ -196,7 +211,10 @@ def restart_redis(stack: Stack) -> str:
     groups_after = {g.name for g in stack.status().groups}
     expect(groups_before <= groups_after, f"groups before {groups_before}, after {groups_after}")
     healthy = stack.wait_healthy()
-    return f"first answer {recovered:.1f} s after the restart; 12 of 12 after it; groups kept: {sorted(groups_after)}; all healthy {healthy} s later"
+    return (
+        f"{spanned} of 12 in flight when it began: {all_terminal(stack, across)}; first answer {recovered:.1f} s after the restart; "
+        f"12 of 12 after it, finalize once each; groups kept: {sorted(groups_after)}; all healthy {healthy} s later"
+    )
 
 
 def json_logs(stack: Stack) -> str:

@@ -31,6 +31,8 @@ class Outcome(BaseModel):
     finish_reason: str | None = None
     content: str = ""
     seconds: float = 0.0
+    ended: float = 0.0
+    """time.monotonic() when the client had its answer (or gave up)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ async def ask(api: Api, text: str, *, stream: bool, tag: str = "check") -> Outco
         outcome.terminal = "cut"  # the connection ended without an answer: not terminal
     except openai.APIError as exc:  # an error event inside the stream: terminal too
         outcome.terminal, outcome.error_code = "error", str(getattr(exc, "code", "") or type(exc).__name__)
-    outcome.seconds = round(time.monotonic() - started, 2)
+    outcome.ended = time.monotonic()
+    outcome.seconds = round(outcome.ended - started, 2)
     return outcome
 
 
