@@ -26,6 +26,8 @@ import collections
 
 from openai.types.chat import ChatCompletionChunk
 
+from hookbus.bus.wire.chunk_batch import chunk_text
+
 
 class HoldBack:
     """The held chunks of one LLM call and the number of characters of text they hold.
@@ -106,10 +108,3 @@ class HoldBack:
         self._held.clear()
         self._chars = 0
         return released
-
-
-def chunk_text(chunk: ChatCompletionChunk) -> str:
-    """This chunk's text ("" for role-only, tool-call, finish and usage chunks)."""
-    if chunk.choices and chunk.choices[0].delta.content:
-        return chunk.choices[0].delta.content
-    return ""
