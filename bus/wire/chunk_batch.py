@@ -195,7 +195,8 @@ class ChangeCheck:
 
     def before(self, chunk: HookData) -> None:
         """Call with each chunk in turn, before its hooks run; `after` once they ran."""
-        self._full = chunk.full_content
+        if not self._kept:  # 1.1 keeps no reference: the worker extends the text in place
+            self._full = chunk.full_content
         if self._offset is None:
             self._before = _dump(chunk, kept=self._kept)
 
