@@ -37,7 +37,8 @@ from hookbus.bus.groups.versions import (
 )
 from hookbus.bus.keys import Keys
 from hookbus.bus.wire.envelopes import Envelope
-from hookbus.bus.wire.protocol_version import PROTOCOL, VERSION_PATTERN, refusal
+from hookbus.bus.wire.protocol_version import PROTOCOL, UNSTATED, VERSION_PATTERN, at_least, refusal
+from hookbus.bus.wire.stream_text import TEXT_KEPT_PROTOCOL
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 
 log = structlog.get_logger("hookbus.registry")
@@ -49,7 +50,7 @@ REFRESH_EVERY = 0.5
 
 def _protocol_field() -> Any:
     return Field(
-        default=PROTOCOL,
+        default=UNSTATED,
         description='The worker protocol version ("MAJOR.MINOR") the worker speaks; missing means "1.0".',
         json_schema_extra={"pattern": VERSION_PATTERN},
     )
@@ -107,7 +108,7 @@ class ReplicaHeartbeat(Envelope):
 
 async def heartbeat(client: aredis.Redis, keys: Keys, group: str, replica: str) -> None:
     """One beat, in one round trip: the score that says the replica lives, and its record."""
-    beat = ReplicaHeartbeat(group=group, replica=replica)
+    beat = ReplicaHeartbeat(group=group, replica=replica, protocol=PROTOCOL)
     async with client.pipeline(transaction=False) as pipe:
         pipe.zadd(keys.replicas(group), {replica: beat.ts})
         pipe.set(keys.replica_heartbeat(group, replica), beat.model_dump_json(), ex=int(REPLICA_TTL))
@@ -133,7 +134,7 @@ async def replica_protocols(client: aredis.Redis, keys: Keys, group: str, replic
     protocols = {}
     for replica, body in zip(replicas, bodies, strict=True):
         try:
-            protocols[replica] = ReplicaHeartbeat.model_validate_json(body).protocol if body else PROTOCOL
+            protocols[replica] = ReplicaHeartbeat.model_validate_json(body).protocol if body else UNSTATED
         except ValueError:
             protocols[replica] = "unreadable"
     return protocols
@@ -162,6 +163,10 @@ class RegistryView:
         self.versions: dict[str, dict[str, VersionState]] = {}
         """Per group, the versions its live replicas run (oldest first; empty: unversioned)."""
         self.rollouts: dict[str, Rollout] = {}
+        self._replicas: dict[str, list[str]] = {}
+        """Per group, its live replicas' names."""
+        self._protocols: dict[tuple[str, str], str] = {}
+        """The protocol of each live replica whose heartbeat record was read (it never changes)."""
         self._conflicts: set[tuple[str, str]] = set()
         self._grace = OutageGrace(ttl=REPLICA_TTL, shortest=HEARTBEAT_EVERY)
         self._task: asyncio.Task[None] | None = None
@@ -183,6 +188,23 @@ class RegistryView:
     def is_live(self, group: str) -> bool:
         return self.live.get(group, 0) > 0
 
+    def replicas(self, group: str) -> list[str]:
+        """The group's live replicas' names, as of the last refresh."""
+        return self._replicas.get(group, [])
+
+    def keeps_text(self, group: str) -> bool:
+        """Whether the group's announcement and every live replica's heartbeat say protocol
+        1.1 or later: its workers keep a stream's text (hookbus.bus.wire.stream_text), so a
+        batched on_chunk hop need not carry it. A replica whose record is not read yet
+        counts as older (the hop then carries the text, which every version reads)."""
+        announcement = self.groups.get(group)
+        if announcement is None or not at_least(announcement.protocol, TEXT_KEPT_PROTOCOL):
+            return False
+        return all(
+            at_least(self._protocols.get((group, replica), UNSTATED), TEXT_KEPT_PROTOCOL)
+            for replica in self._replicas.get(group, ())
+        )
+
     def unavailable(self, group: str) -> str | None:
         """Why no hop can go to `group` now (refused, or no live replica), or None."""
         if group in self.refused:
@@ -199,6 +221,7 @@ class RegistryView:
             self._queue_replicas(pipe, groups)
             version_raw, *replies = await pipe.execute()
         self._take_replicas(groups, replies, oldest_live=self._grace.answered())
+        await self._read_protocols()
         registry_version = int(version_raw or 0)
         if registry_version != self._registry_version:
             await self._reload(registry_version)
@@ -212,20 +235,34 @@ class RegistryView:
             pipe.hgetall(self._keys.replica_versions(group))
             pipe.hgetall(self._keys.rollout(group))
 
+    async def _read_protocols(self) -> None:
+        """The heartbeat records of live replicas not read before, one MGET per group that
+        has any (a replica's protocol is read once in its life)."""
+        for group, replicas in self._replicas.items():
+            unread = [r for r in replicas if (group, r) not in self._protocols]
+            if unread:
+                for replica, protocol in (await replica_protocols(self._client, self._keys, group, unread)).items():
+                    self._protocols[(group, replica)] = protocol
+        alive = {(g, r) for g, replicas in self._replicas.items() for r in replicas}
+        for gone in [key for key in self._protocols if key not in alive]:
+            del self._protocols[gone]
+
     def _take_replicas(self, groups: list[str], replies: list[object], *, oldest_live: float) -> None:
+        replica_names: dict[str, list[str]] = {}
         live: dict[str, int] = {}
         versions: dict[str, dict[str, VersionState]] = {}
         rollouts: dict[str, Rollout] = {}
         for index, group in enumerate(groups):
             beats, infos_raw, rollout_raw = replies[3 * index : 3 * index + 3]
             names = [text(member) for member, beat in beats if beat >= oldest_live]  # type: ignore[attr-defined]
+            replica_names[group] = names
             live[group] = len(names)
             versions[group] = version_states(parse_infos(infos_raw, names))  # type: ignore[arg-type]
             rollout = parse_rollout(rollout_raw)  # type: ignore[arg-type]
             if rollout is not None:
                 rollouts[group] = rollout
             self._report_conflicts(group, versions[group])
-        self.live, self.versions, self.rollouts = live, versions, rollouts
+        self.live, self.versions, self.rollouts, self._replicas = live, versions, rollouts, replica_names
         for listener in self.on_refresh:
             listener()
 
@@ -270,6 +307,7 @@ class RegistryView:
             self._queue_replicas(pipe, names)
             replies = await pipe.execute()
         self._take_replicas(names, replies, oldest_live=self._grace.oldest_live())
+        await self._read_protocols()
         log.info("registry_loaded", groups=list(self.groups), version=registry_version)
 
     async def _poll(self) -> None:

@@ -1,7 +1,9 @@
 """The data of a batched on_chunk hop (format: hookbus.bus.wire.envelopes): chunks in, results out.
 
 Both sides of the hop use these, so the array layout and the rebuilt `full_content` are
-written once. A chunk travels as its HookData without the fields at their defaults (the
+written once. From protocol 1.1 a batch carries no text so far: each side keeps it
+(hookbus.bus.wire.stream_text), and a chunk's `content` is left out when it is the
+chunk's own text. A chunk travels as its HookData without the fields at their defaults (the
 stage's other fields, a chunk's unset `null`s): the worker's validation puts them back,
 equal, and the worker dumps what it checks the same way, so an unchanged chunk is still
 recognised by its bytes. That is a third of the bytes of a full dump, and the orchestrator
@@ -19,8 +21,16 @@ from openai.types.chat import ChatCompletionChunk
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
+from hookbus.bus.wire.stream_text import StreamText
 from hookbus.skills.data import HookData
 from hookbus.skills.lifecycle import Lifecycle
+
+
+def chunk_text(chunk: ChatCompletionChunk | None) -> str:
+    """This chunk's text ("" for role-only, tool-call, finish and usage chunks)."""
+    if chunk is not None and chunk.choices and chunk.choices[0].delta.content:
+        return chunk.choices[0].delta.content
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +40,19 @@ class ChunkIn:
     chunk: ChatCompletionChunk
     content: str
     index: int
-    full: str
-    """The model's text so far, this chunk's included."""
+    text: StreamText
+    """The model's text of this call, kept once for all its chunks."""
+    count: int
+    """How many chunks of the call the text so far holds with this one."""
     held: str | None = None
     """The text held back from the client before this chunk (None: no hold-back window).
     A batch carries it on its first chunk only; the worker follows it through the batch
     (`HeldText`)."""
+
+    @property
+    def full(self) -> str:
+        """The model's text so far, this chunk's included (joined when asked)."""
+        return self.text.upto(self.count)
 
     def data(self) -> HookData:
         """This chunk as the on_chunk stage's data."""
@@ -50,7 +67,7 @@ class ChunkWire(TypedDict):
 
     lifecycle: str
     chunk: ChatCompletionChunk
-    content: str
+    content: NotRequired[str]
     chunk_index: int
     full_content: NotRequired[str]
     held: NotRequired[str]
@@ -65,33 +82,60 @@ _CHUNKS: TypeAdapter[list[HookData]] = TypeAdapter(list[HookData])
 CHUNK_RESULTS: TypeAdapter[list[HookData | None]] = TypeAdapter(list[HookData | None])
 """The `d` field of the reply to a batched on_chunk hop (the protocol's ChunkResults)."""
 _SKIP_FULL = {"full_content"}
+_SKIP_TEXT = {"full_content", "content"}
 
 
-def dump_chunks(chunks: Sequence[ChunkIn]) -> bytes:
-    """The `d` field of a batch: `full_content` and `held` (with a window) only on the first chunk."""
+def dump_chunks(chunks: Sequence[ChunkIn], *, kept: bool) -> bytes:
+    """The `d` field of a batch; `held` (with a window) only on the first chunk. Protocol
+    1.0 (`kept` False): every chunk with its `content`, the first with its `full_content`.
+    1.1 (`kept`, the worker keeps the stream's text): no `full_content`, and a chunk's
+    `content` left out when it is the chunk's own text (the worker takes it from the
+    chunk: a stream's text then travels once)."""
     items: list[ChunkWire] = [
-        {"lifecycle": "on_chunk", "chunk": c.chunk, "content": c.content, "chunk_index": c.index} for c in chunks
+        {"lifecycle": "on_chunk", "chunk": c.chunk, "chunk_index": c.index}
+        if kept and c.content == chunk_text(c.chunk)
+        else {"lifecycle": "on_chunk", "chunk": c.chunk, "content": c.content, "chunk_index": c.index}
+        for c in chunks
     ]
-    items[0]["full_content"] = chunks[0].full
+    if not kept:
+        items[0]["full_content"] = chunks[0].full
     if chunks[0].held is not None:
         items[0]["held"] = chunks[0].held
     return CHUNK_BATCH.dump_json(items, exclude_defaults=True)
 
 
-def _dump(data: HookData, *, first: bool = True) -> bytes:
-    """A chunk's HookData as `dump_chunks` writes it (`first`: with its `full_content`)."""
-    return data.model_dump_json(exclude_defaults=True, exclude=None if first else _SKIP_FULL).encode()
+def _dump(data: HookData, *, full: bool = True, kept: bool = False) -> bytes:
+    """A chunk's HookData as `dump_chunks` writes it (`full`: with its `full_content`;
+    `kept`: as protocol 1.1 writes it, never with its `full_content`)."""
+    if kept:
+        skip = _SKIP_TEXT if data.content == chunk_text(data.chunk) else _SKIP_FULL
+        return data.model_dump_json(exclude_defaults=True, exclude=skip).encode()
+    return data.model_dump_json(exclude_defaults=True, exclude=None if full else _SKIP_FULL).encode()
 
 
 def load_chunks(raw: bytes) -> list[HookData]:
-    """The chunks of a batch with every `full_content` rebuilt (the model's text so far)."""
-    chunks = _CHUNKS.validate_json(raw)
-    if not chunks:
-        raise ValueError("a batched on_chunk hop without chunks")
+    """The chunks of a protocol 1.0 batch with every `full_content` rebuilt (the model's
+    text so far)."""
+    chunks = _load(raw)
     full = chunks[0].full_content or ""
     for chunk in chunks[1:]:
         full += chunk.content or ""
         chunk.set_internal(full_content=full)
+    return chunks
+
+
+def load_kept_chunks(raw: bytes) -> list[HookData]:
+    """The chunks of a protocol 1.1 batch, each `content` put back; `full_content` is the
+    worker's to set from the text it keeps (hookbus.bus.wire.stream_text)."""
+    chunks = _load(raw)
+    _put_back_content(chunks)
+    return chunks
+
+
+def _load(raw: bytes) -> list[HookData]:
+    chunks = _CHUNKS.validate_json(raw)
+    if not chunks:
+        raise ValueError("a batched on_chunk hop without chunks")
     return chunks
 
 
@@ -130,16 +174,19 @@ class ChangeCheck:
     """Tells, chunk by chunk, whether the hooks changed the chunks of one batch (`raw`, as
     `dump_chunks` wrote it), with one dump per unchanged chunk instead of two.
 
-    A chunk is unchanged when it dumps to the very bytes the orchestrator sent for it and
-    keeps the `full_content` it was given, so no dump of it is needed before its hooks
-    run. That needs to know where its JSON starts in `raw`: known up to the first chunk
-    that differs, after which each chunk is dumped before its hooks and after them, and
-    the two dumps are compared. Either way an edit in place is seen (it changes the dump);
-    a chunk reported changed that is equal after all (another build's dump differs) costs
-    bytes, never correctness."""
+    A chunk is unchanged when it dumps to the very bytes the orchestrator sent for it (and,
+    protocol 1.0, keeps the `full_content` it was given), so no dump of it is needed before
+    its hooks run. That needs to know where its JSON starts in `raw`: known up to the first
+    chunk that differs, after which each chunk is dumped before its hooks and after them,
+    and the two dumps are compared. Either
+    way an edit in place is seen (it changes the dump); a chunk reported changed that is
+    equal after all (another build's dump differs) costs bytes, never correctness. `kept`
+    (protocol 1.1): a result never carries `full_content`, nor `content` when it is the
+    chunk's own text."""
 
-    def __init__(self, raw: bytes) -> None:
+    def __init__(self, raw: bytes, *, kept: bool = False) -> None:
         self._raw = raw
+        self._kept = kept
         self._offset: int | None = 1
         """Where the next chunk's JSON starts in `raw`, while known (just past the `[`)."""
         self._first = True
@@ -148,25 +195,26 @@ class ChangeCheck:
 
     def before(self, chunk: HookData) -> None:
         """Call with each chunk in turn, before its hooks run; `after` once they ran."""
-        self._full = chunk.full_content
+        if not self._kept:  # 1.1 keeps no reference: the worker extends the text in place
+            self._full = chunk.full_content
         if self._offset is None:
-            self._before = _dump(chunk)
+            self._before = _dump(chunk, kept=self._kept)
 
     def after(self, data: HookData) -> bytes | None:
         """The chunk's HookData JSON once its hooks ran (`data`), or None when unchanged."""
         first, self._first = self._first, False
         if self._offset is None:
-            dumped = _dump(data)
+            dumped = _dump(data, kept=self._kept)
             return dumped if dumped != self._before else None
-        sent = _dump(data, first=first)
+        sent = _dump(data, full=first, kept=self._kept)
         end = self._offset + len(sent)
         if self._raw.startswith(sent, self._offset) and self._raw[end : end + 1] in (b",", b"]") and (
-            first or data.full_content == self._full
+            first or self._kept or data.full_content == self._full
         ):
             self._offset = end + 1
             return None
         self._offset = None
-        return sent if first else _dump(data)
+        return sent if first or self._kept else _dump(data)
 
 
 def dump_results(results: Sequence[bytes | None]) -> bytes:
@@ -174,5 +222,16 @@ def dump_results(results: Sequence[bytes | None]) -> bytes:
     return b"[" + b",".join(r if r is not None else b"null" for r in results) + b"]"
 
 
-def load_results(raw: bytes) -> list[HookData | None]:
-    return CHUNK_RESULTS.validate_json(raw)
+def load_results(raw: bytes, *, kept: bool) -> list[HookData | None]:
+    """The reply's `d` (`kept`: a protocol 1.1 batch's, each `content` put back)."""
+    results = CHUNK_RESULTS.validate_json(raw)
+    if kept:
+        _put_back_content(results)
+    return results
+
+
+def _put_back_content(chunks: Sequence[HookData | None]) -> None:
+    """A protocol 1.1 chunk without `content` has its chunk's text as its content."""
+    for chunk in chunks:
+        if chunk is not None and chunk.content is None:
+            chunk.set_internal(content=chunk_text(chunk.chunk))

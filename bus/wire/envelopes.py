@@ -17,7 +17,10 @@ stream in one hop: `d` is a JSON array of that many on_chunk HookData in the mod
 order, each without the fields at their default values (hookbus.bus.wire.chunk_batch),
 `full_content` only on the first (each next one's is the previous one's plus its own
 `content`: the worker rebuilds it, so a batch does not carry the text so far once per
-chunk). The worker runs the chain over them one after another, so every hook sees the
+chunk). From protocol 1.1 (`HopEvent.text` set) a batch carries no text so far at all:
+the worker keeps each stream's text, a chunk's `content` is left out when it is the
+chunk's own text, and a replica that lacks the text answers `needs_text`
+(hookbus.bus.wire.stream_text). The worker runs the chain over them one after another, so every hook sees the
 state the previous chunk left. Its reply says how many it ran (`processed`: all of them,
 unless a HookError stopped the chain at the last one) and, when any changed, has `d` as a
 JSON array with one item per processed chunk: the changed HookData, or null for a chunk
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from hookbus.bus.wire.stream_text import ChunkText
 from hookbus.bus.wire.tracecontext import TraceCarrier
 from hookbus.skills.context import AuthInfo
 from hookbus.skills.model_settings import ModelSettings
@@ -137,6 +141,11 @@ class HopEvent(Envelope):
     route: list[RouteStep] | None = Field(
         default=None, description="The stage's next segments, for the worker to send the stage on to (a hook hop only)."
     )
+    text: ChunkText | None = Field(
+        default=None,
+        description="A batched on_chunk hop of protocol 1.1: the stream its chunks come from; the worker keeps the "
+        "stream's text so far (absent: the first chunk carries it as its full_content, protocol 1.0).",
+    )
 
 
 class HookTiming(BaseModel):
@@ -172,6 +181,11 @@ class HopReply(Envelope):
     )
     forwarded: str | None = Field(
         default=None, description="The hop id of the route's next hop, when this worker sent the stage on."
+    )
+    needs_text: bool = Field(
+        default=False,
+        description="A batched on_chunk hop with `text` whose stream's text so far this replica lacks: no hook ran; "
+        "the orchestrator sends the batch again with the first chunk's full_content.",
     )
     data_json: SkipJsonSchema[bytes | None] = Field(default=None, exclude=True, repr=False)
     """The changed HookData as JSON (split format), None when unchanged or version 1: the

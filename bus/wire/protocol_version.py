@@ -2,7 +2,7 @@
 versions this build serves.
 
 A worker announces the version it speaks (`GroupAnnouncement.protocol`, and each replica's
-`ReplicaHeartbeat.protocol`); missing means "1.0", what every worker spoke before the field
+`ReplicaHeartbeat.protocol`); missing means "1.0" (`UNSTATED`), what every worker spoke before the field
 existed. Versions are "MAJOR.MINOR": a minor revision only adds what readers of the same
 major may ignore, a major one changes what a reader must understand. An orchestrator serves
 the majors in `SERVED_MAJORS` and refuses a group that speaks another one rather than
@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import re
 
-PROTOCOL = "1.0"
+PROTOCOL = "1.1"
 """The version this build's workers speak and its spec describes."""
+
+UNSTATED = "1.0"
+"""The version of a worker that states none (from before the field existed)."""
 
 SERVED_MAJORS = frozenset({1})
 """Major versions this build's orchestrators can serve."""
@@ -33,3 +36,11 @@ def refusal(version: str) -> str | None:
         served = ", ".join(f"{m}.x" for m in sorted(SERVED_MAJORS))
         return f"speaks protocol {version}; this orchestrator serves {served}"
     return None
+
+
+def at_least(version: str, wanted: tuple[int, int]) -> bool:
+    """Whether `version` ("MAJOR.MINOR") is the same major as `wanted` and not older."""
+    if not re.match(VERSION_PATTERN, version):
+        return False
+    major, minor = (int(part) for part in version.split(".", 1))
+    return major == wanted[0] and minor >= wanted[1]

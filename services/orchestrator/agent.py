@@ -583,6 +583,8 @@ class Agent:
         observers = state.plan.observers(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
         if observers and state.observations is not None:
             for d, c in zip(shown, chunks, strict=False):
+                if d is not None and d.full_content is None:  # a changed chunk comes back without it
+                    d.set_internal(full_content=c.full)
                 state.observations.record(observers, c if d is None else d, f"on_chunk#{c.index}", began)
         return [
             Judged(c.chunk) if d is None else _judged(d, c.content) for d, c in zip(shown, chunks, strict=False)

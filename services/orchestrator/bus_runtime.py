@@ -34,6 +34,7 @@ from hookbus.bus.wire.envelopes import (
     ToolInvocation,
     encode_hop,
 )
+from hookbus.bus.wire.stream_text import ChunkText
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
@@ -94,6 +95,8 @@ class BusRuntime:
         self._sending: dict[str, asyncio.Task[None]] = {}
         """Each request's observation entries being appended, by completion id."""
         self.observations_sent = 0
+        self.texts_resent = 0
+        """Batched on_chunk hops sent again with their stream's text (a replica lacked it)."""
 
     # ------------------------------------------------------------- registry view
 
@@ -198,11 +201,40 @@ class BusRuntime:
 
     async def hop_chunks(self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context) -> ChunkBatchResult:
         """One hop for several chunks (hookbus.bus.wire.chunk_batch); its timeout allows every
-        chunk its hooks' timeouts, as one hop per chunk would."""
+        chunk its hooks' timeouts, as one hop per chunk would. To a group whose workers keep
+        a stream's text (protocol 1.1) the hop carries its chunks and the text its live
+        replicas lack; a replica that lacks more asks, and the batch goes again with the
+        whole text so far (hookbus.bus.wire.stream_text)."""
+        group = segment.group
+        assert group is not None
+        stream, first = chunks[0].text, chunks[0].index
+        if not self.registry.keeps_text(group):
+            result = await self._chunk_hop(segment, chunks, ctx, None)
+        elif (result := await self._chunk_hop(segment, chunks, ctx, stream.ref_for(first, self.registry.replicas(group)))) is None:
+            self.texts_resent += 1
+            result = await self._chunk_hop(segment, chunks, ctx, stream.ref_for(first, (), whole=True))
+        return result or _batch_unanswered(segment, chunks, "a replica lacked the text it was sent", Outcome.HOP_FAILED)
+
+    async def _chunk_hop(
+        self, segment: Segment, chunks: Sequence[ChunkIn], ctx: Context, text: ChunkText | None
+    ) -> ChunkBatchResult | None:
+        """One batched on_chunk hop (`text`: protocol 1.1's); None when its replica lacked
+        the stream's text."""
+
+        def apply(reply: HopReply) -> ChunkBatchResult | None:
+            if text is None:
+                return self._apply_chunks(reply, len(chunks), ctx, kept=False)
+            stream = chunks[0].text
+            if reply.needs_text:
+                stream.answered(reply.replica, None)
+                return None
+            result = self._apply_chunks(reply, len(chunks), ctx, kept=True)
+            stream.answered(reply.replica, chunks[0].index + reply.processed)
+            return result
+
         result, _ = await self._hook_hop(
-            segment, ctx, Lifecycle.ON_CHUNK, f"on_chunk#{chunks[0].index}", dump_chunks(chunks),
-            self._segment_timeout(segment) * len(chunks), count=len(chunks),
-            apply=lambda reply: self._apply_chunks(reply, len(chunks), ctx),
+            segment, ctx, Lifecycle.ON_CHUNK, f"on_chunk#{chunks[0].index}", dump_chunks(chunks, kept=text is not None),
+            self._segment_timeout(segment) * len(chunks), count=len(chunks), text=text, apply=apply,
             fail=lambda reason, outcome: _batch_unanswered(segment, chunks, reason, outcome),
         )
         return result
@@ -210,7 +242,7 @@ class BusRuntime:
     async def _hook_hop(
         self, segment: Segment, ctx: Context, lifecycle: Lifecycle, stage_key: str, data_json: bytes,
         timeout: float, *, apply: Callable[[HopReply], R], fail: Callable[[str, Outcome], R], count: int = 0,
-        route: Sequence[RouteStep] = (), sent: str | None = None,
+        route: Sequence[RouteStep] = (), sent: str | None = None, text: ChunkText | None = None,
     ) -> tuple[R, bool]:
         """Send a hook hop (split format) and wait for its reply, or (`sent`) wait for
         the reply of the hop a worker sent on: `apply` makes the result of a usable
@@ -247,6 +279,7 @@ class BusRuntime:
                     epoch=self.epoch,
                     chunks=count,
                     route=list(route) or None,
+                    text=text,
                 )
                 self.router.expect([step.hop_id for step in route])
                 reply = await self._call(group, event, timeout + HOP_GRACE, keys, (data_json, ctx_json))
@@ -325,13 +358,13 @@ class BusRuntime:
             raise ValueError(f"reply is for {new_data.lifecycle}, not {data.lifecycle}")
         return ChainResult(new_data, *_taken(reply, ctx), reply.blocked)
 
-    def _apply_chunks(self, reply: HopReply, sent: int, ctx: Context) -> ChunkBatchResult:
+    def _apply_chunks(self, reply: HopReply, sent: int, ctx: Context, *, kept: bool) -> ChunkBatchResult:
         """The batch reply's data: null (or a reply without data) for a chunk unchanged."""
         processed = reply.processed
         if not 0 < processed <= sent or (processed < sent and reply.abort is None):
             raise ValueError(f"reply ran {processed} of {sent} chunks")
         results: list[HookData | None] = (
-            load_results(reply.data_json) if reply.data_json is not None else [None] * processed
+            load_results(reply.data_json, kept=kept) if reply.data_json is not None else [None] * processed
         )
         if len(results) != processed:
             raise ValueError(f"reply has {len(results)} results for {processed} chunks")

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 from openai.types.chat import ChatCompletionChunk
 
-from hookbus.bus.wire.chunk_batch import ChunkIn
+from hookbus.bus.wire.chunk_batch import ChunkIn, chunk_text
+from hookbus.bus.wire.stream_text import StreamText
 from hookbus.services.orchestrator.assemble import ChunkAssembler
-from hookbus.services.orchestrator.hold_back import HoldBack, chunk_text
+from hookbus.services.orchestrator.hold_back import HoldBack
 from hookbus.services.orchestrator.run_state import RunState
 from hookbus.skills import HookbusError
 from hookbus.skills.lifecycle import Lifecycle
@@ -67,7 +68,7 @@ async def stream_chunks(
     """The chunks of `source` (one LLM stream) as the client sees them; sets
     `state.last_response` to the assembled completion at the end."""
     segments = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
-    assembly = _Assembly(state.completion_id, model, state.plan.hold_back(state.ctx.auth.scopes))
+    assembly = _Assembly(state.completion_id, model, state.plan.hold_back(state.ctx.auth.scopes), state.chunks_seen)
     if batch > 1 and len(segments) == 1 and segments[0].group is not None:
         chunks = _batched(state, source, assembly, on_chunks, batch)
     else:
@@ -79,29 +80,27 @@ async def stream_chunks(
 
 
 class _Assembly:
-    """The model's chunks as they come in (text so far), through the hold-back window, and
-    the client's as they go out (assembled into the call's completion); both paths of this
-    module share it."""
+    """The model's chunks as they come in (text so far, kept once: a chunk refers to it),
+    through the hold-back window, and the client's as they go out (assembled into the
+    call's completion); both paths of this module share it."""
 
-    def __init__(self, completion_id: str, model: str, window: int) -> None:
+    def __init__(self, completion_id: str, model: str, window: int, first_index: int) -> None:
         self.completion_id = completion_id
         self.assembler = ChunkAssembler(completion_id, model)
-        self._text: list[str] = []
+        self.text = StreamText(first_index)
         self._hold = HoldBack(window)
 
     def held(self) -> str | None:
         """The held text a hook sees (None without a window)."""
         return self._hold.text() if self._hold.window else None
 
-    def take_in(self, chunk: ChatCompletionChunk) -> tuple[str, str]:
-        """A chunk from the model: (its text, the model's text so far including it)."""
+    def take_in(self, chunk: ChatCompletionChunk, index: int, held: str | None = None) -> ChunkIn:
+        """A chunk from the model, as the on_chunk stage gets it (`index`: its chunk_index)."""
         chunk.id = self.completion_id
         if chunk.usage is not None:
             self.assembler.usage = chunk.usage
         content = chunk_text(chunk)
-        if content:
-            self._text.append(content)
-        return content, "".join(self._text)
+        return ChunkIn(chunk, content, index, self.text, self.text.add(content), held)
 
     def take_judged(self, judged: Judged, source: ChatCompletionChunk) -> None:
         """The hooks' result of the model's chunk `source`: a rewrite of the held text is
@@ -131,8 +130,7 @@ async def _sequential(
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
     async with contextlib.aclosing(source) as stream:
         async for chunk in stream:
-            content, full = assembly.take_in(chunk)
-            given = ChunkIn(chunk, content, state.chunks_seen, full, assembly.held())
+            given = assembly.take_in(chunk, state.chunks_seen, assembly.held())
             judged = Judged(chunk) if on_chunk is None else await on_chunk(state, given)
             state.chunks_seen += 1
             assembly.take_judged(judged, chunk)
@@ -163,8 +161,7 @@ async def _batched(
         try:
             async with contextlib.aclosing(source) as stream:
                 async for chunk in stream:
-                    content, full = assembly.take_in(chunk)
-                    waiting.append(ChunkIn(chunk, content, state.chunks_seen, full))
+                    waiting.append(assembly.take_in(chunk, state.chunks_seen))
                     state.chunks_seen += 1
                     arrived.set()
                     await asyncio.sleep(0)  # chunks the client buffered come one by one: a waiting hop leaves at once

@@ -26,6 +26,7 @@ import collections
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from hookbus.bus.wire.chunk_batch import chunk_text
 from hookbus.services.orchestrator.llm import completion_chunks
 
 
@@ -108,13 +109,6 @@ class HoldBack:
         self._held.clear()
         self._chars = 0
         return released
-
-
-def chunk_text(chunk: ChatCompletionChunk) -> str:
-    """This chunk's text ("" for role-only, tool-call, finish and usage chunks)."""
-    if chunk.choices and chunk.choices[0].delta.content:
-        return chunk.choices[0].delta.content
-    return ""
 
 
 def whole_answer_chunk(answer: ChatCompletion) -> ChatCompletionChunk:

@@ -19,6 +19,7 @@ enough for deciding when to compact.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -73,11 +74,24 @@ def is_exact() -> bool:
     return _encoder() is not None
 
 
+PIECE = 256 * 1024
+"""Characters of a long text encoded at a time: the encoder returns a list of every token
+(an 8 MB answer's took 140 MB for an instant), so a long text is counted piece by piece."""
+_CUT = re.compile(r"(?<=[^\W_]) (?=[^\W_])")
+"""A blank between two letters or digits: the encoding's pre-tokenizer ends a piece before
+such a blank and starts the next with it, so the counts of the two sides add up to the
+whole's (a text with no such blank after a piece's length is encoded whole from there)."""
+
+
 def _encode_len(text: str) -> int:
     encoding = _encoder()
     if encoding is None:
         return math.ceil(len(text) / CHARS_PER_TOKEN)
-    return len(encoding.encode_ordinary(text))
+    total, start = 0, 0
+    while len(text) - start > PIECE and (cut := _CUT.search(text, start + PIECE)) is not None:
+        total += len(encoding.encode_ordinary(text[start : cut.start()]))
+        start = cut.start()
+    return total + len(encoding.encode_ordinary(text[start:] if start else text))
 
 
 def _key(text: str) -> tuple[int, int]:

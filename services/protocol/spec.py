@@ -53,6 +53,19 @@ REVISIONS = [
             "`protocol`, heartbeat records. A worker that announces no `protocol` speaks 1.0."
         ),
     ),
+    Revision(
+        version="1.1",
+        date="2026-12-07",
+        changes=(
+            "A batched on_chunk hop may name its stream (`HopEvent.text`): its chunks then come without "
+            "the text so far and without a `content` that is the chunk's own text; the worker keeps each "
+            "stream's text, extends it with `text.gap` (the chunks its replica may lack) and sets every "
+            "chunk's `full_content` from it; results carry no `full_content`; a replica that lacks the "
+            "text answers `needs_text` (`HopReply`) and gets the batch again with the whole text. An "
+            "orchestrator names the stream only to a group whose announcement and live replicas all say "
+            "1.1 or later, so 1.0 workers see nothing new."
+        ),
+    ),
 ]
 
 

@@ -13,8 +13,16 @@ from typing import Any
 import structlog
 
 from hookbus.bus.groups.registry import GroupAnnouncement
-from hookbus.bus.wire.chunk_batch import ChangeCheck, HeldText, dump_results, load_chunks
+from hookbus.bus.wire.chunk_batch import (
+    ChangeCheck,
+    HeldText,
+    dump_results,
+    load_chunks,
+    load_kept_chunks,
+)
 from hookbus.bus.wire.envelopes import HookTiming, HopEvent, HopReply
+from hookbus.bus.wire.protocol_version import PROTOCOL
+from hookbus.bus.wire.stream_text import MAX_KEPT_CHARS, KeptTexts
 from hookbus.services.observability import tracing
 from hookbus.skills import Context, HookData, Skill
 from hookbus.skills.lifecycle import Lifecycle
@@ -30,7 +38,9 @@ class UnknownHook(LookupError):
 
 
 class GroupHost:
-    def __init__(self, group: str, skills: Sequence[Skill]) -> None:
+    def __init__(self, group: str, skills: Sequence[Skill], *, kept_chars: int = MAX_KEPT_CHARS) -> None:
+        """`kept_chars`: at most how many characters of stream text this replica keeps
+        (hookbus.bus.wire.stream_text.KeptTexts)."""
         if not skills:
             raise ValueError(f"worker group {group!r} needs at least one skill")
         self.group = group
@@ -41,10 +51,13 @@ class GroupHost:
         self.tools: dict[str, BoundTool] = {
             t.descriptor.name: t for skill in self.skills for t in skill.bound_tools()
         }
+        self.texts = KeptTexts(kept_chars)
+        """The text so far of the streams whose batched on_chunk hops came here (protocol 1.1)."""
 
     def announcement(self) -> GroupAnnouncement:
         return GroupAnnouncement(
             group=self.group,
+            protocol=PROTOCOL,
             hooks=[h.descriptor for h in self.hooks.values()],
             tools=[t.descriptor for t in self.tools.values()],
         )
@@ -92,7 +105,7 @@ class GroupHost:
         if event.chunks:
             if data_json is None:
                 raise ValueError("a batched on_chunk hop needs its chunks in the 'd' field")
-            return await self._run_chunks(bound, data_json, ctx, attempt)
+            return await self._run_chunks(event, bound, data_json, ctx, attempt)
         if split is not None:
             data = HookData.model_validate_json(data_json) if data_json else HookData(lifecycle=Lifecycle(event.lifecycle))
         else:
@@ -112,17 +125,31 @@ class GroupHost:
         return answer, (dumped if dumped != data_json else None)
 
     async def _run_chunks(
-        self, bound: list[BoundHook], raw: bytes, ctx: Context, attempt: int
+        self, event: HopEvent, bound: list[BoundHook], raw: bytes, ctx: Context, attempt: int
     ) -> tuple[dict[str, Any], bytes | None]:
         """The chain over each chunk of the batch `raw` in turn (each sees the state the
         previous one left), up to a HookError; per hook, the reply's outcome sums its
-        calls' time and keeps its first failure."""
+        calls' time and keeps its first failure. A protocol 1.1 batch (`event.text`) gets
+        each chunk's `full_content` from the stream's text kept here, extended in place
+        chunk by chunk (the previous chunk's reference to it dropped once its hooks ran);
+        without that text no hook runs and the reply asks for it."""
+        kept = event.text
+        chunks = load_chunks(raw) if kept is None else load_kept_chunks(raw)
+        text: str | None = None
+        if kept is not None:
+            text = self.texts.take(kept, chunks[0].chunk_index or 0)
+            if text is None:
+                return {"needs_text": True}, None
         results: list[bytes | None] = []
         timings: dict[str, HookOutcome] = {}
         abort: dict[str, Any] | None = None
-        changes, held = ChangeCheck(raw), HeldText()
+        changes = ChangeCheck(raw, kept=kept is not None)
+        held = HeldText()
         observe = tracing.hook_observer()  # one span for the hop: the same for each chunk
-        for chunk in load_chunks(raw):
+        for chunk in chunks:
+            if text is not None:
+                text += chunk.content or ""
+                chunk.set_internal(full_content=text)
             changes.before(chunk)
             held.give(chunk)
             result = await run_hooks(
@@ -130,17 +157,15 @@ class GroupHost:
             )
             held.took(result.data)
             results.append(changes.after(result.data))
-            for o in result.outcomes:
-                timing = timings.get(o.hook)
-                if timing is None:
-                    timings[o.hook] = HookOutcome(o.hook, o.duration_ms, o.outcome, o.error)
-                    continue
-                timing.duration_ms += o.duration_ms
-                if timing.error is None and o.error is not None:
-                    timing.outcome, timing.error = o.outcome, o.error
+            if text is not None:
+                chunk.set_internal(full_content=None)
+                result.data.set_internal(full_content=None)
+            _add_timings(timings, result.outcomes)
             if result.abort is not None:
                 abort = result.abort.to_dict()
                 break
+        if kept is not None and text is not None:
+            self.texts.keep(kept, text, (chunks[len(results) - 1].chunk_index or 0) + 1)
         answer = {"abort": abort, "processed": len(results), "outcomes": _timings(list(timings.values()))}
         return answer, (dump_results(results) if any(r is not None for r in results) else None)
 
@@ -153,6 +178,18 @@ class GroupHost:
             return await invoke_tool(tool, event.tool.arguments, ctx)
         except ToolProblem as exc:
             return f"Error: {exc}"
+
+
+def _add_timings(timings: dict[str, HookOutcome], outcomes: Sequence[HookOutcome]) -> None:
+    """A chunk's outcomes into the batch's: per hook, its calls' time summed, its first failure kept."""
+    for o in outcomes:
+        timing = timings.get(o.hook)
+        if timing is None:
+            timings[o.hook] = HookOutcome(o.hook, o.duration_ms, o.outcome, o.error)
+            continue
+        timing.duration_ms += o.duration_ms
+        if timing.error is None and o.error is not None:
+            timing.outcome, timing.error = o.outcome, o.error
 
 
 def _timings(outcomes: Sequence[HookOutcome]) -> list[HookTiming]:

@@ -5,8 +5,8 @@
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations (make bench-smoke, 6 min)
 
-Benches: hop, cost, observers, peer, full, streaming, scaleout, inprocess, tokens, tracing, cluster,
-console.
+Benches: hop, cost, observers, peer, full, streaming, long_streams, scaleout, inprocess, tokens,
+tracing, cluster, console.
 RESULTS.md holds the current figures and what each bench measures; the git log, their history.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
 embedded redis-server (or BENCH_REDIS_URL) and its own key prefix.
@@ -42,6 +42,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         full,
         hop,
         inprocess,
+        long_streams,
         observers,
         peer,
         scaleout,
@@ -57,6 +58,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         "peer": _with_redis(peer.measure),
         "full": _with_redis(full.measure),
         "streaming": _with_redis(streaming.measure),
+        "long_streams": _with_redis(long_streams.measure),
         "scaleout": _with_redis(scaleout.measure),
         "inprocess": inprocess.measure,
         "tokens": tokens.measure,

@@ -449,6 +449,14 @@ class Processes:
                 child.kill()
                 child.wait()
 
+    def retire(self, child: subprocess.Popen[bytes]) -> None:
+        """Stop `child` and forget it: a bench that replaces a process mid-run."""
+        self.stop(child)
+        index = self.children.index(child)
+        del self.children[index]
+        with contextlib.suppress(OSError):
+            self.logs.pop(index).unlink()
+
     def close(self) -> None:
         for child in self.children:
             if child.poll() is None:

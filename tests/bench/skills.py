@@ -129,6 +129,18 @@ class ChunkNoop(Skill):
         return None
 
 
+class ChunkReader(Skill):
+    """One remote on_chunk hook that reads the text so far (as a filter of the whole answer
+    would), only for callers with scope "chunky"."""
+
+    name = "chunk-reader"
+
+    @hook("on_chunk", 10, scope="chunky")
+    async def chunk(self, data: HookData, ctx: Context) -> None:
+        if not (data.full_content or "").endswith(data.content or ""):
+            raise ValueError(f"chunk {data.chunk_index}: its text is not the end of the text so far")
+
+
 STREAM_PROMPT = "[[words:500]]"
 
 

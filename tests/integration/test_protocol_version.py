@@ -25,7 +25,7 @@ from hookbus.bus.groups.registry import (
     ReplicaHeartbeat,
     announce,
 )
-from hookbus.bus.wire.protocol_version import refusal
+from hookbus.bus.wire.protocol_version import PROTOCOL, refusal
 from hookbus.services.cli.monitor import format_status, read_status
 from hookbus.services.orchestrator.service import OrchestratorService
 from hookbus.skills import Context, HookData, HookError, Skill, hook
@@ -128,7 +128,7 @@ async def test_a_group_speaking_2_0_is_refused_its_hooks_never_sent_and_status_m
         future = next(g for g in status.groups if g.name == "future")
         shout = next(g for g in status.groups if g.name == "shout")
         assert future.protocol == "2.0" and future.refused and future.replica_protocols == {"future-1": "2.0"}
-        assert shout.protocol == "1.0" and shout.refused is None and shout.replica_protocols == {"shout-0": "1.0"}
+        assert shout.protocol == PROTOCOL and shout.refused is None and shout.replica_protocols == {"shout-0": PROTOCOL}
         shown_text = format_status(status)
         assert "REFUSED: speaks protocol 2.0" in shown_text and "- future-1 (protocol 2.0)" in shown_text
         shown = await asyncio.create_subprocess_exec(

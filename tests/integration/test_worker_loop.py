@@ -28,6 +28,7 @@ from hookbus.services.worker.replica import WorkerReplica
 from hookbus.skills import Context, HookData, PaymentRequired, Skill, hook
 from hookbus.skills.builtin import ContentFilter
 from tests.integration.stack import running_stack
+from tests.streamed import chunks_in
 from tests.waiting import wait_for
 
 
@@ -204,7 +205,7 @@ def _chunk_data(index: int) -> HookData:
 
 def _chunks(n: int) -> list[ChunkIn]:
     """A batch as the orchestrator sends it: chunk `i` says "w{i}"."""
-    return [ChunkIn(_chunk(i), f"w{i}", i, "".join(f"w{j}" for j in range(i + 1))) for i in range(n)]
+    return chunks_in([(_chunk(i), f"w{i}") for i in range(n)])
 
 
 async def test_split_hops_reply_without_data_unless_the_hooks_changed_it():
@@ -283,19 +284,20 @@ class EveryOther(Skill):
 
 
 async def test_a_batch_reply_carries_only_the_changed_chunks_and_the_state_they_left():
+    """Protocol 1.0, as an orchestrator of an older build sends it: the text so far on the first chunk."""
     chunks = _chunks(3)
     event = HopEvent(
         hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0", chunks=3,
         hooks=[HookRef(skill="every-other", method="drop")], ctx={}, reply_to="r", deadline=time.time() + 5,
     )
-    fields = encode_hop(event, dump_chunks(chunks), Context().model_dump_json().encode())
+    fields = encode_hop(event, dump_chunks(chunks, kept=False), Context().model_dump_json().encode())
     assert fields[b"d"].count(b"full_content") == 1  # the text so far travels once
     decoded = decode(fields, HopEvent)
     reply = await GroupHost("g", [EveryOther()]).answer(decoded, 1, "r-1", hop_parts(decoded, fields))
     back = decode(encode_reply(reply), HopReply)
     assert not back.failure and back.processed == 3 and back.state == {"n": 3}
     assert back.data_json is not None
-    results = load_results(back.data_json)
+    results = load_results(back.data_json, kept=False)
     assert results[0] is None and results[2] is None
     assert results[1] is not None and results[1].content == "" and results[1].full_content == "w0w1"
 
@@ -306,8 +308,8 @@ async def test_a_chunk_a_hook_edited_in_place_counts_as_changed_in_a_batch():
         hop_id="h", completion_id="c", lifecycle="on_chunk", stage_key="on_chunk#0", chunks=2,
         hooks=[HookRef(skill="in-place", method="edit")], ctx={}, reply_to="r", deadline=time.time() + 5,
     )
-    fields = encode_hop(event, dump_chunks(chunks), Context().model_dump_json().encode())
+    fields = encode_hop(event, dump_chunks(chunks, kept=False), Context().model_dump_json().encode())
     decoded = decode(fields, HopEvent)
     back = decode(encode_reply(await GroupHost("g", [InPlace()]).answer(decoded, 1, "r-1", hop_parts(decoded, fields))), HopReply)
     assert back.data_json is not None
-    assert [r.chunk.choices[0].delta.content for r in load_results(back.data_json)] == ["edited", "edited"]  # type: ignore[union-attr]
+    assert [r.chunk.choices[0].delta.content for r in load_results(back.data_json, kept=False)] == ["edited", "edited"]  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ through the gateway with the real `openai` client (issue 32):
 - a TypeScript `PaymentRequired` is a 402 at the client;
 - `finalize_connection` runs in TypeScript on every path (success, tool blocked, 402,
   upstream failure), with `data.error` set when the run failed;
-- the group's announcement is what the Python model reads, plus `protocol: "1.0"`, and
+- the group's announcement is what the Python model reads, plus `protocol` (this build's), and
   `hookbus status` lists the TypeScript replica like any other.
 """
 
@@ -27,6 +27,7 @@ import redis.asyncio as aredis
 
 from hookbus.bus.groups.registry import GroupAnnouncement
 from hookbus.bus.keys import Keys
+from hookbus.bus.wire.protocol_version import PROTOCOL
 from tests.integration.processes import REPO
 from tests.typescript.conftest import KEY, METERED_KEY, Stack
 
@@ -172,7 +173,7 @@ async def test_the_announcement_is_what_python_reads_and_status_lists_the_replic
         await client.aclose()
     assert raw is not None
     announcement = GroupAnnouncement.model_validate_json(raw)
-    assert json.loads(raw)["protocol"] == "1.0"
+    assert json.loads(raw)["protocol"] == PROTOCOL
     assert [h.key for h in announcement.hooks if h.lifecycle == "before_toolcall"] == [
         "security.validateSecurity", "logging.logToolUsage", "performance-monitor.startTimer",
     ]

@@ -11,6 +11,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from hookbus.bus.wire.chunk_batch import ChangeCheck, ChunkIn, HeldText, dump_chunks, load_chunks
 from hookbus.skills import HookData
+from tests.streamed import chunks_in
 
 
 def _chunk(i: int) -> ChatCompletionChunk:
@@ -21,7 +22,12 @@ def _chunk(i: int) -> ChatCompletionChunk:
 
 
 def _batch(n: int) -> list[ChunkIn]:
-    return [ChunkIn(_chunk(i), f"c{i}", i, "".join(f"c{j}" for j in range(i + 1))) for i in range(n)]
+    return chunks_in([(_chunk(i), f"c{i}") for i in range(n)])
+
+
+def _dump_v10(batch: list[ChunkIn]) -> bytes:
+    """A batch as protocol 1.0 writes it: the text so far on its first chunk."""
+    return dump_chunks(batch, kept=False)
 
 
 def _run(raw: bytes, edit: dict[int, object]) -> list[bytes | None]:
@@ -45,7 +51,7 @@ def _other_text_so_far(chunk: HookData) -> HookData:
 
 @pytest.mark.parametrize("layout", ["as dumped", "spaced"])
 def test_only_the_chunks_the_hooks_changed_come_back(layout):
-    raw = dump_chunks(_batch(5))
+    raw = _dump_v10(_batch(5))
     if layout == "spaced":  # another writer's JSON: the check cannot follow the bytes, dumps instead
         raw = json.dumps(json.loads(raw), indent=1).encode()
     results = _run(raw, {1: _other_text_so_far, 3: _blank})
@@ -60,19 +66,19 @@ def test_only_the_chunks_the_hooks_changed_come_back(layout):
 
 
 def test_a_change_to_the_first_chunk_is_seen_and_the_rest_still_checked():
-    results = _run(dump_chunks(_batch(3)), {0: _blank, 2: _blank})
+    results = _run(_dump_v10(_batch(3)), {0: _blank, 2: _blank})
     assert [r is not None for r in results] == [True, False, True]
     assert HookData.model_validate_json(results[0]).full_content == "c0"  # type: ignore[arg-type]
     assert HookData.model_validate_json(results[2]).full_content == "c0c1c2"  # type: ignore[arg-type]
 
 
 def test_a_batch_the_hooks_left_alone_comes_back_all_unchanged():
-    assert _run(dump_chunks(_batch(4)), {}) == [None, None, None, None]
+    assert _run(_dump_v10(_batch(4)), {}) == [None, None, None, None]
 
 
 def test_a_chunk_travels_without_its_defaults_and_loads_back_whole():
     batch = _batch(3)
-    raw = dump_chunks(batch)
+    raw = dump_chunks(batch, kept=False)
     assert b"null" not in raw and b"tool_skipped" not in raw  # nor the stage's other fields
     assert raw.count(b"full_content") == 1
     loaded = load_chunks(raw)
@@ -84,7 +90,7 @@ def test_an_edit_that_sets_a_default_back_is_a_change_still():
     def clear(chunk: HookData) -> None:
         chunk.content = None
 
-    results = _run(dump_chunks(_batch(2)), {1: clear})
+    results = _run(_dump_v10(_batch(2)), {1: clear})
     assert results[0] is None and results[1] is not None
     assert HookData.model_validate_json(results[1]).content is None
 
@@ -101,8 +107,8 @@ def test_chunks_as_a_real_server_streams_them_travel_unchanged():
     ]
     chunks = [ChatCompletionChunk.model_validate(c) for c in raw_chunks]
     texts = ["", "Hi", ""]
-    batch = [ChunkIn(chunk, text, i, "Hi" if i else "") for i, (chunk, text) in enumerate(zip(chunks, texts, strict=True))]
-    raw = dump_chunks(batch)
+    batch = chunks_in(list(zip(chunks, texts, strict=True)))
+    raw = dump_chunks(batch, kept=False)
     assert b'"timings":{"predicted_ms":1.5}' in raw
     assert load_chunks(raw) == [c.data() for c in batch]
     assert _run(raw, {}) == [None, None, None]
@@ -114,7 +120,7 @@ def test_the_held_text_follows_the_batch_and_only_a_rewrite_of_it_comes_back():
     left `held` alone comes back unchanged (null)."""
     batch = _batch(4)
     batch[0] = dataclasses.replace(batch[0], held="ab")
-    raw = dump_chunks(batch)
+    raw = dump_chunks(batch, kept=False)
     check, held = ChangeCheck(raw), HeldText()
     seen, results = [], []
     for chunk in load_chunks(raw):
@@ -134,7 +140,7 @@ def test_the_held_text_follows_the_batch_and_only_a_rewrite_of_it_comes_back():
 
 
 def test_a_batch_without_a_window_carries_no_held_text():
-    raw = dump_chunks(_batch(2))
+    raw = _dump_v10(_batch(2))
     assert b"held" not in raw
     held = HeldText()
     for chunk in load_chunks(raw):

@@ -4,6 +4,7 @@ and read back to the same stages."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from openai.types.chat import ChatCompletionChunk
@@ -11,7 +12,9 @@ from openai.types.chat import ChatCompletionChunk
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.bus.wire.envelopes import decode
 from hookbus.bus.wire.observations import BatchWriter, ObservationBatch
+from hookbus.bus.wire.stream_text import StreamText
 from hookbus.skills import Context
+from tests.streamed import chunks_in
 
 
 def chunk(text: str, finish: str | None = None) -> ChatCompletionChunk:
@@ -22,12 +25,11 @@ def chunk(text: str, finish: str | None = None) -> ChatCompletionChunk:
 
 
 def stream(held: bool) -> list[ChunkIn]:
-    words, full, chunks = ["Look ", "it ", "", "up."], "", []
-    for index, word in enumerate(words):
-        full += word
-        chunks.append(ChunkIn(chunk(word, "stop" if index == len(words) - 1 else None), word, index, full,
-                              held="it " if held and index else None))
-    chunks.append(ChunkIn(chunk("", None), "", len(words), "rewritten"))  # not the last text plus more
+    words = ["Look ", "it ", "", "up."]
+    chunks = chunks_in([(chunk(word, "stop" if index == len(words) - 1 else None), word) for index, word in enumerate(words)])
+    chunks = [dataclasses.replace(c, held="it " if held and c.index else None) for c in chunks]
+    other = StreamText(len(words))  # not the last text plus more
+    chunks.append(ChunkIn(chunk("", None), "", len(words), other, other.add("rewritten")))
     return chunks
 
 

@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from openai.types.chat import ChatCompletionChunk
 
 from hookbus.bus.groups.registry import GroupAnnouncement, ReplicaHeartbeat
-from hookbus.bus.wire.chunk_batch import ChunkIn, dump_chunks, dump_results
+from hookbus.bus.wire.chunk_batch import dump_chunks, dump_results
 from hookbus.bus.wire.envelopes import (
     CTX_FIELD,
     DATA_FIELD,
@@ -29,6 +29,7 @@ from hookbus.services.protocol.conformance.skills import Probe
 from hookbus.services.protocol.spec import REVISIONS, SPEC_DIR, spec_files
 from hookbus.services.worker.host import GroupHost
 from hookbus.skills import Context, HookData, HookError
+from tests.streamed import chunks_in
 
 REGENERATE = "run `hookbus protocol --out services/protocol/spec` and commit the result"
 
@@ -97,9 +98,10 @@ def test_real_messages_validate_against_the_schemas(generated: dict[str, str]) -
         "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
         "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}],
     })
-    batch = dump_chunks([ChunkIn(chunk, "Hi", 0, "Hi"), ChunkIn(chunk, "Hi", 1, "HiHi")])
-    _valid(generated, "ChunkBatch", batch)
-    _valid(generated, "ChunkResults", dump_results([None, ChunkIn(chunk, "HI", 1, "HiHI").data().model_dump_json().encode()]))
+    batch = chunks_in([(chunk, "Hi"), (chunk, "Hi")])
+    for kept in (False, True):
+        _valid(generated, "ChunkBatch", dump_chunks(batch, kept=kept))
+    _valid(generated, "ChunkResults", dump_results([None, batch[1].data().model_dump_json().encode()]))
     _valid(generated, "GroupAnnouncement", GroupHost("conformance", [Probe()]).announcement().model_dump_json())
     _valid(generated, "ReplicaHeartbeat", ReplicaHeartbeat(group="g", replica="r").model_dump_json())
 

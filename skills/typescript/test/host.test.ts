@@ -195,6 +195,34 @@ test('a batched on_chunk hop: full_content rebuilt, null for unchanged chunks, s
   assert.equal(reply.outcomes.length, 1); // one timing per hook for the whole batch
 });
 
+test('a protocol 1.1 batch: no text so far on the wire, full_content from the text this replica keeps, a gap for what it lacks, needs_text when it has none', async () => {
+  const chunk = (content: string) => ({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content } }] });
+  // as the orchestrator writes 1.1 chunks: no content where it is the chunk's own text, no full_content
+  const batch = (words: string[], first: number) => JSON.stringify(words.map((w, i) => ({ lifecycle: 'on_chunk', chunk: chunk(w), chunk_index: first + i })));
+  const text = (extra: Record<string, unknown> = {}) => ({ stream: 's1', start: 4, ...extra });
+  const one = new GroupHost('g', [new Chain()]);
+  const first = await one.answer(hop('on_chunk', ['upper'], { chunks: 2, text: text() }), 1, 'one', [ctxJson(), batch([' a', ' b'], 4)]);
+  assert.equal(first.reply.processed, 2);
+  assert.deepEqual(first.reply.state.fulls, [' a', ' a b']);
+  const results = JSON.parse(first.dataJson!);
+  assert.equal(results[0], null);
+  assert.equal(results[1].chunk.choices[0].delta.content, '[B]');
+  assert.equal(results[1].content, ' b'); // not the chunk's text any more: it goes back
+  assert.equal(results[1].full_content, undefined); // never the text so far
+  const next = await one.answer(hop('on_chunk', ['upper'], { chunks: 1, text: text() }), 1, 'one', [ctxJson(), batch([' c'], 6)]);
+  assert.deepEqual(next.reply.state.fulls, [' a b c']); // extended from what it kept
+  assert.equal(next.dataJson, undefined);
+  const other = new GroupHost('g', [new Chain()]);
+  const asks = await other.answer(hop('on_chunk', ['upper'], { chunks: 1, text: text() }), 1, 'two', [ctxJson(), batch([' d'], 7)]);
+  assert.equal(asks.reply.needs_text, true); // it never saw the stream: no hook ran
+  assert.equal(asks.reply.processed, 0);
+  assert.equal(asks.reply.state.fulls, undefined);
+  const whole = await other.answer(hop('on_chunk', ['upper'], { chunks: 1, text: text({ gap_from: 4, gap: [' a', ' b', ' c'] }) }), 1, 'two', [ctxJson(), batch([' d'], 7)]);
+  assert.deepEqual(whole.reply.state.fulls, [' a b c d']);
+  const gap = await one.answer(hop('on_chunk', ['upper'], { chunks: 1, text: text({ gap_from: 7, gap: [' d'] }) }), 1, 'one', [ctxJson(), batch([' e'], 8)]);
+  assert.deepEqual(gap.reply.state.fulls, [' a b c d e']); // what it kept, then the gap it lacked
+});
+
 test('a batched on_chunk hop with a hold-back window: each chunk sees the held text as the earlier ones left it; only a rewrite goes back', async () => {
   class Redact extends Skill {
     readonly name = 'redact';

@@ -11,6 +11,7 @@ import { Skill, hook, type HookData, type Context } from '../src/index.ts';
 import { GroupHost } from '../src/worker/host.ts';
 import { WorkerReplica } from '../src/worker/replica.ts';
 import { pairs } from '../src/bus/claims.ts';
+import { PROTOCOL } from '../src/wire/envelopes.ts';
 import { Keys } from '../src/bus/keys.ts';
 import { redisForTests, waitFor } from './redis.ts';
 
@@ -67,12 +68,12 @@ test('a hop is answered, acked, announced with the protocol version, heartbeats 
   await worker.start();
   try {
     const announcement = JSON.parse((await bus.client.hget(`${prefix}registry`, 'tsw'))!);
-    assert.equal(announcement.protocol, '1.0');
+    assert.equal(announcement.protocol, PROTOCOL);
     assert.equal(announcement.hooks[0].method, 'stamp');
     assert.equal(await bus.client.get(`${prefix}registry:version`), '1');
     assert.ok(Number(await bus.client.zscore(`${prefix}replicas:tsw`, 'tsw-1')) > Date.now() / 1000 - 5);
     const beat = JSON.parse((await bus.client.get(`${prefix}replica:tsw:tsw-1`))!);
-    assert.deepEqual({ ...beat, ts: undefined }, { v: 1, kind: 'heartbeat', group: 'tsw', replica: 'tsw-1', protocol: '1.0', ts: undefined });
+    assert.deepEqual({ ...beat, ts: undefined }, { v: 1, kind: 'heartbeat', group: 'tsw', replica: 'tsw-1', protocol: PROTOCOL, ts: undefined });
     const ttl = await bus.client.ttl(`${prefix}replica:tsw:tsw-1`);
     assert.ok(ttl > 0 && ttl <= 10, `ttl ${ttl}`);
 

@@ -6,6 +6,8 @@
  * `exclude_none`, so absent and null are the same to it; this module omits nulls too.
  */
 
+import type { ChunkText } from './chunkBatch.js';
+
 export const VERSION = 1;
 export const SPLIT_VERSION = 2;
 export { PROTOCOL } from '../generated/protocol.js';
@@ -40,6 +42,8 @@ export interface HopEvent {
   trace?: Record<string, unknown> | null;
   chunks: number;
   route?: RouteStep[] | null;
+  /** A batched on_chunk hop of protocol 1.1: the stream its chunks come from (../wire/chunkBatch.ts). */
+  text?: ChunkText | null;
 }
 
 export interface HookTiming {
@@ -66,6 +70,8 @@ export interface HopReply {
   duration_ms: number;
   processed: number;
   forwarded?: string;
+  /** A 1.1 batch whose stream's text this replica lacks: no hook ran, the orchestrator sends it again with the text. */
+  needs_text?: boolean;
 }
 
 /** An entry that is not a valid hop; `message` says why (it goes to the dead-letter stream). */
@@ -135,13 +141,21 @@ export function decodeHop(fields: Fields): HopEvent {
     .need('hooks', (v) => Array.isArray(v) && v.every(isHookRef), 'a list of {skill, method}', true)
     .need('data', isObject, 'a valid dictionary', true)
     .need('tool', (v) => isObject(v) && isString(v.name) && isObject(v.arguments), 'a tool invocation {name, arguments}', true)
-    .need('route', (v) => Array.isArray(v) && v.every(isObject), 'a list of route steps', true);
+    .need('route', (v) => Array.isArray(v) && v.every(isObject), 'a list of route steps', true)
+    .need('text', isChunkText, 'a stream reference {stream, start, gap_from, gap}', true);
   const hop = check.valid<HopEvent>([VERSION, SPLIT_VERSION]);
   hop.kind = 'hop';
   hop.hooks = hop.hooks ?? [];
   hop.epoch = hop.epoch ?? 0;
   hop.chunks = hop.chunks ?? 0;
   return hop;
+}
+
+function isChunkText(v: unknown): boolean {
+  if (!isObject(v) || !isString(v.stream) || !isInteger(v.start)) return false;
+  const gap = v.gap;
+  return (gap === undefined || gap === null || (Array.isArray(gap) && gap.every(isString)))
+    && (v.gap_from === undefined || v.gap_from === null || isInteger(v.gap_from));
 }
 
 /** (Context JSON, HookData JSON or undefined) of a version 2 hop; undefined for version 1. */

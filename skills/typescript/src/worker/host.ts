@@ -9,7 +9,7 @@ import { dumpData } from '../data.js';
 import { runHooks, type HookObserver, type HookOutcome } from '../runner.js';
 import type { BoundHook, BoundTool, Skill } from '../skill.js';
 import type { HookDescriptor, ToolDescriptor } from '../descriptors.js';
-import { dumpResults, HeldText, loadChunks } from '../wire/chunkBatch.js';
+import { dumpKept, dumpResults, HeldText, KeptTexts, loadChunks, loadKeptChunks } from '../wire/chunkBatch.js';
 import { PROTOCOL, type HopEvent, type HopReply, type HookTiming } from '../wire/envelopes.js';
 
 /** What the registry holds for a group (hookbus.bus.groups.registry.GroupAnnouncement),
@@ -34,8 +34,11 @@ class HopProblem extends Error {}
 export class GroupHost {
   readonly hooks = new Map<string, BoundHook>();
   readonly tools = new Map<string, BoundTool>();
+  /** The text so far of the streams whose batched on_chunk hops came here (protocol 1.1). */
+  readonly texts: KeptTexts;
 
-  constructor(readonly group: string, readonly skills: readonly Skill[]) {
+  constructor(readonly group: string, readonly skills: readonly Skill[], keptChars?: number) {
+    this.texts = new KeptTexts(keptChars);
     if (skills.length === 0) throw new Error(`worker group ${JSON.stringify(group)} needs at least one skill`);
     for (const skill of skills) {
       for (const h of skill.boundHooks()) this.hooks.set(h.key, h);
@@ -108,7 +111,7 @@ export class GroupHost {
     const sent = split?.[1];
     if (hop.chunks) {
       if (!sent) throw new HopProblem("a batched on_chunk hop needs its chunks in the 'd' field");
-      return this.runChunks(bound, sent, ctx, attempt, reply, observe);
+      return this.runChunks(hop, bound, sent, ctx, attempt, reply, observe);
     }
     const raw: Record<string, unknown> = split
       ? (sent ? JSON.parse(sent) : { lifecycle: hop.lifecycle })
@@ -128,19 +131,36 @@ export class GroupHost {
 
   /** The chain over each chunk in turn (each sees the state the previous one left, and
    * the held text as the earlier chunks left it), up to a HookError; per hook, the reply's
-   * outcome sums its calls' time and keeps its first failure. */
+   * outcome sums its calls' time and keeps its first failure. A protocol 1.1 batch
+   * (`hop.text`) gets each chunk's `full_content` from the stream's text kept here; without
+   * that text no hook runs and the reply asks for it. */
   private async runChunks(
-    bound: BoundHook[], raw: string, ctx: Context, attempt: number, reply: HopReply, observe?: HookObserver,
+    hop: HopEvent, bound: BoundHook[], raw: string, ctx: Context, attempt: number, reply: HopReply, observe?: HookObserver,
   ): Promise<string | undefined> {
+    const kept = hop.text ?? undefined;
+    const chunks = kept ? loadKeptChunks(raw) : loadChunks(raw);
+    let text: string | undefined;
+    if (kept) {
+      text = this.texts.take(kept, chunks[0]!.chunk_index as number);
+      if (text === undefined) {
+        reply.needs_text = true;
+        return undefined;
+      }
+    }
+    const dump = kept ? dumpKept : dumpData;
     const results: Array<string | null> = [];
     const perHook = new Map<string, HookOutcome>();
     const held = new HeldText();
-    for (const chunk of loadChunks(raw)) {
-      const before = dumpData(chunk);
+    for (const chunk of chunks) {
+      if (text !== undefined) {
+        text += typeof chunk.content === 'string' ? chunk.content : '';
+        chunk.full_content = text;
+      }
+      const before = dump(chunk);
       held.give(chunk);
       const result = await runHooks(bound, chunk, ctx, `on_chunk#${String(chunk.chunk_index)}`, attempt, observe);
       held.took(result.data);
-      const after = dumpData(result.data);
+      const after = dump(result.data);
       results.push(after !== before ? after : null);
       for (const o of result.outcomes) {
         const seen = perHook.get(o.hook);
@@ -159,6 +179,7 @@ export class GroupHost {
         break;
       }
     }
+    if (kept && text !== undefined) this.texts.keep(kept, text, (chunks[results.length - 1]!.chunk_index as number) + 1);
     reply.processed = results.length;
     reply.outcomes = timings([...perHook.values()]);
     return results.some((r) => r !== null) ? dumpResults(results) : undefined;
