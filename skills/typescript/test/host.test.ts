@@ -207,7 +207,7 @@ test('a protocol 1.1 batch: no text so far on the wire, full_content from the te
   const results = JSON.parse(first.dataJson!);
   assert.equal(results[0], null);
   assert.equal(results[1].chunk.choices[0].delta.content, '[B]');
-  assert.equal(results[1].content, ' b'); // not the chunk's text any more: it goes back
+  assert.equal(results[1].content, undefined); // it followed the rewrite (the chunk's text), so it stays off the wire
   assert.equal(results[1].full_content, undefined); // never the text so far
   const next = await one.answer(hop('on_chunk', ['upper'], { chunks: 1, text: text() }), 1, 'one', [ctxJson(), batch([' c'], 6)]);
   assert.deepEqual(next.reply.state.fulls, [' a b c']); // extended from what it kept
