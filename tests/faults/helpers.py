@@ -4,13 +4,17 @@ stream (so a second terminal item would be seen), polling, and counters."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aredis
 
+from hookbus.bus.connection.retrying import connect
+from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.versions import ReplicaInfo
 from hookbus.bus.keys import Keys
 from hookbus.bus.store.response_stream import TERMINAL_KINDS
@@ -156,3 +160,28 @@ async def version_stream(client: aredis.Redis, keys: Keys, group: str) -> str:
     infos = await client.hgetall(keys.replica_versions(group))
     [version] = {ReplicaInfo.model_validate_json(body).version for body in infos.values()}
     return keys.pinned_hooks_for(group, version, "")
+
+
+@contextlib.asynccontextmanager
+async def recording(redis_url: str, stream: str) -> AsyncIterator[list[dict[bytes, bytes]]]:
+    """The entries added to `stream` while inside, each kept as it comes (a blocking read
+    is served the moment an entry is added). For a stream its reader trims, as an
+    orchestrator trims its replies a second after it last waited for one: reading it
+    once the request ended finds nothing when that comes later, as on a loaded machine."""
+    client = connect(redis_url, retries=0)
+    entries: list[dict[bytes, bytes]] = []
+
+    async def follow() -> None:
+        last: bytes | str = "0-0"
+        while True:
+            for _name, found in await client.xread({stream: last}, count=100, block=1000) or ():
+                for entry_id, fields in found:
+                    last = entry_id
+                    entries.append(fields)
+
+    task = asyncio.ensure_future(follow())
+    try:
+        yield entries
+    finally:
+        await cancel_and_wait(task)
+        await client.aclose()

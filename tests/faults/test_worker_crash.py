@@ -12,6 +12,7 @@ from hookbus.services.cli.monitor import recent_events
 from tests.faults.fault_skills import fault_key
 from tests.faults.helpers import (
     read_until_terminal,
+    recording,
     runs,
     submit,
     terminal_count,
@@ -69,21 +70,24 @@ async def test_a_replica_killed_mid_hook_leaves_the_hop_to_its_sibling(procs, re
     assert await terminal_count(redis, keys, cid) == 1
 
 
-async def test_a_replica_killed_mid_hook_on_a_hop_sent_on_leaves_it_to_its_sibling(procs, redis, keys, prefix):
+async def test_a_replica_killed_mid_hook_on_a_hop_sent_on_leaves_it_to_its_sibling(
+    procs, redis, redis_url, keys, prefix
+):
     """The stage is sent on from group `mark` to group `slow` by mark's worker (a route);
     the slow replica that took the hop dies in its hook: its sibling claims the hop the
     orchestrator never sent, with mark's changes in it, and the request ends once."""
     marker = procs.worker("mark", MARK, replica="mark-a", claim_idle=1)
-    cid, victim, sibling, outcome = await _kill_mid_hook(
-        procs, redis, keys, prefix, "kill-routed", "hold=30 holdfirst [[echo]] routed", marker
-    )
+    async with recording(redis_url, keys.replies("orch-1")) as entries:
+        cid, victim, sibling, outcome = await _kill_mid_hook(
+            procs, redis, keys, prefix, "kill-routed", "hold=30 holdfirst [[echo]] routed", marker
+        )
     assert outcome.text == "hold=30 holdfirst routed (marked)"
     deliveries = await runs(redis, prefix, cid)
     assert [(d["by"], d["attempt"], d["marked"]) for d in deliveries] == [
         (victim.name, 1, "mark-a"), (sibling.name, 2, "mark-a"),
     ]
     # mark's reply names the hop it sent on: the orchestrator waited for that one
-    replies = [decode(fields, HopReply) for _, fields in await redis.xrange(keys.replies("orch-1"))]
+    replies = [decode(fields, HopReply) for fields in entries if b"wake" not in fields]
     sent_on = {r.forwarded for r in replies if r.completion_id == cid and r.replica == "mark-a"}
     assert len(sent_on) == 1 and None not in sent_on
     assert [r.replica for r in replies if r.completion_id == cid and r.hop_id in sent_on] == [sibling.name]

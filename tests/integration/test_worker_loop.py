@@ -33,26 +33,35 @@ from tests.waiting import wait_for
 
 
 class Gate(Skill):
-    """An on_chunk hook that waits until the test opens the gate."""
+    """An on_chunk hook that waits until the test opens its gate: `first` for the first
+    two chunks, `rest` for the others."""
 
     name = "gate"
     entered = 0
-    gate: asyncio.Event | None = None
+    first: asyncio.Event | None = None
+    rest: asyncio.Event | None = None
 
     @hook("on_chunk")
     async def wait(self, data: HookData, ctx: Context) -> None:
         Gate.entered += 1
-        assert Gate.gate is not None
-        await Gate.gate.wait()
+        gate = Gate.first if (data.chunk_index or 0) < 2 else Gate.rest
+        assert gate is not None
+        await gate.wait()
 
 
 async def test_concurrency_bounds_prefetch_exactly_and_replies_are_batched(redis_url, prefix):
-    Gate.entered, Gate.gate = 0, asyncio.Event()
+    Gate.entered, Gate.first, Gate.rest = 0, asyncio.Event(), asyncio.Event()
     keys = Keys(prefix)
-    worker = WorkerReplica(GroupHost("gated", [Gate()]), redis_url, prefix=prefix, concurrency=2, replica="g-0")
+    # acks held till the stop (ack_delay): the batcher's pipelines are then its replies' alone,
+    # not also an ack's each time hops come further apart than the delay (a loaded machine)
+    worker = WorkerReplica(
+        GroupHost("gated", [Gate()]), redis_url, prefix=prefix, concurrency=2, replica="g-0", ack_delay=3600
+    )
     client = connect(redis_url)
     reply_to = f"{prefix}test-replies"
+    stream = keys.hooks("gated")
     await worker.start()
+    running = True
     try:
         for n in range(6):
             event = HopEvent(
@@ -61,33 +70,37 @@ async def test_concurrency_bounds_prefetch_exactly_and_replies_are_batched(redis
                 data={"lifecycle": "on_chunk", "content": f"w{n}", "chunk_index": n},
                 ctx={}, reply_to=reply_to, deadline=time.time() + 30,
             )
-            await client.xadd(keys.hooks("gated"), encode(event))  # type: ignore[arg-type]
+            await client.xadd(stream, encode(event))  # type: ignore[arg-type]
 
-        async def two_entered() -> bool:
-            return Gate.entered >= 2
+        async def entered(count: int) -> bool:
+            return Gate.entered >= count
 
-        assert await wait_for(two_entered, timeout=5)
+        assert await wait_for(lambda: entered(2), timeout=5)
         await asyncio.sleep(0.5)  # a "nothing more happens" check: a worker that read past its bound would have by now
-        pending = await client.xpending(keys.hooks("gated"), "gated")
+        pending = await client.xpending(stream, "gated")
         assert pending["pending"] == 2  # read = in flight = --concurrency, nothing more
         assert Gate.entered == 2
-        Gate.gate.set()
 
-        async def all_replies() -> list[HopReply] | None:
+        async def replies(count: int) -> list[HopReply] | None:
             found = [decode(fields, HopReply) for _, fields in await client.xrange(reply_to)]
-            return found if len(found) >= 6 else None
+            return found if len(found) >= count else None
 
-        replies = await wait_for(all_replies, timeout=5) or []
-        assert sorted(r.hop_id for r in replies) == [f"hop-{n}" for n in range(6)]
-        assert not any(r.failure for r in replies)
-        async def all_acked() -> bool:  # acks follow the replies (ReplyBatcher)
-            return int((await client.xpending(keys.hooks("gated"), "gated"))["pending"]) == 0
-
-        assert await wait_for(all_acked, timeout=5)
-        assert worker._batcher is not None and worker._batcher.batches < 6  # two finished together
+        Gate.first.set()  # the two hooks in flight finish in one event-loop turn
+        assert sorted(r.hop_id for r in await wait_for(lambda: replies(2), timeout=5) or []) == ["hop-0", "hop-1"]
+        assert worker._batcher is not None and worker._batcher.batches == 1  # their replies in one pipeline
+        assert await wait_for(lambda: entered(4), timeout=5)  # the next two read as the slots freed
+        Gate.rest.set()
+        found = await wait_for(lambda: replies(6), timeout=5) or []
+        assert sorted(r.hop_id for r in found) == [f"hop-{n}" for n in range(6)]
+        assert not any(r.failure for r in found)
+        running = False
+        await worker.stop()  # sends the acks it owes
+        assert int((await client.xpending(stream, "gated"))["pending"]) == 0
     finally:
-        Gate.gate.set()
-        await worker.stop()
+        Gate.first.set()
+        Gate.rest.set()
+        if running:
+            await worker.stop()
         await client.aclose()
 
 

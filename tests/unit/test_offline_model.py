@@ -231,6 +231,23 @@ async def test_stream_usage_chunk_when_asked(client: AsyncOpenAI) -> None:
     assert all(c.usage is None for c in chunks[:-1])
 
 
+async def test_a_stream_whose_client_left_stops(raw: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
+    """The model's thread serves every caller of the process: a stream must stop once its
+    client is gone, not write the rest of a 100,000-chunk answer into the dead socket
+    (asyncio logs each such write) before it serves anyone else."""
+    body = {"model": "offline", "messages": [user("[[words:100000]]")], "stream": True}
+    async with raw.stream("POST", "/chat/completions", json=body) as response:
+        lines = response.aiter_lines()
+        for _ in range(3):
+            await anext(lines)
+    await raw.aclose()  # the connection is gone
+    async with httpx.AsyncClient(base_url=str(raw.base_url), timeout=30) as other:
+        answer = await other.post("/chat/completions", json={"model": "offline", "messages": [user("next")]})
+    assert answer.status_code == 200
+    dead_writes = [r for r in caplog.records if r.getMessage() == "socket.send() raised exception."]
+    assert len(dead_writes) < 10, len(dead_writes)
+
+
 async def test_sse_framing_is_openai_style(raw: httpx.AsyncClient) -> None:
     body = {"model": "offline", "messages": [user("[[words:2]]")], "stream": True}
     async with raw.stream("POST", "/chat/completions", json=body) as response:
