@@ -201,7 +201,9 @@ async def test_requests_in_flight_when_redis_fills_up_end_with_a_503_within_seco
         server, procs = stack.server, stack.procs
         keys = Keys(PREFIX)
         orchestrators = [
-            procs.orchestrator("tests.faults.oom_skills:agent", instance=name, claim_idle=1)
+            # 3 s: above a heartbeat thread's scheduling gaps on two busy cores (1 s let b
+            # take a running request of a's before Redis even filled), below the OOM phase
+            procs.orchestrator("tests.faults.oom_skills:agent", instance=name, claim_idle=3)
             for name in ("orch-a", "orch-b")  # b would take a's requests over, were a's leases to lapse
         ]
         await procs.wait_ready(*orchestrators)
