@@ -242,13 +242,13 @@ export class GroupMember {
       );
       if (!orphans.length || room <= 0 || !this.o.steadiness.steady()) continue;
       const claimed = await claim(client, stream, group, replica, claimIdle, orphans.slice(0, room));
+      this.claimed += claimed.length; // counted before they run: a reply can come before the other streams' pass ends
       for (const entry of claimed) {
         log('claimed', { stream, entry_id: entry.entryId, attempt: entry.attempt, replica, previous_owner: entry.previousOwner }, 'info');
         this.deliver(entry);
       }
       taken += claimed.length;
     }
-    this.claimed += taken;
     return taken;
   }
 
