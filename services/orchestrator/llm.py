@@ -21,6 +21,11 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
   finish_reason (cut off: its text unfinished, a tool call's arguments perhaps half a JSON)
   as a 502 `upstream_stream_truncated`; a finish_reason without the closing `[DONE]` is a
   complete answer;
+- raises `EmptyAnswer` (502 `empty_answer`) for an answer with no text and no tool call; when
+  the call offered tools under `tool_choice: "auto"`, a stream's chunks are held until the
+  model says something, so that nothing of an empty answer reaches the caller, which may
+  ask again with `"none"` (the agent does: llama-cpp-python's `chatml-function-calling`
+  answers text under "auto" with an empty message);
 - counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
 
 The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
@@ -184,7 +189,7 @@ class LLM:
         Being llama-cpp-python says nothing about its tool rounds: its
         `chatml-function-calling` format ends a stream under `tool_choice: "auto"` without a
         chunk (`stream` then goes unstreamed for such calls), but a chat handler that
-        streams them (the Gemma one of `make check-real-model`) keeps its stream."""
+        streams them keeps its stream."""
         if self.offline:
             return
         headers = {"Authorization": f"Bearer {self._api_key}"}
@@ -234,7 +239,10 @@ class LLM:
             if not _is_completion(response):
                 raise unreadable_answer("it is not a chat completion")
             if not response.choices or _said_nothing(response.choices[0].message):
-                raise empty_answer(response.choices[0].finish_reason if response.choices else None)
+                raise EmptyAnswer(
+                    response.choices[0].finish_reason if response.choices else None,
+                    under_auto=_under_auto(arguments), usage=response.usage,
+                )
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
             else:
@@ -255,9 +263,14 @@ class LLM:
                 yield chunk
             return
         arguments.update(stream=True, stream_options={"include_usage": True})
-        saw_choice = saw_usage = saw_call = False
+        saw_choice = saw_call = False
+        under_auto = _under_auto(arguments)
+        usage: CompletionUsage | None = None
         finish_reason: str | None = None
         produced: list[str] = []
+        held: list[ChatCompletionChunk] = []
+        """Under "auto", the chunks before the model said anything: an empty answer
+        is asked again, and the caller sees only the second answer's chunks."""
         with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
                 response = await self._connecting(
@@ -270,10 +283,16 @@ class LLM:
                             saw_call = saw_call or bool(choice.delta.tool_calls)
                             finish_reason = choice.finish_reason or finish_reason
                         if chunk.usage is not None:
-                            saw_usage = True
+                            usage = chunk.usage
                             self._report_usage(model, messages, tools, chunk.usage)
                         produced.extend(_chunk_texts(chunk))
                         span.chunk(chunk)
+                        if under_auto and not produced and not saw_call:
+                            held.append(chunk)
+                            continue
+                        for earlier in held:
+                            yield earlier
+                        held.clear()
                         yield chunk
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
@@ -284,12 +303,15 @@ class LLM:
                 # and its answer says what the empty stream did not: the real error (a prompt
                 # past the window), or an answer (llama-cpp-python ends a stream that carries
                 # `tool_choice: "auto"` at once: its tool rounds go unstreamed from then on).
+                # An empty answer to it is an answer too: the tool rounds still go unstreamed.
                 log.warning("llm_empty_stream_asking_unstreamed", model=model, tool_choice=arguments.get("tool_choice"))
-                async for chunk in self._unstreamed(model, messages, tools, settings):
-                    yield chunk
-                if arguments.get("tool_choice") == "auto" and not self.unstreamed_tool_rounds:
-                    self.unstreamed_tool_rounds = True
-                    log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
+                try:
+                    async for chunk in self._unstreamed(model, messages, tools, settings):
+                        yield chunk
+                except EmptyAnswer:
+                    self._unstream_tool_rounds(model, under_auto)
+                    raise
+                self._unstream_tool_rounds(model, under_auto)
                 return
             if finish_reason is None:
                 raise UpstreamError(
@@ -298,11 +320,17 @@ class LLM:
                     "what came is incomplete, and no tool call of it was made",
                 )
             if not produced and not saw_call:
-                raise empty_answer(finish_reason)
-            if not saw_usage:
+                raise EmptyAnswer(finish_reason, under_auto=under_auto, usage=usage)
+            if usage is None:
                 estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
                 yield estimate
+
+    def _unstream_tool_rounds(self, model: str, under_auto: bool) -> None:
+        """After an empty stream under "auto" that was answered unstreamed."""
+        if under_auto and not self.unstreamed_tool_rounds:
+            self.unstreamed_tool_rounds = True
+            log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
 
     async def _unstreamed(
         self,
@@ -516,13 +544,27 @@ def _said_nothing(message: Any) -> bool:
     return not message.content and not message.tool_calls
 
 
-def empty_answer(finish_reason: str | None) -> UpstreamError:
+def _under_auto(arguments: dict[str, Any]) -> bool:
+    """Whether the call offered tools and left the choice to the model."""
+    return arguments.get("tool_choice") == "auto"
+
+
+class EmptyAnswer(UpstreamError):
     """An answer with no text and no tool call: never passed on as an empty success, since a
-    client (or `hookbus send`) cannot tell it from a model that had nothing to say."""
-    return UpstreamError(
-        502, "empty_answer",
-        f"the model's answer was empty: no text and no tool call (finish_reason {finish_reason or 'none'})",
-    )
+    client (or `hookbus send`) cannot tell it from a model that had nothing to say.
+
+    `under_auto`: the call offered tools under `tool_choice: "auto"`, and nothing of the
+    answer reached the caller (a stream's chunks were held), so the call can be asked again
+    with `"none"`. `usage`: what the empty answer cost, as the endpoint reported it."""
+
+    def __init__(self, finish_reason: str | None, *, under_auto: bool, usage: CompletionUsage | None) -> None:
+        super().__init__(
+            502, "empty_answer",
+            f"the model's answer was empty: no text and no tool call (finish_reason {finish_reason or 'none'})",
+        )
+        self.finish_reason = finish_reason
+        self.under_auto = under_auto
+        self.usage = usage
 
 
 def _chunk_texts(chunk: ChatCompletionChunk) -> list[str]:

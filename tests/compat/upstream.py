@@ -1,8 +1,9 @@
 """A recording upstream: a real HTTP server that plays an OpenAI-compatible endpoint.
 
-It records every request body it receives and answers from a script (a queue of scripted
-answers, FIFO), or by default with a plain completion / stream. Tests use it to prove what
-reaches the model (each parameter, the message form) and how each upstream error maps.
+It records every request it receives (method, path, body) and answers from a script (a
+queue of scripted answers, FIFO), else by its `rule` (an answer decided by the request's
+body), else with a plain completion / stream. Tests use it to prove what reaches the model
+(each parameter, the message form) and how each upstream error maps.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,6 +46,18 @@ class Raw:
     body: bytes
     content_type: str = "application/json"
     status: int = 200
+
+
+Answer = Reply | Stream | Raw
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as it arrived (`body`: its JSON, None for a GET)."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None
 
 
 def completion(text: str | None = DEFAULT_TEXT, tool_calls: list[dict[str, Any]] | None = None,
@@ -88,8 +101,26 @@ def _words(text: str) -> Iterator[str]:
         yield word if i == 0 else " " + word
 
 
+def silent(stream: bool) -> Answer:
+    """An answer with no text and no tool call (finish_reason stop), streamed or not."""
+    return Stream([chunk({"role": "assistant", "content": ""}), chunk({}, "stop")]) if stream else Reply(completion(""))
+
+
+def empty_under_auto(body: dict[str, Any]) -> Answer | None:
+    """A `rule` that answers as llama-cpp-python's `chatml-function-calling` format does
+    when the model would answer in text: an empty message to a call offering tools under
+    `tool_choice: "auto"`; the default text otherwise."""
+    return silent(bool(body.get("stream"))) if body.get("tool_choice") == "auto" else None
+
+
+def always_empty(body: dict[str, Any]) -> Answer:
+    """A `rule` that answers every call with an empty message."""
+    return silent(bool(body.get("stream")))
+
+
 class RecordingUpstream:
-    """The server; `received` holds each chat request body, in arrival order."""
+    """The server; `seen` holds every request, `received` each chat request body, in
+    arrival order."""
 
     def __init__(
         self,
@@ -99,9 +130,10 @@ class RecordingUpstream:
     ) -> None:
         """`tokens_per_char`: serve llama-cpp-python's `POST /extras/tokenize`, counting
         that many tokens per character; other paths than chat completions answer 404."""
+        self.seen: list[Seen] = []
         self.received: list[dict[str, Any]] = []
-        self.paths: list[str] = []
-        self.script: deque[Reply | Stream | Raw] = deque()
+        self.script: deque[Answer] = deque()
+        self.rule: Callable[[dict[str, Any]], Answer | None] | None = None
         self.props = props
         self.models = models
         self.tokens_per_char = tokens_per_char
@@ -115,7 +147,7 @@ class RecordingUpstream:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                upstream.paths.append(self.path)
+                upstream.seen.append(Seen("GET", self.path, None))
                 if self.path == "/props" and upstream.props is not None:
                     self._json(200, upstream.props)
                 elif self.path == "/v1/models" and upstream.models is not None:
@@ -126,8 +158,8 @@ class RecordingUpstream:
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                upstream.seen.append(Seen("POST", self.path, body))
                 if not self.path.endswith("/chat/completions"):
-                    upstream.paths.append(self.path)
                     if self.path == "/extras/tokenize" and upstream.tokens_per_char:
                         count = int(len(body["input"]) * upstream.tokens_per_char)
                         self._json(200, {"tokens": list(range(count))})
@@ -137,6 +169,8 @@ class RecordingUpstream:
                 with upstream._lock:
                     upstream.received.append(body)
                     answer = upstream.script.popleft() if upstream.script else None
+                if answer is None and upstream.rule is not None:
+                    answer = upstream.rule(body)
                 if answer is None:
                     answer = text_stream() if body.get("stream") else Reply(completion())
                 if isinstance(answer, Stream):
@@ -185,18 +219,25 @@ class RecordingUpstream:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
+    def paths(self) -> list[str]:
+        """The path of every request, in arrival order."""
+        return [seen.path for seen in self.seen]
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def answer(self, *answers: Reply | Stream | Raw) -> None:
+    def answer(self, *answers: Answer) -> None:
         """Queue scripted answers for the next requests."""
         with self._lock:
             self.script.extend(answers)
 
     def reset(self) -> None:
         with self._lock:
+            self.seen.clear()
             self.received.clear()
             self.script.clear()
+            self.rule = None
 
     def __enter__(self) -> RecordingUpstream:
         self._thread.start()
