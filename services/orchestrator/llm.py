@@ -21,11 +21,13 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
   finish_reason (cut off: its text unfinished, a tool call's arguments perhaps half a JSON)
   as a 502 `upstream_stream_truncated`; a finish_reason without the closing `[DONE]` is a
   complete answer;
-- raises `EmptyAnswer` (502 `empty_answer`) for an answer with no text and no tool call; when
-  the call offered tools under `tool_choice: "auto"`, a stream's chunks are held until the
-  model says something, so that nothing of an empty answer reaches the caller, which may
-  ask again with `"none"` (the agent does: llama-cpp-python's `chatml-function-calling`
-  answers text under "auto" with an empty message);
+- raises `EmptyAnswer` (502 `empty_answer`) for an answer with no text and no tool call, or,
+  under `tool_choice: "auto"`, with nothing but a tool-call marker (`functions.NAME:`, NAME
+  an offered tool): llama-cpp-python's `chatml-function-calling` answers so whenever the
+  model answers in text (its grammar for the text allows only a marker or the end of the
+  turn). Under "auto" a stream's chunks are held while its text may still be nothing but
+  that, so nothing of such an answer reaches the caller, which may ask again with `"none"`
+  (the agent does);
 - counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
 
 The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
@@ -238,9 +240,10 @@ class LLM:
                 raise unreadable_answer("its body is not JSON") from exc
             if not _is_completion(response):
                 raise unreadable_answer("it is not a chat completion")
-            if not response.choices or _said_nothing(response.choices[0].message):
+            if not response.choices or _said_nothing(response.choices[0].message, _markers(arguments)):
                 raise EmptyAnswer(
                     response.choices[0].finish_reason if response.choices else None,
+                    response.choices[0].message.content if response.choices else None,
                     under_auto=_under_auto(arguments), usage=response.usage,
                 )
             if response.usage is None:
@@ -264,13 +267,14 @@ class LLM:
             return
         arguments.update(stream=True, stream_options={"include_usage": True})
         saw_choice = saw_call = False
-        under_auto = _under_auto(arguments)
+        under_auto = holding = _under_auto(arguments)
+        markers = _markers(arguments)
         usage: CompletionUsage | None = None
         finish_reason: str | None = None
         produced: list[str] = []
         held: list[ChatCompletionChunk] = []
-        """Under "auto", the chunks before the model said anything: an empty answer
-        is asked again, and the caller sees only the second answer's chunks."""
+        """Under "auto", the chunks while the answer may still say nothing (`holding`): such
+        an answer is asked again, and the caller sees only the second answer's chunks."""
         with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
                 response = await self._connecting(
@@ -287,13 +291,15 @@ class LLM:
                             self._report_usage(model, messages, tools, chunk.usage)
                         produced.extend(_chunk_texts(chunk))
                         span.chunk(chunk)
-                        if under_auto and not produced and not saw_call:
-                            held.append(chunk)
+                        if not holding:
+                            yield chunk
                             continue
-                        for earlier in held:
-                            yield earlier
-                        held.clear()
-                        yield chunk
+                        held.append(chunk)
+                        holding = not saw_call and _may_say_nothing("".join(produced), markers)
+                        if not holding:
+                            for earlier in held:
+                                yield earlier
+                            held.clear()
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
             except json.JSONDecodeError as exc:
@@ -319,8 +325,10 @@ class LLM:
                     "the LLM endpoint's stream ended before the answer did (no finish_reason): "
                     "what came is incomplete, and no tool call of it was made",
                 )
-            if not produced and not saw_call:
-                raise EmptyAnswer(finish_reason, under_auto=under_auto, usage=usage)
+            if not saw_call and _says_nothing("".join(produced), markers):
+                raise EmptyAnswer(finish_reason, "".join(produced), under_auto=under_auto, usage=usage)
+            for earlier in held:  # it ended while its text could still have been a marker
+                yield earlier
             if usage is None:
                 estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
@@ -540,8 +548,18 @@ def completion_chunks(completion: ChatCompletion) -> list[ChatCompletionChunk]:
     return [ChatCompletionChunk.model_validate(chunk) for chunk in chunks]
 
 
-def _said_nothing(message: Any) -> bool:
-    return not message.content and not message.tool_calls
+def _said_nothing(message: Any, markers: tuple[str, ...]) -> bool:
+    return not message.tool_calls and _says_nothing(message.content or "", markers)
+
+
+def _says_nothing(text: str, markers: tuple[str, ...]) -> bool:
+    """No text, or nothing but one of `markers`."""
+    return not text or text.strip() in markers
+
+
+def _may_say_nothing(text: str, markers: tuple[str, ...]) -> bool:
+    """Whether a text so far may still end as no text or nothing but one of `markers`."""
+    return not text or any(marker.startswith(text.lstrip()) for marker in markers)
 
 
 def _under_auto(arguments: dict[str, Any]) -> bool:
@@ -549,18 +567,30 @@ def _under_auto(arguments: dict[str, Any]) -> bool:
     return arguments.get("tool_choice") == "auto"
 
 
+def _markers(arguments: dict[str, Any]) -> tuple[str, ...]:
+    """Under "auto", the tool-call markers that are no answer as text: llama-cpp-python's
+    `chatml-function-calling` format, asked to answer in text under "auto", can only end
+    the turn or write `functions.NAME:` for an offered tool (and leaves it as the text)."""
+    if not _under_auto(arguments):
+        return ()
+    return tuple(f"functions.{tool['function']['name']}:" for tool in arguments["tools"] if tool.get("function"))
+
+
 class EmptyAnswer(UpstreamError):
-    """An answer with no text and no tool call: never passed on as an empty success, since a
-    client (or `hookbus send`) cannot tell it from a model that had nothing to say.
+    """An answer with no text and no tool call (or, under "auto", nothing but a tool-call
+    marker: `_markers`): never passed on as an empty success, since a client (or `hookbus
+    send`) cannot tell it from a model that had nothing to say.
 
     `under_auto`: the call offered tools under `tool_choice: "auto"`, and nothing of the
     answer reached the caller (a stream's chunks were held), so the call can be asked again
     with `"none"`. `usage`: what the empty answer cost, as the endpoint reported it."""
 
-    def __init__(self, finish_reason: str | None, *, under_auto: bool, usage: CompletionUsage | None) -> None:
+    def __init__(
+        self, finish_reason: str | None, text: str | None, *, under_auto: bool, usage: CompletionUsage | None
+    ) -> None:
+        said = f"no tool call, no text but {text.strip()!r}" if text and text.strip() else "no text and no tool call"
         super().__init__(
-            502, "empty_answer",
-            f"the model's answer was empty: no text and no tool call (finish_reason {finish_reason or 'none'})",
+            502, "empty_answer", f"the model's answer said nothing: {said} (finish_reason {finish_reason or 'none'})"
         )
         self.finish_reason = finish_reason
         self.under_auto = under_auto

@@ -4,7 +4,7 @@ text (and nothing of the first), the retry is counted in /metrics and shown in t
 request's waterfall; only an empty answer to that too is a 502 `empty_answer`.
 
 The endpoint double answers as llama-cpp-python's `chatml-function-calling` format does
-when the model would answer in text (tests/compat/upstream.py, `empty_under_auto`).
+when the model answers in text (tests/compat/upstream.py, `says_nothing_under_auto`).
 """
 
 from __future__ import annotations
@@ -131,11 +131,13 @@ def chat_calls(double: up.RecordingUpstream) -> list[tuple[Any, ...]]:
     ]
 
 
+@pytest.mark.parametrize("said", ["", "functions.add:"])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_empty_answer_under_auto_is_asked_again_with_none_and_the_client_gets_its_text(
-    gateway, double, watch, stream
+    gateway, double, watch, stream, said
 ):
-    double.rule = up.empty_under_auto
+    """No text, or nothing but the marker of a call of the agent's tool `add`."""
+    double.rule = up.says_nothing_under_auto(said)
     before = await metrics(gateway)
     completion_id, text, chunks = await ask(gateway, stream)
     assert text == up.DEFAULT_TEXT
@@ -149,7 +151,7 @@ async def test_an_empty_answer_under_auto_is_asked_again_with_none_and_the_clien
     assert [(s["lifecycle"], s["hooks"], s["outcome"]) for s in calls] == [
         ("llm_retry", [UPSTREAM_MODEL], "failed"), ("llm_call", [UPSTREAM_MODEL], "ok"),
     ]
-    assert calls[0]["error"].startswith("empty_answer: the model's answer was empty")
+    assert calls[0]["error"].startswith("empty_answer: the model's answer said nothing")
     assert calls[0]["error"].endswith("asked again with tool_choice none")
     if stream:
         # The empty answer's chunks reached neither the hooks nor the client: one role

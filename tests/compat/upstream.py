@@ -101,16 +101,29 @@ def _words(text: str) -> Iterator[str]:
         yield word if i == 0 else " " + word
 
 
-def silent(stream: bool) -> Answer:
-    """An answer with no text and no tool call (finish_reason stop), streamed or not."""
-    return Stream([chunk({"role": "assistant", "content": ""}), chunk({}, "stop")]) if stream else Reply(completion(""))
+Rule = Callable[[dict[str, Any]], Answer | None]
+"""Decides the answer to a chat request's body (None: the default answer)."""
 
 
-def empty_under_auto(body: dict[str, Any]) -> Answer | None:
+def silent(stream: bool, text: str = "") -> Answer:
+    """An answer with no tool call and no text (or `text`: a tool-call marker), finish_reason
+    stop, streamed (the role delta, the text in pieces, the finish) or not."""
+    if not stream:
+        return Reply(completion(text))
+    pieces = [chunk({"content": text[i:i + 4]}) for i in range(0, len(text), 4)]
+    return Stream([chunk({"role": "assistant", "content": ""}), *pieces, chunk({}, "stop")])
+
+
+def says_nothing_under_auto(text: str = "") -> Rule:
     """A `rule` that answers as llama-cpp-python's `chatml-function-calling` format does
-    when the model would answer in text: an empty message to a call offering tools under
-    `tool_choice: "auto"`; the default text otherwise."""
-    return silent(bool(body.get("stream"))) if body.get("tool_choice") == "auto" else None
+    when the model answers in text: under `tool_choice: "auto"` its grammar allows only
+    the end of the turn (no text) or a tool-call marker (`functions.add:`, left as the
+    text); the default text otherwise."""
+
+    def rule(body: dict[str, Any]) -> Answer | None:
+        return silent(bool(body.get("stream")), text) if body.get("tool_choice") == "auto" else None
+
+    return rule
 
 
 def always_empty(body: dict[str, Any]) -> Answer:
@@ -133,7 +146,7 @@ class RecordingUpstream:
         self.seen: list[Seen] = []
         self.received: list[dict[str, Any]] = []
         self.script: deque[Answer] = deque()
-        self.rule: Callable[[dict[str, Any]], Answer | None] | None = None
+        self.rule: Rule | None = None
         self.props = props
         self.models = models
         self.tokens_per_char = tokens_per_char
