@@ -317,8 +317,9 @@ def window_cases(through: openai.OpenAI, direct: openai.OpenAI, alias: str, orch
     for name, long, short, word in cases:
         since = len(orchestrator_log.read_text().splitlines())
         answer = timed(lambda long=long, word=word: names(word, plain(through, alias, long)))
-        summarized = [c for c in compactions(orchestrator_log, since) if c["stage"] == "summarized"]
-        through_said = Said(answer.ok and bool(summarized), f"{answer.what}, compactions {summarized}", answer.seconds)
+        compacted = compactions(orchestrator_log, since)
+        summarized = any(c["stage"] == "summarized" for c in compacted)
+        through_said = Said(answer.ok and summarized, f"{answer.what}, compactions {compacted}", answer.seconds)
         refused = timed(lambda long=long: Said(True, repr(plain(direct, alias, long)[:40])))
         short_said = timed(lambda short=short, word=word: names(word, plain(direct, alias, short)))
         judge(name, through_said, Said(short_said.ok, f"without the filler {short_said.what}; with it {refused.what}",
