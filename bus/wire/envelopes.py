@@ -216,6 +216,13 @@ REQUEST_START = "request_start"
 """The lifecycle of the stage record an orchestrator writes when it starts running a
 request, with the request's model and caller: readers show a running request with them."""
 
+LLM_RETRY = "llm_retry"
+"""The lifecycle of the stage record of an LLM call whose answer was not taken and which was
+asked again: its error starts with the reason (one of LLM_RETRY_REASONS) and a colon."""
+LLM_RETRY_REASONS = ("empty_answer",)
+"""Why an LLM call is asked again: `empty_answer`, no text and no tool call under
+`tool_choice: "auto"` (asked again with "none")."""
+
 
 class MonitorRecord(Envelope):
     """One line of the `events` firehose: a hop, a stage segment (an LLM call and a tool

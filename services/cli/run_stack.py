@@ -45,7 +45,7 @@ REAL_MODEL_EXAMPLE = [
     {"role": "assistant", "content": "Rome."},
 ]
 """One exchange before the real model's demo question: a base (pretrained) model, such as the
-Gemma 3 270M GGUF `make check-real-model` serves, continues a conversation in the form it is
+Gemma 3 270M GGUF `make check-real-model MODEL=gemma` serves, continues a conversation in the form it is
 shown but echoes a bare question; an instruction-tuned one answers either way."""
 REAL_MODEL_PROMPT = "Which city is the capital of France?"
 REAL_MODEL_SETTINGS = {"temperature": 0, "max_tokens": 24}

@@ -5,11 +5,12 @@ Three sources:
 - **the gateway's requests** (`hookbus_gateway_*`): counted by an ASGI middleware and the
   chat handler: requests by path and status, errors by status and code (including errors
   that arrive mid-stream), latency, time to the first streamed chunk, disconnects;
-- **the `events` stream** (`hookbus_stage_*`, `hookbus_hop*`, `hookbus_agent_*`): a
-  background task follows the monitor firehose from the moment the gateway started and
-  turns each MonitorRecord (entries hold batches of them, hookbus.bus.store.events) into histogram observations - lifecycle stages per lifecycle
+- **the `events` stream** (`hookbus_stage_*`, `hookbus_hop*`, `hookbus_agent_*`,
+  `hookbus_llm_retries`): a background task follows the monitor firehose from the moment
+  the gateway started and turns each MonitorRecord (entries hold batches of them,
+  hookbus.bus.store.events) into histogram observations - lifecycle stages per lifecycle
   and per hook group (`group="local"` for in-process hooks), hops per worker group, and
-  whole requests as the orchestrators saw them. These describe the whole bus, not just this
+  whole requests as the orchestrators saw them - and counts the LLM calls asked again. These describe the whole bus, not just this
   gateway's requests: with several gateways, aggregate them with `max`, not `sum`;
 - **queue state, read on scrape** (`hookbus_queue_*`): XINFO GROUPS of `requests`
   (group `orchestrators`) and of `hooks:{group}` (with its versions' streams) for every announced worker group - lag
@@ -41,7 +42,13 @@ from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.registry import REPLICA_TTL
 from hookbus.bus.groups.versions import VersionState, live_versions, serving_counts
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
-from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
+from hookbus.bus.wire.envelopes import (
+    LLM_RETRY,
+    LLM_RETRY_REASONS,
+    DecodeError,
+    MonitorRecord,
+    monitor_records,
+)
 from hookbus.skills import HookbusError
 
 log = structlog.get_logger("hookbus.gateway")
@@ -139,6 +146,12 @@ class GatewayMetrics:
             "hookbus_agent_requests", "Requests the orchestrators finished, by outcome.",
             ["outcome"], registry=r,
         )
+        self.llm_retries = Counter(
+            "hookbus_llm_retries",
+            "LLM calls whose answer was not taken and which were asked again, by reason "
+            "(empty_answer: no text and no tool call under tool_choice auto, asked again with none).",
+            ["reason"], registry=r,
+        )
         self.events_read = Counter(
             "hookbus_gateway_events_read", "Monitor records this gateway read from the events stream.",
             registry=r,
@@ -201,6 +214,8 @@ class GatewayMetrics:
             group = record.group or "local"
             self.stage_latency.labels(record.lifecycle, group).observe(seconds)
             self.stages.labels(record.lifecycle, group, record.outcome).inc()
+            if record.lifecycle == LLM_RETRY:
+                self.llm_retries.labels(llm_retry_reason(record)).inc()
         elif record.kind == "hop":
             group = record.group or "unknown"
             self.hop_latency.labels(group, record.lifecycle).observe(seconds)
@@ -278,6 +293,13 @@ class GatewayMetrics:
             for version, state in states.items():
                 self.version_replicas.labels(group, version).set(len(state.replicas))
                 self.version_serving.labels(group, version).set(serving[version])
+
+
+def llm_retry_reason(record: MonitorRecord) -> str:
+    """The reason of an LLM_RETRY record, as a bounded label (`other` when unknown: the
+    record came from another process, maybe another version)."""
+    reason = (record.error or "").partition(":")[0]
+    return reason if reason in LLM_RETRY_REASONS else "other"
 
 
 class EventsFollower:

@@ -46,6 +46,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.bus.wire.chunk_batch import ChunkIn
+from hookbus.bus.wire.envelopes import LLM_RETRY
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator import client_tools
 from hookbus.services.orchestrator.assemble import add_usage
@@ -54,7 +55,7 @@ from hookbus.services.orchestrator.compaction import Compaction, CompactionPolic
 from hookbus.services.orchestrator.compactor import Compactor
 from hookbus.services.orchestrator.hold_back import whole_answer_chunk
 from hookbus.services.orchestrator.instructions import with_instructions
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm import LLM, EmptyAnswer
 from hookbus.services.orchestrator.observations import LocalObservers, RequestObservations
 from hookbus.services.orchestrator.plan import HookPlan, Segment
 from hookbus.services.orchestrator.run_state import RunState
@@ -479,12 +480,14 @@ class Agent:
         final_round: bool,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One LLM call (streamed or not); a "context too long" refusal that comes before any
-        chunk gets one compaction and one retry, else the error stands."""
+        chunk gets one compaction and one retry, else the error stands. An empty answer under
+        `tool_choice: "auto"` (nothing of it reached the client: the adapter held its chunks)
+        is asked once more with "none", as `_asked_again` says."""
         retried = False
         while True:
             chunks_before = state.chunks_seen
             try:
-                with self._recorded_call(state, "llm_call", self.model):
+                with self._recorded_llm_call(state):
                     if state.stream:
                         async with contextlib.aclosing(
                             self._streamed_llm_call(state, messages, tools, settings)
@@ -506,19 +509,27 @@ class Agent:
                 if outcome is None:
                     raise
                 messages = _adopt(state, outcome, final_round)
+            except EmptyAnswer as empty:
+                if not empty.under_auto:
+                    raise
+                settings = _asked_again(state, empty, settings)
 
     @contextlib.contextmanager
-    def _recorded_call(self, state: RunState, lifecycle: str, name: str) -> Iterator[None]:
-        """Time one LLM or tool call into the events stream (its error, if it raised)."""
-        started, error = time.perf_counter(), None
+    def _recorded_llm_call(self, state: RunState) -> Iterator[None]:
+        """Time one LLM call into the events stream (its error, if it raised); one that is
+        asked again is recorded as LLM_RETRY, its reason first, for the waterfall and the
+        gateway's `hookbus_llm_retries`."""
+        started, lifecycle, error = time.perf_counter(), "llm_call", None
         try:
             yield
         except Exception as exc:
             error = str(exc) or type(exc).__name__
+            if isinstance(exc, EmptyAnswer) and exc.under_auto:
+                lifecycle, error = LLM_RETRY, f"empty_answer: {exc}; asked again with tool_choice none"
             raise
         finally:
             self.runtime.record_call(
-                state.completion_id, lifecycle, name, (time.perf_counter() - started) * 1000, error
+                state.completion_id, lifecycle, self.model, (time.perf_counter() - started) * 1000, error
             )
 
     async def _streamed_llm_call(
@@ -909,6 +920,20 @@ def _judged(data: HookData, content: str) -> Judged:
 
 async def _as_stream(chunk: ChatCompletionChunk) -> AsyncGenerator[ChatCompletionChunk, None]:
     yield chunk
+
+
+def _asked_again(state: RunState, empty: EmptyAnswer, settings: ModelSettings) -> ModelSettings:
+    """The settings to ask an empty answer under `tool_choice: "auto"` again with: "none".
+    An endpoint may answer a text under "auto" with an empty message (llama-cpp-python's
+    `chatml-function-calling` does: its grammar offers the model a tool name or the end of
+    its turn); under "none" the model answers in text. What the empty answer cost counts in
+    the request's usage."""
+    log.warning(
+        "llm_asked_again", completion_id=state.completion_id, reason="empty_answer",
+        finish_reason=empty.finish_reason, tool_choice="none",
+    )
+    state.usage = add_usage(state.usage, empty.usage)
+    return settings.model_copy(update={"tool_choice": "none"})
 
 
 def _round_cap_message() -> dict[str, Any]:

@@ -26,6 +26,7 @@ from hookbus.bus.store.events import EventWriter
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.chunk_batch import ChunkIn, dump_chunks, load_results
 from hookbus.bus.wire.envelopes import (
+    LLM_RETRY,
     HookRef,
     HopEvent,
     HopReply,
@@ -508,7 +509,7 @@ class BusRuntime:
                 kind="stage", completion_id=completion_id, lifecycle=lifecycle, hooks=[name],
                 replica=self.instance, duration_ms=duration_ms,
                 outcome=Outcome.FAILED if error else Outcome.OK, error=error,
-                model=name if lifecycle == "llm_call" else None,
+                model=name if lifecycle in ("llm_call", LLM_RETRY) else None,
             )
         )
 

@@ -22,6 +22,13 @@ What it does for every endpoint (OpenAI, vLLM, llama.cpp):
   finish_reason (cut off: its text unfinished, a tool call's arguments perhaps half a JSON)
   as a 502 `upstream_stream_truncated`; a finish_reason without the closing `[DONE]` is a
   complete answer;
+- raises `EmptyAnswer` (502 `empty_answer`) for an answer with no text and no tool call, or,
+  under `tool_choice: "auto"`, with nothing but a tool-call marker (`functions.NAME:`, NAME
+  an offered tool): llama-cpp-python's `chatml-function-calling` answers so whenever the
+  model answers in text (its grammar for the text allows only a marker or the end of the
+  turn). Under "auto" a stream's chunks are held while its text may still be nothing but
+  that, so nothing of such an answer reaches the caller, which may ask again with `"none"`
+  (the agent does);
 - counts the usage with tiktoken when a stream brings none, marked `estimated: true`.
 
 The client's HTTP stack (`http`, `HOOKBUS_LLM_HTTP`): aiohttp costs 0.68-0.73x the CPU
@@ -261,8 +268,12 @@ class LLM:
                 raise unreadable_answer("its body is not JSON") from exc
             if not _is_completion(response):
                 raise unreadable_answer("it is not a chat completion")
-            if not response.choices or _said_nothing(response.choices[0].message):
-                raise empty_answer(response.choices[0].finish_reason if response.choices else None)
+            if not response.choices or _said_nothing(response.choices[0].message, _markers(arguments)):
+                raise EmptyAnswer(
+                    response.choices[0].finish_reason if response.choices else None,
+                    response.choices[0].message.content if response.choices else None,
+                    under_auto=_under_auto(arguments), usage=response.usage,
+                )
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
             else:
@@ -283,9 +294,15 @@ class LLM:
                 yield chunk
             return
         arguments.update(stream=True, stream_options={"include_usage": True})
-        saw_choice = saw_usage = saw_call = False
+        saw_choice = saw_call = False
+        under_auto = holding = _under_auto(arguments)
+        markers = _markers(arguments)
+        usage: CompletionUsage | None = None
         finish_reason: str | None = None
         produced: list[str] = []
+        held: list[ChatCompletionChunk] = []
+        """Under "auto", the chunks while the answer may still say nothing (`holding`): such
+        an answer is asked again, and the caller sees only the second answer's chunks."""
         with tracing.chat_span(model, self, messages, tools, stream=True, settings=settings) as span:
             try:
                 response = await self._connecting(
@@ -298,11 +315,19 @@ class LLM:
                             saw_call = saw_call or bool(choice.delta.tool_calls)
                             finish_reason = choice.finish_reason or finish_reason
                         if chunk.usage is not None:
-                            saw_usage = True
+                            usage = chunk.usage
                             self._report_usage(model, messages, tools, chunk.usage)
                         produced.extend(_chunk_texts(chunk))
                         span.chunk(chunk)
-                        yield chunk
+                        if not holding:
+                            yield chunk
+                            continue
+                        held.append(chunk)
+                        holding = not saw_call and _may_say_nothing("".join(produced), markers)
+                        if not holding:
+                            for earlier in held:
+                                yield earlier
+                            held.clear()
             except openai.APIError as exc:
                 raise llm_error(exc) from exc
             except json.JSONDecodeError as exc:
@@ -312,12 +337,15 @@ class LLM:
                 # and its answer says what the empty stream did not: the real error (a prompt
                 # past the window), or an answer (llama-cpp-python ends a stream that carries
                 # `tool_choice: "auto"` at once: its tool rounds go unstreamed from then on).
+                # An empty answer to it is an answer too: the tool rounds still go unstreamed.
                 log.warning("llm_empty_stream_asking_unstreamed", model=model, tool_choice=arguments.get("tool_choice"))
-                async for chunk in self._unstreamed(model, messages, tools, settings):
-                    yield chunk
-                if arguments.get("tool_choice") == "auto" and not self.unstreamed_tool_rounds:
-                    self.unstreamed_tool_rounds = True
-                    log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
+                try:
+                    async for chunk in self._unstreamed(model, messages, tools, settings):
+                        yield chunk
+                except EmptyAnswer:
+                    self._unstream_tool_rounds(model, under_auto)
+                    raise
+                self._unstream_tool_rounds(model, under_auto)
                 return
             if finish_reason is None:
                 raise UpstreamError(
@@ -325,12 +353,20 @@ class LLM:
                     "the LLM endpoint's stream ended before the answer did (no finish_reason): "
                     "what came is incomplete, and no tool call of it was made",
                 )
-            if not produced and not saw_call:
-                raise empty_answer(finish_reason)
-            if not saw_usage:
+            if not saw_call and _says_nothing("".join(produced), markers):
+                raise EmptyAnswer(finish_reason, "".join(produced), under_auto=under_auto, usage=usage)
+            for earlier in held:  # it ended while its text could still have been a marker
+                yield earlier
+            if usage is None:
                 estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
                 yield estimate
+
+    def _unstream_tool_rounds(self, model: str, under_auto: bool) -> None:
+        """After an empty stream under "auto" that was answered unstreamed."""
+        if under_auto and not self.unstreamed_tool_rounds:
+            self.unstreamed_tool_rounds = True
+            log.warning("llm_tool_rounds_unstreamed", model=model, base_url=self.base_url)
 
     async def _unstreamed(
         self,
@@ -540,17 +576,53 @@ def completion_chunks(completion: ChatCompletion) -> list[ChatCompletionChunk]:
     return [ChatCompletionChunk.model_validate(chunk) for chunk in chunks]
 
 
-def _said_nothing(message: Any) -> bool:
-    return not message.content and not message.tool_calls
+def _said_nothing(message: Any, markers: tuple[str, ...]) -> bool:
+    return not message.tool_calls and _says_nothing(message.content or "", markers)
 
 
-def empty_answer(finish_reason: str | None) -> UpstreamError:
-    """An answer with no text and no tool call: never passed on as an empty success, since a
-    client (or `hookbus send`) cannot tell it from a model that had nothing to say."""
-    return UpstreamError(
-        502, "empty_answer",
-        f"the model's answer was empty: no text and no tool call (finish_reason {finish_reason or 'none'})",
-    )
+def _says_nothing(text: str, markers: tuple[str, ...]) -> bool:
+    """No text, or nothing but one of `markers`."""
+    return not text or text.strip() in markers
+
+
+def _may_say_nothing(text: str, markers: tuple[str, ...]) -> bool:
+    """Whether a text so far may still end as no text or nothing but one of `markers`."""
+    return not text or any(marker.startswith(text.lstrip()) for marker in markers)
+
+
+def _under_auto(arguments: dict[str, Any]) -> bool:
+    """Whether the call offered tools and left the choice to the model."""
+    return arguments.get("tool_choice") == "auto"
+
+
+def _markers(arguments: dict[str, Any]) -> tuple[str, ...]:
+    """Under "auto", the tool-call markers that are no answer as text: llama-cpp-python's
+    `chatml-function-calling` format, asked to answer in text under "auto", can only end
+    the turn or write `functions.NAME:` for an offered tool (and leaves it as the text)."""
+    if not _under_auto(arguments):
+        return ()
+    return tuple(f"functions.{tool['function']['name']}:" for tool in arguments["tools"] if tool.get("function"))
+
+
+class EmptyAnswer(UpstreamError):
+    """An answer with no text and no tool call (or, under "auto", nothing but a tool-call
+    marker: `_markers`): never passed on as an empty success, since a client (or `hookbus
+    send`) cannot tell it from a model that had nothing to say.
+
+    `under_auto`: the call offered tools under `tool_choice: "auto"`, and nothing of the
+    answer reached the caller (a stream's chunks were held), so the call can be asked again
+    with `"none"`. `usage`: what the empty answer cost, as the endpoint reported it."""
+
+    def __init__(
+        self, finish_reason: str | None, text: str | None, *, under_auto: bool, usage: CompletionUsage | None
+    ) -> None:
+        said = f"no tool call, no text but {text.strip()!r}" if text and text.strip() else "no text and no tool call"
+        super().__init__(
+            502, "empty_answer", f"the model's answer said nothing: {said} (finish_reason {finish_reason or 'none'})"
+        )
+        self.finish_reason = finish_reason
+        self.under_auto = under_auto
+        self.usage = usage
 
 
 def _chunk_texts(chunk: ChatCompletionChunk) -> list[str]:

@@ -85,8 +85,9 @@ class Runtime(Protocol):
         """A monitor record for one segment of one stage."""
 
     def record_call(self, completion_id: str, lifecycle: str, name: str, duration_ms: float, error: str | None) -> None:
-        """A monitor record for one LLM call (`llm_call`, `name` the model) or one tool call
-        (`tool_call`, `name` the tool; a remote one has its hop record too), for the console's waterfall."""
+        """A monitor record for one LLM call (`llm_call`, `name` the model; `llm_retry` for
+        one asked again) or one tool call (`tool_call`, `name` the tool; a remote one has its
+        hop record too), for the console's waterfall."""
 
 
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:

@@ -125,8 +125,8 @@ async def test_the_tools_offered_count_on_both_sides_of_a_usage_report():
 
 async def test_an_endpoint_known_as_llama_cpp_python_still_gets_its_tool_rounds_streamed():
     """Answering llama-cpp-python's tokenize endpoint says nothing of how it answers a tool
-    round: a chat handler that streams `tool_choice: "auto"` (the Gemma one of `make
-    check-real-model`) is asked for a stream every time. One that ends such a stream at once
+    round: a chat handler that streams `tool_choice: "auto"` is asked for a stream every
+    time. One that ends such a stream at once
     goes unstreamed after that first time
     (`test_upstream.py::test_tool_rounds_go_unstreamed_once_an_endpoint_ends_their_stream_at_once`)."""
     with RecordingUpstream(props=LLAMA_PROPS, tokens_per_char=0.3) as server:

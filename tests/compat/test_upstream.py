@@ -193,16 +193,20 @@ async def test_tool_rounds_go_unstreamed_once_an_endpoint_ends_their_stream_at_o
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_answer_with_no_text_and_no_tool_call_is_a_502_with_its_cause(upstream_gateway, recording, stream):
-    silent = up.Stream([up.chunk({"role": "assistant", "content": ""}), up.chunk({}, "stop")])
-    recording.answer(silent if stream else up.Reply(up.completion("")))
+    """Under the client's own `tool_choice: "none"`, nothing else to ask: one call, the 502
+    (under "auto" it is asked again first: tests/compat/test_empty_answer.py)."""
+    recording.answer(up.silent(stream))
     async with client_for(upstream_gateway) as client:
         with pytest.raises(openai.APIError) as caught:
-            response = await client.chat.completions.create(model=UPSTREAM_MODEL, messages=HI, stream=stream)
+            response = await client.chat.completions.create(
+                model=UPSTREAM_MODEL, messages=HI, stream=stream, tool_choice="none"
+            )
             if stream:
                 [c async for c in response]  # the error arrives in the stream
     error = caught.value
     assert getattr(error, "code", None) == "empty_answer" or (error.body or {}).get("code") == "empty_answer", error
     assert "no text and no tool call (finish_reason stop)" in str(error)
+    assert [sent.get("tool_choice") for sent in recording.received] == ["none"]
 
 
 async def test_a_function_name_repeated_in_every_delta_is_assembled_once(upstream_gateway, recording):

@@ -1,8 +1,9 @@
 """A recording upstream: a real HTTP server that plays an OpenAI-compatible endpoint.
 
-It records every request body it receives and answers from a script (a queue of scripted
-answers, FIFO), or by default with a plain completion / stream. Tests use it to prove what
-reaches the model (each parameter, the message form) and how each upstream error maps.
+It records every request it receives (method, path, body) and answers from a script (a
+queue of scripted answers, FIFO), else by its `rule` (an answer decided by the request's
+body), else with a plain completion / stream. Tests use it to prove what reaches the model
+(each parameter, the message form) and how each upstream error maps.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,6 +46,18 @@ class Raw:
     body: bytes
     content_type: str = "application/json"
     status: int = 200
+
+
+Answer = Reply | Stream | Raw
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as it arrived (`body`: its JSON, None for a GET)."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None
 
 
 def completion(text: str | None = DEFAULT_TEXT, tool_calls: list[dict[str, Any]] | None = None,
@@ -88,18 +101,39 @@ def _words(text: str) -> Iterator[str]:
         yield word if i == 0 else " " + word
 
 
-@dataclass(frozen=True)
-class Seen:
-    """One HTTP request as the server received it."""
+Rule = Callable[[dict[str, Any]], Answer | None]
+"""Decides the answer to a chat request's body (None: the default answer)."""
 
-    method: str
-    path: str
-    body: dict[str, Any] | None = None
+
+def silent(stream: bool, text: str = "") -> Answer:
+    """An answer with no tool call and no text (or `text`: a tool-call marker), finish_reason
+    stop, streamed (the role delta, the text in pieces, the finish) or not."""
+    if not stream:
+        return Reply(completion(text))
+    pieces = [chunk({"content": text[i:i + 4]}) for i in range(0, len(text), 4)]
+    return Stream([chunk({"role": "assistant", "content": ""}), *pieces, chunk({}, "stop")])
+
+
+def says_nothing_under_auto(text: str = "") -> Rule:
+    """A `rule` that answers as llama-cpp-python's `chatml-function-calling` format does
+    when the model answers in text: under `tool_choice: "auto"` its grammar allows only
+    the end of the turn (no text) or a tool-call marker (`functions.add:`, left as the
+    text); the default text otherwise."""
+
+    def rule(body: dict[str, Any]) -> Answer | None:
+        return silent(bool(body.get("stream")), text) if body.get("tool_choice") == "auto" else None
+
+    return rule
+
+
+def always_empty(body: dict[str, Any]) -> Answer:
+    """A `rule` that answers every call with an empty message."""
+    return silent(bool(body.get("stream")))
 
 
 class RecordingUpstream:
-    """The server; `seen` holds every HTTP request (method, path, body) in arrival order,
-    `received` each chat request body, `paths` the paths of the others."""
+    """The server; `seen` holds every request, `received` each chat request body, in
+    arrival order."""
 
     def __init__(
         self,
@@ -111,8 +145,8 @@ class RecordingUpstream:
         that many tokens per character; other paths than chat completions answer 404."""
         self.seen: list[Seen] = []
         self.received: list[dict[str, Any]] = []
-        self.paths: list[str] = []
-        self.script: deque[Reply | Stream | Raw] = deque()
+        self.script: deque[Answer] = deque()
+        self.rule: Rule | None = None
         self.props = props
         self.models = models
         self.tokens_per_char = tokens_per_char
@@ -126,8 +160,7 @@ class RecordingUpstream:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                upstream.seen.append(Seen("GET", self.path))
-                upstream.paths.append(self.path)
+                upstream.seen.append(Seen("GET", self.path, None))
                 if self.path == "/props" and upstream.props is not None:
                     self._json(200, upstream.props)
                 elif self.path == "/v1/models" and upstream.models is not None:
@@ -140,7 +173,6 @@ class RecordingUpstream:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 upstream.seen.append(Seen("POST", self.path, body))
                 if not self.path.endswith("/chat/completions"):
-                    upstream.paths.append(self.path)
                     if self.path == "/extras/tokenize" and upstream.tokens_per_char:
                         count = int(len(body["input"]) * upstream.tokens_per_char)
                         self._json(200, {"tokens": list(range(count))})
@@ -150,6 +182,8 @@ class RecordingUpstream:
                 with upstream._lock:
                     upstream.received.append(body)
                     answer = upstream.script.popleft() if upstream.script else None
+                if answer is None and upstream.rule is not None:
+                    answer = upstream.rule(body)
                 if answer is None:
                     answer = text_stream() if body.get("stream") else Reply(completion())
                 if isinstance(answer, Stream):
@@ -198,10 +232,15 @@ class RecordingUpstream:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
+    def paths(self) -> list[str]:
+        """The path of every request, in arrival order."""
+        return [seen.path for seen in self.seen]
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def answer(self, *answers: Reply | Stream | Raw) -> None:
+    def answer(self, *answers: Answer) -> None:
         """Queue scripted answers for the next requests."""
         with self._lock:
             self.script.extend(answers)
@@ -210,8 +249,8 @@ class RecordingUpstream:
         with self._lock:
             self.seen.clear()
             self.received.clear()
-            self.paths.clear()
             self.script.clear()
+            self.rule = None
 
     def __enter__(self) -> RecordingUpstream:
         self._thread.start()

