@@ -91,7 +91,7 @@ async def test_the_endpoint_is_asked_once_per_model_when_a_conversation_nears_th
         for _ in range(2):  # two agents of one process, on the same endpoint and model
             await agent_on(server).run(long_conversation())
     probes = [seen for seen in server.seen if seen.path != CHAT[1]]
-    assert probes == [Seen("GET", "/props"), Seen("POST", "/extras/tokenize", probes[1].body)]
+    assert probes == [Seen("GET", "/props", None), Seen("POST", "/extras/tokenize", probes[1].body)]
     assert probes[1].body is not None and probes[1].body["model"] == LOCAL_MODEL
     assert kinds(server).index(("GET", "/props")) == 0  # before the first call, which needs it
 
