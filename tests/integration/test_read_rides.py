@@ -22,6 +22,11 @@ from hookbus.skills import Context, HookData, Skill, hook
 from tests.integration.test_reply_refused import Quick, hop
 from tests.waiting import wait_for
 
+SPLIT_WRITES = 0.25
+"""Per hop, server reads beyond the one write a side: a pipeline the server happens to read
+in two pieces (the kernel split it, a loaded machine more often: 1.1 a hop was seen). A
+second write a side, what the path cost before reads rode, is 1.0 and still fails."""
+
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator:
@@ -120,8 +125,9 @@ async def test_a_steady_flow_of_hops_costs_the_worker_one_write_per_hop(redis, c
     alone = window.count("xreadgroup") - rode
     mine = hops + window.count("xread")  # this test's XADD and XREADs
     per_hop = (window.reads - window.apart_from_the_hops() - mine - alone) / hops
-    # the worker's reply and its next read are one write (they were two before reads rode)
-    assert per_hop <= 1.0, (per_hop, window)
+    # the worker's reply and its next read are one write (they were two before reads rode);
+    # SPLIT_WRITES allows the few a loaded machine hands the server in two socket reads
+    assert per_hop <= 1.0 + SPLIT_WRITES, (per_hop, window)
 
 
 class Slow(Skill):
@@ -229,6 +235,6 @@ async def test_a_request_s_hops_in_a_row_cost_one_write_each_on_both_sides(redis
         per_hop = (window.reads - window.apart_from_the_hops() - alone) / hops
         # one write a side: the hop with the read of its reply, the reply with the next
         # read (four before reads rode)
-        assert per_hop <= 2.0, (per_hop, window)
+        assert per_hop <= 2.0 + 2 * SPLIT_WRITES, (per_hop, window)
     finally:
         await router.stop()

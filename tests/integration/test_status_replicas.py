@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from hookbus import Agent
+from hookbus.bus.wire.protocol_version import PROTOCOL
 from hookbus.services.cli.monitor import Status, format_status, read_status
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
@@ -36,4 +37,4 @@ async def test_status_shows_the_work_a_third_replica_takes(redis_url, prefix):
     ran = {w.replica: w.processed for w in [*workers, third]}
     assert group.hops_last_minute == ran and ran["slow-third"] > 0, ran
     shown = format_status(status)
-    assert f"- slow-third (protocol 1.0): {ran['slow-third']} hops in the last minute, 0 in flight" in shown, shown
+    assert f"- slow-third (protocol {PROTOCOL}): {ran['slow-third']} hops in the last minute, 0 in flight" in shown, shown
