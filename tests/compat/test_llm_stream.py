@@ -24,6 +24,10 @@ from tests.integration.stack import running_stack
 
 HI = [{"role": "user", "content": "hi"}]
 
+CALL_BOUND = 30.0
+"""Seconds a call may take before it is a 504: a bound for a test that is not about time
+(2 s ran out under load and turned an upstream's error event into a timeout)."""
+
 
 @pytest.fixture(params=["httpx", "aiohttp"])
 def http(request: pytest.FixtureRequest) -> str:
@@ -32,7 +36,7 @@ def http(request: pytest.FixtureRequest) -> str:
 
 async def streamed(recording: RecordingUpstream, *answers: up.Reply | up.Stream, http: str) -> list[ChatCompletionChunk]:
     recording.answer(*answers)
-    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=2.0, retries=0, http=http)  # type: ignore[arg-type]
+    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=CALL_BOUND, retries=0, http=http)  # type: ignore[arg-type]
     try:
         return [chunk async for chunk in llm.stream("m", HI, None)]
     finally:
@@ -124,7 +128,7 @@ async def completion_error(url: str, http: str, timeout: float) -> UpstreamError
 
 
 async def test_a_call_that_could_not_connect_is_retried_then_a_502(hanging_up, http):
-    error = await completion_error(hanging_up.url, http, timeout=2.0)
+    error = await completion_error(hanging_up.url, http, timeout=CALL_BOUND)
     assert error.status_code == 502 and error.code == "llm_unreachable"
     assert hanging_up.connections == 3  # the call and its 2 retries, no more
 
@@ -138,7 +142,7 @@ def _cut_stream() -> bytes:
 
 async def test_a_stream_cut_short_is_a_502_after_the_chunks_it_brought(http):
     server = HangingUp(says=_cut_stream())
-    llm = LLM(base_url=server.url, api_key="k", timeout=2.0, retries=2, http=http)  # type: ignore[arg-type]
+    llm = LLM(base_url=server.url, api_key="k", timeout=CALL_BOUND, retries=2, http=http)  # type: ignore[arg-type]
     received: list[ChatCompletionChunk] = []
     try:
         with pytest.raises(UpstreamError) as caught:
@@ -166,7 +170,7 @@ def unclosed_after_a_loop(recording: RecordingUpstream, *, close: bool) -> tuple
     told: list[str] = []
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(lambda _loop, context: told.append(str(context.get("message"))))
-    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=2.0, retries=0, http="aiohttp")
+    llm = LLM(base_url=recording.url, api_key="sk-upstream", timeout=CALL_BOUND, retries=0, http="aiohttp")
 
     async def use(llm: LLM) -> int:
         words = 0
@@ -198,7 +202,7 @@ def test_aclose_leaves_no_aiohttp_session_open(recording):
 
 
 async def test_the_orchestrator_service_streams_on_aiohttp_and_closes_it(redis_url, recording):
-    agent = Agent("aio", model="m", llm=LLM(base_url=recording.url, api_key="k", timeout=2.0, retries=0))
+    agent = Agent("aio", model="m", llm=LLM(base_url=recording.url, api_key="k", timeout=CALL_BOUND, retries=0))
     assert agent.llm.http is None  # nothing chosen: the service picks
     async with running_stack(redis_url, f"aio{uuid.uuid4().hex[:8]}:", agent) as (client, _, _):
         assert agent.llm.http == "aiohttp"
@@ -213,7 +217,7 @@ async def test_the_orchestrator_service_streams_on_aiohttp_and_closes_it(redis_u
 
 
 async def test_services_sharing_an_agent_close_its_client_only_when_the_last_stops(redis_url, recording):
-    agent = Agent("aio-shared", model="m", llm=LLM(base_url=recording.url, api_key="k", timeout=2.0, retries=0))
+    agent = Agent("aio-shared", model="m", llm=LLM(base_url=recording.url, api_key="k", timeout=CALL_BOUND, retries=0))
     async with running_stack(redis_url, f"aio{uuid.uuid4().hex[:8]}:", agent, orchestrators=2) as (client, services, _):
         recording.answer(up.Reply(up.completion("one")))
         assert (await client.complete("hi")).choices[0].message.content == "one"
