@@ -33,7 +33,9 @@ class Compaction(BaseModel):
     summary, ``kept`` the messages carried over besides the system prompt,
     ``cleared`` the tool outputs replaced by a note, ``dropped`` the turns
     dropped. ``target`` is the count compaction aimed at; ``reason`` says
-    why it fell short (the summary failed, automatic compaction is off).
+    why it fell short (the summary failed, automatic compaction is off). A
+    ``summarized`` outcome with a ``reason`` (and ``summary`` None) is one whose
+    model summary failed: its summary message quotes the user's words alone.
 
     ``id`` and ``created`` (unix time) name this one compaction: a consumer
     that may see it twice (a redelivered ``on_compaction`` hop) stores it once."""
@@ -60,7 +62,12 @@ class Compaction(BaseModel):
         """One line for a person: what was done and how full the context is now."""
         cleared = f", cleared {_plural(self.cleared, 'tool output')}" if self.cleared else ""
         failed = f"Summary failed ({self.reason})"
-        if self.stage == "summarized":
+        if self.stage == "summarized" and self.reason:
+            text = (
+                f"{failed}; replaced {self.summarized} messages with the user's own words quoted, "
+                f"kept {self.kept}{cleared}."
+            )
+        elif self.stage == "summarized":
             text = f"Compacted the conversation: summarized {self.summarized} messages, kept {self.kept}{cleared}."
         elif self.stage == "dropped":
             turns = "the oldest turn" if self.dropped == 1 else f"the {self.dropped} oldest turns"

@@ -25,9 +25,10 @@ target (``settle`` = 0.75 x ``at``, so the next turn does not compact again):
    message right after the system prompt. Under the model's summary it quotes
    the user's own messages from that part, bounded
    (hookbus.services.orchestrator.user_quotes): a model that summarizes badly
-   cannot lose what the user asked.
-3. *dropped*: when the summary fails, the oldest whole turns are dropped
-   until the rest fits, and a system note says how many.
+   cannot lose what the user asked. When the summary fails (the call raises or answers
+   nothing usable), the message holds the quotes alone.
+3. *dropped*: when the summary fails and there is nothing of the user's to quote, the
+   oldest whole turns are dropped until the rest fits, and a system note says how many.
 
 What always holds: the system prompt stays first and unchanged; an assistant
 message with tool calls stays together with the tool messages answering it;
@@ -70,7 +71,8 @@ It gets the chat messages to send (a system message with the instructions,
 beginning with :data:`SUMMARY_INSTRUCTION`, and a user message holding the
 transcript) and returns the summary text. The caller picks the model
 (``policy.model`` or the agent's own). Raising, or returning an empty text,
-counts as a failed summary: the oldest turns are then dropped instead.
+counts as a failed summary: the summary message then holds the user's quoted
+messages alone, or, with none to quote, the oldest turns are dropped instead.
 """
 
 SUMMARY_HEADER = "Summary of the earlier conversation:"
@@ -439,7 +441,10 @@ async def _reduce_older(
     limit = _summary_limit(run, start)
     if not older or not (force or _worth_summarizing(older, limit)):
         return total
-    if not await _summarize(run, start, limit, summarize, policy.instructions, focus):
+    # quoting alone is for a conversation that must shrink: one that fits loses nothing instead
+    if not await _summarize(
+        run, start, limit, summarize, policy.instructions, focus, quote_alone=total > run.target
+    ):
         _drop_oldest(run, start)
     return run.total()
 
@@ -533,12 +538,15 @@ async def _summarize(
     summarize: Summarizer,
     instructions: str | None,
     focus: str | None,
+    quote_alone: bool,
 ) -> bool:
-    """Turn ``run.body[:start]`` into one summary message; False (with a reason) if that failed.
+    """Turn ``run.body[:start]`` into one summary message; False when the summary failed
+    (``run.reason`` says how) and the user's words are not to stand alone (``quote_alone``
+    False, or nothing of theirs to quote).
 
     The message holds the model's summary and, after it, the user's own earlier messages
     quoted (hookbus.services.orchestrator.user_quotes), all within ``limit`` tokens: the
-    model's part gets what the quotes leave."""
+    model's part gets what the quotes leave, and the quotes stand alone when it failed."""
     quotes = user_quotes.quote_block(_user_entries(run.body[:start]), limit)
     own_limit = limit - count_text(quotes)
     # the request still leaves the room of the whole summary free: the margin that makes a
@@ -547,18 +555,24 @@ async def _summarize(
         run.body[:start], limit=own_limit, instructions=instructions, focus=focus,
         window=run.resolved.window - count_text(quotes),
     )
+    text = ""
     try:
-        text = await summarize(request)
-    except Exception as exc:  # whatever the LLM call did wrong, dropping turns is the fallback
+        answer = await summarize(request)
+    except Exception as exc:  # whatever the LLM call did wrong, the quotes or dropping turns are the fallback
         run.reason = f"summarizer raised {type(exc).__name__}: {exc}"
+    else:
+        text = user_quotes.without_quotes(answer.strip()) if isinstance(answer, str) else ""
+        if not text:
+            run.reason = "summarizer returned an empty summary"
+    if not text and not (quote_alone and quotes):
         return False
-    if not isinstance(text, str) or not text.strip():
-        run.reason = "summarizer returned an empty summary"
-        return False
-    run.summary = truncate_text(user_quotes.without_quotes(text.strip()), own_limit)
-    while run.summary and count_text(run.summary + quotes) > limit:  # joined texts can count one more
-        run.summary = truncate_text(run.summary, count_text(run.summary) - 1)
-    run.body = [_summary_message(run.summary + quotes), *run.body[start:]]
+    # No model summary but the user's words to quote: they stand for the older part alone,
+    # since dropping turns would lose the oldest (the task itself) for good.
+    summary = truncate_text(text, own_limit)
+    while summary and count_text(summary + quotes) > limit:  # joined texts can count one more
+        summary = truncate_text(summary, count_text(summary) - 1)
+    run.summary = summary or None
+    run.body = [_summary_message(summary + quotes), *run.body[start:]]
     run.summarized = start
     run.reach("summarized")
     return True

@@ -228,6 +228,7 @@ class Compactor:
         log.info(
             "compacted", completion_id=ctx.completion_id if ctx is not None else between_turns_id(outcome.id),
             stage=outcome.stage, before=outcome.before, after=outcome.after, window=outcome.window,
+            reason=outcome.reason,
         )
         await self._tell_hooks(outcome, ctx)
 

@@ -300,7 +300,7 @@ def compactions(orchestrator_log: Path, since: int) -> list[dict[str, Any]]:
     """The `compacted` events the orchestrator logged after its first `since` lines."""
     lines = orchestrator_log.read_text().splitlines()[since:]
     return [
-        {key: event.get(key) for key in ("stage", "before", "after", "window")}
+        {key: event.get(key) for key in ("stage", "before", "after", "window", "reason")}
         for event in (json.loads(line) for line in lines if line.startswith("{"))
         if event.get("event") == "compacted"
     ]

@@ -53,6 +53,14 @@ def chat_turn(t: int, words: int = 60) -> list[Message]:
     ]
 
 
+def unquotable_turn(t: int, words: int = 60) -> list[Message]:
+    """A turn whose user message holds no text (nothing of the user's to quote)."""
+    return [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": f"Answer {t}: " + text(words, f"a{t}")},
+    ]
+
+
 def tool_turn(t: int, output_words: int = 300, rounds: int = 1) -> list[Message]:
     turn: list[Message] = [
         {"role": "user", "content": f"Please read file {t}. " + text(20, f"q{t}")}
@@ -378,8 +386,8 @@ def test_a_summary_is_rolled_into_the_next_one() -> None:
     assert second.summarized == len(grown) - 1 - second.kept  # the old summary is one of them
 
 
-def test_a_failed_summary_drops_the_oldest_turns() -> None:
-    messages = [SYSTEM, *[m for t in range(12) for m in chat_turn(t)]]
+def test_a_failed_summary_with_nothing_to_quote_drops_the_oldest_turns() -> None:
+    messages = [SYSTEM, *[m for t in range(12) for m in unquotable_turn(t, words=125)]]
     snapshot = copy.deepcopy(messages)
     window = WINDOW
     summarize = Recorder(error=RuntimeError("model unavailable"))
@@ -414,11 +422,47 @@ def test_a_failed_summary_drops_the_oldest_turns() -> None:
 
 
 def test_an_empty_summary_counts_as_a_failure() -> None:
-    messages = [SYSTEM, *[m for t in range(12) for m in chat_turn(t)]]
+    messages = [SYSTEM, *[m for t in range(12) for m in unquotable_turn(t, words=125)]]
     outcome = run(compact_if_needed(messages, 200, CompactionPolicy(), WINDOW, Recorder("   \n")))
     assert outcome.stage == "dropped"
     assert outcome.reason == "summarizer returned an empty summary"
     assert outcome.summary is None
+
+
+@pytest.mark.parametrize(
+    ("summarize", "reason"),
+    [
+        (Recorder("   \n"), "summarizer returned an empty summary"),
+        (Recorder(error=RuntimeError("model unavailable")), "summarizer raised RuntimeError: model unavailable"),
+    ],
+    ids=["empty", "raised"],
+)
+def test_a_failed_summary_keeps_the_users_words_quoted(summarize: Recorder, reason: str) -> None:
+    """A model that cannot summarize (a small base model answers nothing usable) must not cost
+    the user's first message, which states what they asked: it stays, quoted, instead of being
+    dropped with the oldest turns."""
+    fact = {"role": "user", "content": "Remember this: my cat is called Pixel and my dog is called Rex."}
+    messages = [
+        SYSTEM, fact, {"role": "assistant", "content": "Got it."},
+        *[m for t in range(1, 12) for m in chat_turn(t)],
+    ]
+    snapshot = copy.deepcopy(messages)
+
+    outcome = run(compact_if_needed(messages, 200, CompactionPolicy(), WINDOW, summarize))
+
+    assert messages == snapshot
+    assert outcome.stage == "summarized" and outcome.dropped == 0
+    assert outcome.reason == reason and outcome.summary is None
+    assert outcome.after <= outcome.target
+    summary = outcome.messages[1]
+    model_part, quotes = summary_parts(summary)
+    assert model_part == "" and quotes[0] == fact["content"]
+    assert accounted(quotes) == outcome.summarized // 2  # every older user message quoted or counted
+    assert outcome.messages == [SYSTEM, summary, *messages[1 + outcome.summarized :]]
+    assert outcome.sentence() == (
+        f"Summary failed ({reason}); replaced {outcome.summarized} messages with the user's own words "
+        f"quoted, kept {outcome.kept}. Context {round(100 * outcome.after / WINDOW)}% full."
+    )
 
 
 def test_a_second_drop_merges_the_notes() -> None:
@@ -426,14 +470,14 @@ def test_a_second_drop_merges_the_notes() -> None:
     failing = Recorder(error=RuntimeError("down"))
     first = run(
         compact_if_needed(
-            [SYSTEM, *[m for t in range(12) for m in chat_turn(t)]],
+            [SYSTEM, *[m for t in range(12) for m in unquotable_turn(t, words=125)]],
             200,
             CompactionPolicy(),
             window,
             failing,
         )
     )
-    grown = [*first.messages, *[m for t in range(12, 20) for m in chat_turn(t)]]
+    grown = [*first.messages, *[m for t in range(12, 20) for m in unquotable_turn(t, words=125)]]
     second = run(compact_if_needed(grown, 200, CompactionPolicy(), window, failing))
     assert second.stage == "dropped"
     notes = [m for m in second.messages if m["role"] == "system" and m["content"].startswith("[")]
