@@ -24,15 +24,8 @@ requests than at c=1). What the services do with no request (heartbeats,
 registry, claims, janitor) is measured in an idle window of the same stack and subtracted
 at its rate, so the figures are the request's own; the idle rates are printed too.
 
-Observers (issue 30): the same mix runs a second time in the same run, beside the first
-(its own Redis, requests alternating with the first's in the same windows), with its
-watching hooks declared observers (tests.bench.skills.WATCHING: after_llm_call, on_chunk,
-after_toolcall, on_message, finalize_connection; the checks stay blocking), and the
-figures are given as ratios to the undeclared run; every observer is checked to have
-been called for every measured request (the workers' `observe` monitor records). A third
-stack runs the mix without its watching hooks at all (tests.bench.skills.CostPolicyChecks,
-CostAuditChecks): what the request costs when nothing watches, the floor no way of running
-the watching hooks gets below.
+The same mix with its watching hooks declared observers, and another mix, are measured
+beside this one by the observers bench (tests.bench.observers), with `run_costs`.
 
 Run alone: `python -m tests.bench.cost`.
 """
@@ -42,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,10 +146,6 @@ def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
 
 UNDECLARED = {"policy": ["tests.bench.skills:CostPolicy"], "audit": ["tests.bench.skills:CostAudit"]}
 """The cost mix's worker groups, every hook on the request's path."""
-DECLARED = {"policy": ["tests.bench.skills:CostPolicyObserved"], "audit": ["tests.bench.skills:CostAuditObserved"]}
-"""The same groups with their watching hooks declared observers."""
-CHECKS_ONLY = {"policy": ["tests.bench.skills:CostPolicyChecks"], "audit": ["tests.bench.skills:CostAuditChecks"]}
-"""The same groups without their watching hooks: no way of running those costs less."""
 
 
 async def start_stack(
@@ -278,7 +268,7 @@ class Stack:
     pids: dict[str, int]
 
 
-async def run_costs(redis_url: str, mixes: list[dict[str, list[str]] | None]) -> list[CostResult]:
+async def run_costs(redis_url: str, mixes: Sequence[dict[str, list[str]] | None]) -> list[CostResult]:
     """One stack per mix (the first on `redis_url`, each other on a Redis of its own, so
     every command counts for its stack), measured in the same windows with their
     requests alternating, so a machine that other work slows down slows every mix alike."""
@@ -438,60 +428,10 @@ def report(result: CostResult) -> list[Row]:
     ]
 
 
-def report_observers(undeclared: CostResult, declared: CostResult, checks: CostResult) -> list[Row]:
-    """The mix with its watching hooks declared observers, against the same mix undeclared;
-    and the mix without its watching hooks (`checks`), the floor of any observer design."""
-    from tests.bench.skills import WATCHING
-
-    expected = {f"cost-policy.p_{lc}" for lc in WATCHING} | {"cost-audit.a_finalize_connection"}
-    missing = expected - declared.observers
-    if missing:
-        raise RuntimeError(f"observers not called for every request: {sorted(missing)}")
-    before, after = undeclared.cost, declared.cost
-    print(f"\n[cost] watching hooks declared observers ({len(expected)} observers, each called for every "
-          f"one of {declared.requests} requests): Redis commands {after.total_commands:.1f} vs "
-          f"{before.total_commands:.1f}, Python CPU {after.python_cpu_ms:.1f} vs {before.python_cpu_ms:.1f} ms, "
-          f"c={PARALLEL} {declared.rate:.1f} vs {undeclared.rate:.1f} requests/s")
-    floor = checks.cost
-    print(f"[cost] the floor, the watching hooks removed: Redis commands {floor.total_commands:.1f} "
-          f"({floor.total_commands / before.total_commands:.2f}x), Python CPU {floor.python_cpu_ms:.1f} ms "
-          f"({floor.python_cpu_ms / before.python_cpu_ms:.2f}x)")
-    name = "watching hooks undeclared"
-    loaded = []
-    if declared.loaded is not None and undeclared.loaded is not None:
-        print(f"[cost] at c={PARALLEL}: Redis commands {declared.loaded.commands:.1f} vs {undeclared.loaded.commands:.1f} "
-              f"({declared.loaded.commands / undeclared.loaded.commands:.2f}x), Python CPU "
-              f"{declared.loaded.python_cpu_ms:.1f} vs {undeclared.loaded.python_cpu_ms:.1f} ms "
-              f"({declared.loaded.python_cpu_ms / undeclared.loaded.python_cpu_ms:.2f}x)")
-        loaded = [
-            Row("cost", f"observers: Redis commands per streamed request at c={PARALLEL}", declared.loaded.commands, "",
-                undeclared.loaded.commands, name),
-            Row("cost", f"observers: Python CPU per streamed request at c={PARALLEL}", declared.loaded.python_cpu_ms,
-                "ms", undeclared.loaded.python_cpu_ms, name),
-        ]
-    return loaded + [
-        Row("cost", "observers: Redis commands per streamed request", after.total_commands, "",
-            before.total_commands, name, target="<=0.6x"),
-        Row("cost", "observers: Python CPU per streamed request", after.python_cpu_ms, "ms",
-            before.python_cpu_ms, name, target="<=0.75x"),
-        Row("cost", "observers: Redis CPU per streamed request", after.redis_cpu_ms, "ms", before.redis_cpu_ms, name),
-        Row("cost", "observers: hops per streamed request", sum(declared.hops.values()) / declared.requests, "",
-            sum(undeclared.hops.values()) / undeclared.requests, name),
-        Row("cost", f"observers: streamed requests/s at c={PARALLEL}", declared.rate, "req/s", undeclared.rate, name),
-        Row("cost", "watching hooks removed: Redis commands per streamed request", floor.total_commands, "",
-            before.total_commands, name, note="the floor of any observer design"),
-        Row("cost", "watching hooks removed: Python CPU per streamed request", floor.python_cpu_ms, "ms",
-            before.python_cpu_ms, name, note="the floor of any observer design"),
-    ]
-
-
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
-    undeclared, declared, checks = await run_costs(redis_url, [UNDECLARED, DECLARED, CHECKS_ONLY])
-    rows = report(undeclared)
-    report(declared)
-    report(checks)
-    return rows + report_observers(undeclared, declared, checks)
+    (undeclared,) = await run_costs(redis_url, [UNDECLARED])
+    return report(undeclared)
 
 
 if __name__ == "__main__":
