@@ -187,10 +187,25 @@ async def start_stack(
     return base, pids
 
 
-async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
+@dataclass(frozen=True)
+class Request:
+    """What a bench client asks, and how many words its streamed answer has."""
+
+    prompt: str
+    words: int
+
+
+COST_REQUEST = Request(COST_PROMPT, TEXT_CHUNKS)
+"""The demo-like request: a tool round, then a 20-word answer."""
+PLAIN_REQUEST = Request("[[words:20]]", 20)
+"""A streamed 20-word answer and nothing else: one LLM call, no tool (the request of the
+peer benches, where a request's own commands weigh more beside its hooks)."""
+
+
+async def one_request(openai_client, request: Request = COST_REQUEST) -> str:  # type: ignore[no-untyped-def]
     """One streamed request as a client makes it; checks the answer; returns its id."""
     stream = await openai_client.chat.completions.create(
-        model="offline", messages=[{"role": "user", "content": COST_PROMPT}], stream=True,
+        model="offline", messages=[{"role": "user", "content": request.prompt}], stream=True,
     )
     words, finishes, completion_id = 0, 0, ""
     async for chunk in stream:
@@ -199,8 +214,8 @@ async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
             words += len(chunk.choices[0].delta.content.split())
         if chunk.choices and chunk.choices[0].finish_reason:
             finishes += 1
-    if words != TEXT_CHUNKS or finishes != 1:
-        raise RuntimeError(f"expected {TEXT_CHUNKS} words and one finish, got {words} and {finishes}")
+    if words != request.words or finishes != 1:
+        raise RuntimeError(f"expected {request.words} words and one finish, got {words} and {finishes}")
     return completion_id
 
 
@@ -268,7 +283,9 @@ class Stack:
     pids: dict[str, int]
 
 
-async def run_costs(redis_url: str, mixes: Sequence[dict[str, list[str]] | None]) -> list[CostResult]:
+async def run_costs(
+    redis_url: str, mixes: Sequence[dict[str, list[str]] | None], request: Request = COST_REQUEST
+) -> list[CostResult]:
     """One stack per mix (the first on `redis_url`, each other on a Redis of its own, so
     every command counts for its stack), measured in the same windows with their
     requests alternating, so a machine that other work slows down slows every mix alike."""
@@ -290,13 +307,13 @@ async def run_costs(redis_url: str, mixes: Sequence[dict[str, list[str]] | None]
                     prefix = new_prefix("cost")
                     base, pids = await start_stack(procs, url, prefix, model.base_url, groups)
                     stacks.append(Stack(url, prefix, base, pids))
-                return await _measure_stacks(stacks)
+                return await _measure_stacks(stacks, request)
     finally:
         for server in servers:
             server.cleanup()
 
 
-async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
+async def _measure_stacks(stacks: list[Stack], request: Request) -> list[CostResult]:
     import openai
 
     from hookbus.bus.connection.retrying import connect
@@ -310,7 +327,7 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
     try:
         for _ in range(3):
             for client in clients:
-                await one_request(client)
+                await one_request(client, request)
         await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
         before = await snapshots()
         await asyncio.sleep(IDLE_SECONDS)
@@ -322,7 +339,7 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
         for _ in range(requests):
             for n, client in enumerate(clients):
                 began = time.perf_counter()
-                ids[n].add(await one_request(client))
+                ids[n].add(await one_request(client, request))
                 walls[n] += time.perf_counter() - began
         # the last requests' records, acks and finalize writes, and their observers (a
         # replica reads its observer stream once per LINGER): the idle rate is taken out
@@ -340,7 +357,7 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
         for r, stack, i in zip(redis, stacks, ids, strict=True):
             observed = await observed_by(r, stack.prefix, i)
             observers.append(set.intersection(*observed.values()) if observed else set())
-        loaded = await _rates(clients, redis, stacks, idle)
+        loaded = await _rates(clients, redis, stacks, idle, request)
     finally:
         for client in clients:
             await client.close()
@@ -353,7 +370,8 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
 
 
 async def _rates(
-    clients: list[object], redis: list[Any], stacks: list[Stack], idle: list[Snapshot], rounds: int = 4
+    clients: Sequence[object], redis: list[Any], stacks: list[Stack], idle: list[Snapshot], request: Request,
+    rounds: int = 4,
 ) -> list[Loaded]:
     """Each stack at c=PARALLEL, in alternating rounds: its requests/s, and its Redis
     commands and Python CPU per request (what its Redis and processes spent in its own
@@ -363,7 +381,7 @@ async def _rates(
     # the connection pools grow to the concurrency first (each new connection's HELLO and
     # CLIENT SETINFO are not a request's cost): one unmeasured round of PARALLEL each
     for client in clients:
-        await asyncio.gather(*(one_request(client) for _ in range(PARALLEL)))
+        await asyncio.gather(*(one_request(client, request) for _ in range(PARALLEL)))
     spent = [0.0 for _ in clients]
     windows: list[Snapshot | None] = [None for _ in clients]
     for _ in range(rounds):
@@ -372,7 +390,7 @@ async def _rates(
 
             async def drive(client: object = client, queue: object = queue) -> None:
                 for _ in queue:  # type: ignore[attr-defined]
-                    await one_request(client)
+                    await one_request(client, request)
 
             before = await snapshot(redis[n], stacks[n].pids)
             began = time.perf_counter()

@@ -28,15 +28,18 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hookbus.services.worker.observer import LINGER
 from tests.bench.common import Row, new_prefix, processes, quiet_logs, run_alone, scaled
 from tests.bench.cost import (
+    COST_REQUEST,
     PARALLEL,
+    PLAIN_REQUEST,
     UNDECLARED,
     CostResult,
     Loaded,
+    Request,
     observed_by,
     one_request,
     run_costs,
@@ -110,13 +113,15 @@ async def measure_latency(redis_url: str) -> list[Row]:
 @dataclass(frozen=True)
 class Mix:
     """A mix of worker groups three ways: as is, its watching hooks declared observers,
-    and without them; and the observer keys the declared one must call for every request."""
+    and without them; the observer keys the declared one must call for every request; the
+    request it is measured with."""
 
     name: str
     undeclared: dict[str, list[str]]
     declared: dict[str, list[str]]
     checks: dict[str, list[str]]
     observers: frozenset[str]
+    request: Request = COST_REQUEST
 
 
 def _skills(names: dict[str, str]) -> dict[str, list[str]]:
@@ -136,17 +141,29 @@ ISSUE_MIX = Mix(
     _skills({group: f"Split{group.title()}Checks" for group in SPLIT}),
     frozenset(f"{name}.{group[0]}_{lc}" for group, (name, lcs) in SPLIT.items() for lc in lcs if lc in WATCHING),
 )
-MIXES = (DOCS_MIX, ISSUE_MIX)
+PLAIN_MIX = replace(
+    ISSUE_MIX, name="issue 45's mix, plain request",
+    # no tool call: the tool hooks see nothing, finalize_connection is meter's one observer left
+    observers=frozenset(key for key in ISSUE_MIX.observers if "toolcall" not in key),
+    request=PLAIN_REQUEST,
+)
+"""The same nine hooks under a streamed answer with no tool call, where the request's own
+commands weigh more beside its hooks' (the request of the peer benches)."""
+MIXES = (DOCS_MIX, ISSUE_MIX, PLAIN_MIX)
 
 
 async def measure_mixes(redis_url: str) -> list[Row]:
+    """The mixes of one request in one run (their stacks' requests alternating), each
+    request's in a run of its own."""
     quiet_logs()
-    stacks = [groups for mix in MIXES for groups in (mix.undeclared, mix.declared, mix.checks)]
-    results = await run_costs(redis_url, stacks)
     rows: list[Row] = []
-    for n, mix in enumerate(MIXES):
-        undeclared, declared, checks = results[3 * n: 3 * n + 3]
-        rows += report_mix(mix, undeclared, declared, checks)
+    for request in dict.fromkeys(mix.request for mix in MIXES):
+        mixes = [mix for mix in MIXES if mix.request == request]
+        stacks = [groups for mix in mixes for groups in (mix.undeclared, mix.declared, mix.checks)]
+        results = await run_costs(redis_url, stacks, request)
+        for n, mix in enumerate(mixes):
+            undeclared, declared, checks = results[3 * n: 3 * n + 3]
+            rows += report_mix(mix, undeclared, declared, checks)
     return rows
 
 
