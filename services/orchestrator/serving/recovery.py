@@ -50,8 +50,8 @@ from hookbus.bus.groups.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
 from hookbus.bus.wire.envelopes import RequestEnvelope
-from hookbus.services.orchestrator.run_mode import RunMode
-from hookbus.services.orchestrator.run_table import Running, RunTable
+from hookbus.services.orchestrator.serving.run_mode import RunMode
+from hookbus.services.orchestrator.serving.run_table import Running, RunTable
 from hookbus.skills import DuplicateCompletionId, HookbusError, OrchestratorLost, ServiceError
 
 log = structlog.get_logger("hookbus.recovery")

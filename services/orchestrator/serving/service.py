@@ -4,7 +4,7 @@ Any number of instances share the queue. Each request's chunks, final completion
 error go to `responses:{completion_id}`; the request is acked only after
 finalize_connection ran and the terminal item is stored, in the same atomic step.
 
-Reliability (see bus/journal.py and services/orchestrator/recovery.py):
+Reliability (see bus/journal.py and services/orchestrator/serving/recovery.py):
 
 - a run starts by creating the request's journal (`begin`, one round trip that also
   reads the cancel marker); every response write and the final ack check the journal's
@@ -91,10 +91,10 @@ from hookbus.services.console import request_link
 from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.agent import Agent
-from hookbus.services.orchestrator.bus_runtime import BusRuntime
-from hookbus.services.orchestrator.recovery import Recovery
-from hookbus.services.orchestrator.run_mode import RunMode
-from hookbus.services.orchestrator.run_table import Running, RunTable
+from hookbus.services.orchestrator.serving.bus_runtime import BusRuntime
+from hookbus.services.orchestrator.serving.recovery import Recovery
+from hookbus.services.orchestrator.serving.run_mode import RunMode
+from hookbus.services.orchestrator.serving.run_table import Running, RunTable
 from hookbus.services.process.bus_app import BusApp
 from hookbus.services.process.defaults import (
     ORCHESTRATOR_CLAIM_IDLE,
@@ -153,7 +153,7 @@ class _StageNotingRuntime(BusRuntime):
 
     def stop_error(self, ctx: Any) -> HookbusError | None:
         """Asked by the agent when its run is cancelled: the error this service stopped it
-        with, if the service did (hookbus.services.orchestrator.run_table.RunTable.lose)."""
+        with, if the service did (hookbus.services.orchestrator.serving.run_table.RunTable.lose)."""
         return None if self.stopped_by is None else self.stopped_by(ctx.completion_id)
 
 

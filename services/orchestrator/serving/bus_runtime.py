@@ -39,7 +39,7 @@ from hookbus.bus.wire.stream_text import ChunkText
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.runtime import ChunkBatchResult
-from hookbus.services.orchestrator.version_pins import VersionPins
+from hookbus.services.orchestrator.serving.version_pins import VersionPins
 from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.compaction_outcome import BETWEEN_TURNS_PREFIX
 from hookbus.skills.lifecycle import Lifecycle
@@ -163,7 +163,7 @@ class BusRuntime:
         """The segments after `segment`'s hop that its worker may send the stage on to:
         those up to the first one in-process or in a group with no live replica (the
         stage then comes back here first); each to the stream of the version the request
-        is pinned to in that group (hookbus.services.orchestrator.version_pins). The hop's
+        is pinned to in that group (hookbus.services.orchestrator.serving.version_pins). The hop's
         own group and the route's are pinned together, in one round trip."""
         if not self.send_on or tracing.enabled():
             return []
@@ -342,7 +342,7 @@ class BusRuntime:
 
     def _end_lost_hops(self) -> None:
         """After each look at the replicas: the hops waiting for a version that is gone end
-        their wait now (hookbus.services.orchestrator.version_pins)."""
+        their wait now (hookbus.services.orchestrator.serving.version_pins)."""
         for hop_id, why in self.pins.lost_hops():
             self.router.lost(hop_id, why)
 
