@@ -70,6 +70,7 @@ def test_the_walk_covers_the_request_from_the_gateway_to_the_worker_and_back() -
     files = {path for _, paths, _ in walk_steps() for path in paths.split(", ")}
     assert {
         "services/gateway/chat_completions.py", "bus/client.py", "services/orchestrator/serving/service.py",
+        "services/orchestrator/serving/admission.py", "services/orchestrator/serving/execution.py",
         "services/orchestrator/agent.py", "services/orchestrator/turn_stream.py",
         "services/orchestrator/chunk_pipeline.py", "services/orchestrator/serving/bus_runtime.py",
         "bus/hops/reply_router.py", "services/worker/replica.py", "services/worker/host.py",

@@ -81,13 +81,7 @@ class RecoveryHost(Protocol):
     ) -> None: ...
 
     async def execute(
-        self,
-        run: Running,
-        request: RequestEnvelope,
-        mode: RunMode,
-        *,
-        first_seq: int = 0,
-        error: HookbusError | None = None,
+        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int = 0, error: HookbusError | None = None
     ) -> bool: ...
 
 

@@ -4,7 +4,11 @@ Any number of instances share the queue. Each request's chunks, final completion
 error go to `responses:{completion_id}`; the request is acked only after
 finalize_connection ran and the terminal item is stored, in the same atomic step.
 
-Reliability (see bus/journal.py and services/orchestrator/serving/recovery.py):
+The service reads the entries and starts and stops everything; its parts live beside it:
+admission.py (which entries run), execution.py (one run to its stored end and ack),
+cancel_listener.py (the gateways' cancel signals) and recovery.py.
+
+Reliability (see bus/store/journal.py and services/orchestrator/serving/recovery.py):
 
 - a run starts by creating the request's journal (`begin`, one round trip that also
   reads the cancel marker); every response write and the final ack check the journal's
@@ -33,9 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import json
-import re
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,10 +46,9 @@ import redis.asyncio as aredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
-from openai.types.chat import ChatCompletionChunk
 from redis.exceptions import ResponseError
 
-from hookbus.bus.connection.cluster import forget_topology, in_order, keys_for, ready
+from hookbus.bus.connection.cluster import keys_for
 from hookbus.bus.connection.retrying import (
     RECONNECT_ERRORS,
     connect,
@@ -58,7 +58,6 @@ from hookbus.bus.connection.retrying import (
     retryable,
 )
 from hookbus.bus.connection.values import text
-from hookbus.bus.groups.dead_letters import add_dead_letter
 from hookbus.bus.groups.observer_backlog import (
     CHECK_EVERY,
     BacklogBound,
@@ -71,27 +70,17 @@ from hookbus.bus.groups.shard_reader import ShardedGroupReader
 from hookbus.bus.groups.trim import TRIM_EVERY
 from hookbus.bus.hops.reply_router import ReplyRouter
 from hookbus.bus.keys import ORCHESTRATOR_GROUP
-from hookbus.bus.limits import InvalidJSON, LimitExceeded, RequestLimits, check_document, parse_json
+from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.bus.store.events import EventWriter
-from hookbus.bus.store.journal import Begun, Journal
-from hookbus.bus.store.response_stream import RESPONSE_TTL, Ack, Fence, ResponseWriter
+from hookbus.bus.store.journal import Journal
 from hookbus.bus.store.sessions import SessionStore
-from hookbus.bus.wire.envelopes import (
-    FIELD,
-    REQUEST_START,
-    DecodeError,
-    MonitorRecord,
-    RequestEnvelope,
-    ResponseItem,
-    decode,
-    encode,
-)
-from hookbus.services.console import request_link
-from hookbus.services.gateway.cancel import CLIENT_STALLED
-from hookbus.services.observability import tracing
+from hookbus.bus.wire.envelopes import RequestEnvelope
 from hookbus.services.orchestrator.agent import Agent
+from hookbus.services.orchestrator.serving.admission import Admission
 from hookbus.services.orchestrator.serving.bus_runtime import BusRuntime
+from hookbus.services.orchestrator.serving.cancel_listener import listen_for_cancels
+from hookbus.services.orchestrator.serving.execution import SHUTDOWN_WAIT, Execution
 from hookbus.services.orchestrator.serving.recovery import Recovery
 from hookbus.services.orchestrator.serving.run_mode import RunMode
 from hookbus.services.orchestrator.serving.run_table import Running, RunTable
@@ -101,30 +90,14 @@ from hookbus.services.process.defaults import (
     ORCHESTRATOR_CONCURRENCY,
     ORCHESTRATOR_MAX_DELIVERIES,
 )
-from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import HookbusError, ServiceError
-from hookbus.skills.errors import (
-    Cancelled,
-    DeadlineExceeded,
-    DuplicateCompletionId,
-    as_hookbus_error,
-)
+from hookbus.skills import HookbusError
 from hookbus.skills.lifecycle import Lifecycle
-from hookbus.skills.outcome import Outcome
 from hookbus.skills.runner import HookOutcome
 
 log = structlog.get_logger("hookbus.orchestrator")
 
-RESERVED_METADATA = frozenset({"completion_id", "model", "agent_name"})
-SHUTDOWN_WAIT = 30.0
 DRAIN_SECONDS = 60.0
 """How long a stopping orchestrator lets the requests it runs finish."""
-OBSERVATIONS_WAIT = 2.0
-"""How long a request's ack waits for its observation entries to be stored (Redis slow or away)."""
-RECENTLY_OWNED = 0.25
-"""How recent a response write that found the run's epoch current answers `still_owner`
-(at most a quarter of `claim_idle`)."""
-_CID = re.compile(rb'"completion_id"\s*:\s*"([^"\\]{1,200})"')
 _SERVING: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
 """Services of this process running each agent. Services that share an agent share its LLM
 client, so only the last one to stop closes it: closing it under another would cut that
@@ -148,7 +121,7 @@ class _StageNotingRuntime(BusRuntime):
             self.on_stage(completion_id, lifecycle)
 
     async def still_owner(self, ctx: Any) -> bool:
-        """Asked by the agent right before finalize_connection (see OrchestratorService.still_owner)."""
+        """Asked by the agent right before finalize_connection (Execution.still_owner)."""
         return True if self.owner_check is None else await self.owner_check(ctx.completion_id)
 
     def stop_error(self, ctx: Any) -> HookbusError | None:
@@ -158,6 +131,11 @@ class _StageNotingRuntime(BusRuntime):
 
 
 class OrchestratorService(BusApp):
+    """One orchestrator process's service: reads request entries, runs each admitted one on
+    the agent and stores its answer. Its parts, each over this service's settings and run
+    table: `admission` (which entries run), `execution` (one run to its stored end) and
+    `recovery` (what lost orchestrators left, leases, the janitor)."""
+
     def __init__(
         self,
         agent: Agent,
@@ -196,12 +174,11 @@ class OrchestratorService(BusApp):
         self._client: aredis.Redis | None = None
         self.runtime: BusRuntime | None = None
         self.journal: Journal | None = None
+        self.runs = RunTable()
+        self.admission = Admission(self)
+        self.execution = Execution(self)
         self.recovery = Recovery(self)
         self._tasks: list[asyncio.Task[Any]] = []
-        self.runs = RunTable()
-        self.served = 0
-        self.fenced = 0
-        self.refused = 0
         self._serving = False
         self._handlers: set[asyncio.Task[None]] = set()
         """Entries read: up to `concurrency` running, as many again waiting (prefetched)."""
@@ -245,26 +222,8 @@ class OrchestratorService(BusApp):
 
     async def _after_startup(self) -> None:
         client = self._client = await self.broker.connect()
-        router = ReplyRouter(
-            client, connect(self.redis_url, retries=0), self.keys.replies(self.instance),
-            dead_letter=self.keys.dead_letter,
-        )
-        registry = RegistryView(client, self.keys)
-        events = EventWriter(client, self.keys)
-        runtime = _StageNotingRuntime(
-            self.keys, router, registry, SessionStore(client, self.keys), events,
-            instance=self.instance, send_on=get_settings().send_on,
-        )
-        runtime.on_stage = self.runs.note_stage
-        runtime.owner_check = self.still_owner
-        runtime.stopped_by = self.runs.stop_error
-        self.runtime = runtime
-        self.journal = Journal(client, self.keys)
-        await router.start()
-        await registry.start()
-        await events.start()
-        runtime.pins.start()
-        self.agent.runtime = self.runtime
+        runtime = await self._start_runtime(client)
+        self.agent.runtime = runtime
         if self.agent.llm.http is None:
             # this service closes the agent's client on its own loop at shutdown, which an
             # aiohttp session needs (hookbus.services.orchestrator.llm: why aiohttp)
@@ -274,7 +233,9 @@ class OrchestratorService(BusApp):
         await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
         self.recovery.start()
         self._tasks = [
-            asyncio.create_task(self._cancel_listener(), name="hookbus-cancel"),
+            asyncio.create_task(
+                listen_for_cancels(self.redis_url, self.keys, lambda: self.client, self.runs), name="hookbus-cancel"
+            ),
             asyncio.create_task(
                 repeat(self.backlog_every, self.bound_observer_backlogs, what="observer_backlog"),
                 name="hookbus-observer-backlog",
@@ -288,8 +249,31 @@ class OrchestratorService(BusApp):
         self._reader.start()
         log.info(
             "orchestrator_started", instance=self.instance, agent=self.agent.name,
-            groups=list(registry.groups), claim_idle=self.claim_idle,
+            groups=list(runtime.registry.groups), claim_idle=self.claim_idle,
         )
+
+    async def _start_runtime(self, client: aredis.Redis) -> _StageNotingRuntime:
+        """The runtime the agent runs on and the journal, built on `client` and started."""
+        router = ReplyRouter(
+            client, connect(self.redis_url, retries=0), self.keys.replies(self.instance),
+            dead_letter=self.keys.dead_letter,
+        )
+        registry = RegistryView(client, self.keys)
+        events = EventWriter(client, self.keys)
+        runtime = _StageNotingRuntime(
+            self.keys, router, registry, SessionStore(client, self.keys), events,
+            instance=self.instance, send_on=get_settings().send_on,
+        )
+        runtime.on_stage = self.runs.note_stage
+        runtime.owner_check = self.execution.still_owner
+        runtime.stopped_by = self.runs.stop_error
+        self.runtime = runtime
+        self.journal = Journal(client, self.keys)
+        await router.start()
+        await registry.start()
+        await events.start()
+        runtime.pins.start()
+        return runtime
 
     async def bound_observer_backlogs(self) -> dict[str, ObserverDrops]:
         """One check of every announced observer group's stream: what it dropped, by group."""
@@ -373,7 +357,7 @@ class OrchestratorService(BusApp):
                 log.error("request_not_started", completion_id=request.completion_id, error=str(exc))
                 return
             if not begun.ok:
-                await self._not_ours(stream, entry_id, fields, request, begun)
+                await self.admission.not_ours(stream, entry_id, fields, request, begun)
                 return
             run.epoch = begun.epoch
             self.runtime.pins.adopt(request.completion_id, pins)
@@ -384,344 +368,32 @@ class OrchestratorService(BusApp):
             self.runs.unregister(run)
 
     async def admit(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None:
-        """The request, or None when it was refused (dead-lettered, acked, and the client
-        told with a 413 or 400 if its completion id could be read). A request on another
-        shard than its completion id's is refused too: its journal scripts would span two
-        slots (HookbusClient always queues on the right one)."""
-        raw = fields.get(FIELD)
-        if raw is not None:
-            limits = self.limits.for_envelope()
-            try:
-                await off_loop(is_large(size=len(raw)), _check_limits, raw, limits)
-            except LimitExceeded as refused:
-                await self.refuse(stream, entry_id, fields, _peek_completion_id(raw, parse=False), refused)
-                return None
-            except InvalidJSON:
-                pass  # decode says why, below
-        try:
-            request = await off_loop(is_large(size=len(raw or b"")), decode, fields, RequestEnvelope)
-        except DecodeError as exc:
-            error = ServiceError(400, "invalid_request", f"the request could not be read: {exc}")
-            await self.refuse(stream, entry_id, fields, _peek_completion_id(raw), error)
-            return None
-        if self.keys.requests_for(request.completion_id) != stream:
-            error = ServiceError(
-                400, "misrouted_request",
-                f"queued on {stream}, but its completion id belongs to {self.keys.requests_for(request.completion_id)}",
-            )
-            await self.refuse(stream, entry_id, fields, request.completion_id, error)
-            return None
-        return request
+        """`Admission.admit`, on the service for recovery (RecoveryHost) as for its own entries."""
+        return await self.admission.admit(stream, entry_id, fields)
 
     async def refuse(
         self, stream: str, entry_id: str, fields: dict[bytes, bytes], completion_id: str | None, error: HookbusError
     ) -> None:
-        def set_aside(pipe: Any) -> None:
-            add_dead_letter(
-                pipe, self.keys.dead_letter, source=stream, entry_id=entry_id,
-                reason=f"{error.status_code} {error.code}: {error.message}", fields=fields,
-                consumer=self.instance,
-            )
-            if completion_id:
-                responses = self.keys.responses(completion_id)
-                item = ResponseItem(kind="error", completion_id=completion_id, error=error.to_dict())
-                pipe.xadd(responses, encode(item))
-                pipe.expire(responses, RESPONSE_TTL)
-
-        await in_order(
-            self.client, set_aside, lambda pipe: pipe.xack(stream, ORCHESTRATOR_GROUP, entry_id)
-        )
-        self.refused += 1
-        log.warning(
-            "bad_request_dead_lettered", entry_id=entry_id, completion_id=completion_id,
-            status=error.status_code, reason=error.message,
-        )
-
-    async def _not_ours(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], request: RequestEnvelope, begun: Begun
-    ) -> None:
-        cid = request.completion_id
-        if begun.entry == entry_id:
-            # Another orchestrator claimed it while it waited in our prefetch buffer.
-            log.info("request_taken_over", completion_id=cid, owner=begun.owner)
-            return
-        error = DuplicateCompletionId(cid)
-        if begun.done:  # the first one is over: its client is gone, tell this one
-            await self.refuse(stream, entry_id, fields, cid, error)
-        else:  # the first one still runs: do not disturb its response stream
-            await self.refuse(stream, entry_id, fields, None, error)
+        """`Admission.refuse`, on the service for recovery (RecoveryHost) as for its own entries."""
+        await self.admission.refuse(stream, entry_id, fields, completion_id, error)
 
     async def execute(
-        self,
-        run: Running,
-        request: RequestEnvelope,
-        mode: RunMode,
-        *,
-        first_seq: int = 0,
-        error: HookbusError | None = None,
+        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int = 0, error: HookbusError | None = None
     ) -> bool:
-        """Run (`RUN`), finalize only (`RECOVER`), or only end (`END`) one request with the
-        epoch in `run`, then store its terminal item and ack it. False if fenced out or
-        left pending because Redis stayed unreachable. Once it ended here, the request no
-        longer counts as served by the worker versions it was pinned to."""
-        assert self.runtime is not None
-        try:
-            with self.agent.serving_on(self.runtime):
-                return await self._execute(run, request, mode, first_seq=first_seq, error=error)
-        finally:  # fenced: its new owner runs it on and releases it
-            self.runtime.pins.release(request.completion_id, ended=not run.fenced)
+        """`Execution.execute`, on the service for recovery (RecoveryHost) as for its own entries."""
+        return await self.execution.execute(run, request, mode, first_seq=first_seq, error=error)
 
-    async def _execute(
-        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int, error: HookbusError | None
-    ) -> bool:
-        assert self.journal is not None and self.runtime is not None
-        cid = request.completion_id
-        writer = ResponseWriter(
-            self.client, self.keys.responses(cid),
-            fence=Fence(self.journal, cid, run.epoch),
-            on_fenced=lambda: self.runs.fence_out(run),
-            on_lost=lambda: self.runs.lose(run),
-            first_seq=first_seq,
-        )
-        run.writer = writer
-        if run.cancel_reason is not None and mode == RunMode.RUN:
-            mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
-        if mode == RunMode.RUN:  # so that a running request shows its model and caller (the console)
-            self.runtime.events.emit(
-                MonitorRecord(
-                    completion_id=cid, lifecycle=REQUEST_START, replica=self.instance,
-                    model=self.agent.model, caller=request.auth.peer_user_id,
-                )
-            )
-        task = asyncio.create_task(
-            self._produce(request, writer, mode, error), name=f"request-{cid}",
-            context=_with_run(run),  # its hooks' tasks see which run they belong to
-        )
-        run.task = task
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:  # this process is stopping hard: let finalize finish
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait({task}, timeout=SHUTDOWN_WAIT)
-            raise
-        if run.fenced:
-            await writer.close()
-            self.fenced += 1
-            log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
-            return False
-        if task.cancelled():
-            reason = run.cancel_reason or "cancelled"
-            terminal = ResponseItem(
-                kind="error", completion_id=cid,
-                error=(run.stop_error or Cancelled(f"the request was {reason}")).to_dict(),
-            )
-        else:
-            terminal = task.result()
-        await self.runtime.observations_stored(cid, OBSERVATIONS_WAIT)
-        try:
-            stored = await writer.finish(
-                terminal, ack=Ack(run.stream, ORCHESTRATOR_GROUP, run.entry_id)
-            )
-        except RECONNECT_ERRORS as exc:
-            await writer.close()
-            log.error("request_left_pending", completion_id=cid, error=str(exc))
-            return False
-        if not stored:
-            self.fenced += 1
-            log.warning("request_fenced_out", completion_id=cid, epoch=run.epoch)
-            return False
-        if run.stop_error is not None and run.stop_error.code == CLIENT_STALLED:
-            # its client stopped reading and the gateway gave up on it: nobody reads this stream
-            with contextlib.suppress(*RECONNECT_ERRORS):
-                await self.client.delete(writer.stream)
-        self.served += 1
-        failure = terminal.error or {}
-        if terminal.kind == "error":
-            log.warning(
-                "request_failed", completion_id=cid, status=failure.get("status_code"),
-                error=failure.get("message"), console=request_link(cid),
-            )
-        self.runtime.events.emit(
-            MonitorRecord(
-                kind="request", completion_id=cid,
-                lifecycle="request" if mode == RunMode.RUN else f"request:{mode}",
-                replica=self.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
-                outcome=Outcome.OK if terminal.kind != "error" else Outcome.FAILED,
-                error=failure.get("message"),
-                model=self.agent.model, caller=request.auth.peer_user_id,
-                status=int(failure.get("status_code", 500)) if terminal.kind == "error" else 200,
-            )
-        )
-        return True
+    @property
+    def served(self) -> int:
+        """Requests this process ended and acked."""
+        return self.execution.served
 
-    async def still_owner(self, completion_id: str) -> bool:
-        """Whether the run asking (the one whose task this is) may finalize its request:
-        no, only when it knows it lost it (fenced out, or the journal's epoch is past its
-        own: a peer claimed the request and runs its finalize). When in doubt, yes:
-        finalize must run at least once, and every write after it is fenced anyway.
+    @property
+    def fenced(self) -> int:
+        """Runs that stopped because another orchestrator took their request over."""
+        return self.execution.fenced
 
-        A response write that found the epoch ours less than RECENTLY_OWNED seconds ago
-        answers without asking Redis: a peer claims a request only after its owner's
-        heartbeat was missing for `claim_idle`, or after it idled far longer, and a process
-        that stalled since that write sees the time gone by."""
-        run = _current_run.get()
-        if run is None or run.completion_id != completion_id or not run.epoch:
-            return True
-        if run.fenced:
-            return False
-        owned_at = run.writer.owned_at if run.writer is not None else None
-        if owned_at is not None and time.monotonic() - owned_at < min(RECENTLY_OWNED, self.claim_idle / 4):
-            return True
-        try:
-            epoch = await self.client.hget(self.keys.journal(completion_id), "epoch")
-        except RECONNECT_ERRORS:
-            return True
-        if epoch is not None and int(epoch) > run.epoch:
-            self.runs.fence_out(run)
-            return False
-        return True
-
-    async def _produce(
-        self, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode, error: HookbusError | None
-    ) -> ResponseItem:
-        """The run itself, in the request's span; returns the terminal item (never raises
-        but for cancellation)."""
-        with tracing.request_span(
-            self.agent.name, request.completion_id, request.trace, mode, session_id=request.session_id
-        ) as span:
-            terminal = await self._terminal_item(request, writer, mode, error)
-            span.outcome(terminal.kind, terminal.error)
-            return terminal
-
-    async def _terminal_item(
-        self, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode, error: HookbusError | None
-    ) -> ResponseItem:
-        cid = request.completion_id
-        try:
-            if mode == RunMode.RUN:
-                return await self._run_until_deadline(request, writer)
-            assert error is not None
-            if mode in (RunMode.RECOVER, RunMode.CANCELLED):
-                await self.agent.finalize_only(
-                    request.messages, completion_id=cid, error=error, auth=request.auth,
-                    session_id=request.session_id, metadata=self._metadata(request),
-                    recovery=mode == RunMode.RECOVER,
-                )
-            raise error
-        except HookbusError as exc:
-            return ResponseItem(kind="error", completion_id=cid, error=exc.to_dict())
-        except Exception as exc:  # noqa: BLE001 - the client must get an answer whatever broke
-            log.exception("request_crashed", completion_id=cid)
-            return ResponseItem(kind="error", completion_id=cid, error=as_hookbus_error(exc).to_dict())
-
-    async def _run_until_deadline(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
-        remaining = None if request.deadline is None else request.deadline - time.time()
-        if remaining is not None and remaining <= 0:  # its client stopped waiting: run nothing
-            raise DeadlineExceeded("the request's deadline passed before it started")
-        try:
-            async with asyncio.timeout(remaining):
-                return await self._run(request, writer)
-        except TimeoutError as exc:
-            raise DeadlineExceeded() from exc
-
-    def _metadata(self, request: RequestEnvelope) -> dict[str, Any]:
-        return {k: v for k, v in request.metadata.items() if k not in RESERVED_METADATA}
-
-    async def _run(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
-        kwargs: dict[str, Any] = {
-            "auth": request.auth,
-            "session_id": request.session_id,
-            "completion_id": request.completion_id,
-            "metadata": self._metadata(request),
-            "tools": request.tools,
-            "model_settings": request.model_settings,
-            "deadline": request.deadline,
-        }
-        cid = request.completion_id
-        if not request.stream:
-            completion = await self.agent.run(request.messages, **kwargs)
-            return ResponseItem(kind="final", completion_id=cid, completion=completion.model_dump(mode="json"))
-
-        def progress(line: str) -> None:
-            writer.add(ResponseItem(kind="progress", completion_id=cid, progress=line))
-
-        first_output = True
-        async for chunk in self.agent.run_stream(request.messages, on_progress=progress, **kwargs):
-            at_once = first_output and _carries_output(chunk)
-            first_output = first_output and not at_once
-            writer.add(
-                ResponseItem(kind="chunk", completion_id=cid, chunk=chunk.model_dump(mode="json", exclude_none=True)),
-                at_once=at_once,
-            )
-        return ResponseItem(kind="done", completion_id=cid)
-
-    async def _cancel_listener(self) -> None:
-        """Cancel signals published by gateways; missed ones are caught by the marker
-        check at the start of a run and at each lease renewal."""
-        backoff = 0.1
-        reader = connect(self.redis_url, retries=0)
-        try:
-            while True:
-                pubsub: Any = None
-                try:
-                    await ready(reader)  # on a cluster: the node serving the channel's slot
-                    pubsub = reader.pubsub()
-                    await pubsub.subscribe(self.keys.cancel_channel)
-                    backoff = 0.1
-                    while True:
-                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                        if message and message.get("type") == "message":
-                            cid = text(message["data"])
-                            # why, from the marker (one read, on a rare path): a stalled client's
-                            # run is finalized with that code
-                            why = await self.client.get(self.keys.cancel(cid))
-                            self.runs.cancel(cid, stalled=why is not None and text(why) == CLIENT_STALLED)
-                except RECONNECT_ERRORS as exc:
-                    log.warning("cancel_listener_reconnecting", error=str(exc), retry_in=backoff)
-                    await forget_topology(reader)  # that node may be gone (failover)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                finally:
-                    if pubsub is not None:
-                        with contextlib.suppress(Exception):
-                            await pubsub.aclose()
-        finally:
-            with contextlib.suppress(Exception):
-                await reader.aclose()
-
-
-_current_run: contextvars.ContextVar[Running | None] = contextvars.ContextVar("hookbus_run", default=None)
-
-
-def _with_run(run: Running) -> contextvars.Context:
-    context = contextvars.copy_context()
-    context.run(_current_run.set, run)
-    return context
-
-
-def _check_limits(raw: bytes, limits: RequestLimits) -> None:
-    check_document(parse_json(raw, limits), limits)
-
-
-def _carries_output(chunk: ChatCompletionChunk) -> bool:
-    """Whether the chunk holds text or a tool call (not only a role or a finish reason):
-    the answer's first such chunk is written without the response writer's linger."""
-    return any(choice.delta.content or choice.delta.tool_calls for choice in chunk.choices)
-
-
-def _peek_completion_id(raw: bytes | None, *, parse: bool = True) -> str | None:
-    """The completion id of an unreadable request, if it can be found (to answer it)."""
-    if not raw:
-        return None
-    match = _CID.search(raw[:4096])
-    if match:
-        return match.group(1).decode(errors="replace")
-    if not parse:
-        return None
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    cid = value.get("completion_id") if isinstance(value, dict) else None
-    return cid if isinstance(cid, str) and 0 < len(cid) <= 200 else None
+    @property
+    def refused(self) -> int:
+        """Entries set aside without a run (unreadable, over the limits, misrouted, duplicates)."""
+        return self.admission.refused
