@@ -155,7 +155,7 @@ class Execution:
         request's observations are; False if fenced out or Redis stayed unreachable."""
         assert self.service.runtime is not None
         cid = run.completion_id
-        await self.service.runtime.observations_stored(cid, OBSERVATIONS_WAIT)
+        await self.service.runtime.observations.stored(cid, OBSERVATIONS_WAIT)
         try:
             stored = await writer.finish(terminal, ack=Ack(run.stream, ORCHESTRATOR_GROUP, run.entry_id))
         except RECONNECT_ERRORS as exc:

@@ -319,7 +319,7 @@ class OrchestratorService(BusApp):
         self._tasks = []
         await self.agent.observers_idle(SHUTDOWN_WAIT)  # in-process observers see what they were handed
         if self.runtime is not None:
-            await self.runtime.observations_flushed(SHUTDOWN_WAIT)
+            await self.runtime.observations.flushed(SHUTDOWN_WAIT)
             await self.runtime.router.stop()
             await self.runtime.pins.stop()
             await self.runtime.registry.stop()
