@@ -16,7 +16,7 @@ Reliability (see bus/store/journal.py and services/orchestrator/serving/recovery
   it) stops without writing again;
 - the requests it runs keep their claim (lease renewal every `claim_idle / 3` seconds),
   so a long LLM call is not taken away while this process is alive; heartbeats and lease
-  renewal run on a thread of their own (bus/liveness.py), so a busy event loop is not
+  renewal run on a thread of their own (bus/groups/liveness.py), so a busy event loop is not
   taken for a dead process;
 - a request another orchestrator left pending (it died, or it stalled for longer than
   `claim_idle`) is claimed: if it had started, only finalize_connection runs, with a 503
@@ -28,7 +28,7 @@ Reliability (see bus/store/journal.py and services/orchestrator/serving/recovery
 - a cancel signal (`{prefix}cancel:{completion_id}` marker, `{prefix}cancel` channel, as
   the gateway writes them) cancels the run: finalize runs with a 499 and the client gets
   that error;
-- a janitor trims `requests` up to what was acked (bus/trim.py), and every few seconds
+- a janitor trims `requests` up to what was acked (bus/groups/trim.py), and every few seconds
   each observer group's stream is kept within its bound, what it drops counted
   (hookbus.bus.groups.observer_backlog).
 """
