@@ -20,7 +20,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.bench import payloads
 from tests.bench.common import Row, atimeit_us, print_rows, quiet_logs, run_load, scaled
 

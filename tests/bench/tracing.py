@@ -101,7 +101,7 @@ def _ops(runtime, tracer, by_group, kind: str, concurrency: int):  # type: ignor
 
 async def measure(redis_url: str) -> list[Row]:
     from hookbus.services.observability import tracing
-    from hookbus.services.orchestrator.plan import HookPlan
+    from hookbus.services.orchestrator.loop.plan import HookPlan
 
     quiet_logs()
     rows = [Row("tracing", "off: tracing calls of one hop", off_path_us(), "us", note="timed in a loop")]

@@ -10,12 +10,12 @@ Each lifecycle point is fired in one place below. Where a hook runs (this proces
 worker group) is the runtime's business, never the loop's.
 
 Compaction keeps a conversation inside the model's context window (the agent's
-`Compactor`, hookbus.services.orchestrator.compactor). Between turns the host calls
+`Compactor`, hookbus.services.orchestrator.compaction.compactor). Between turns the host calls
 `compact_if_needed` / `compact`; inside a run, after `before_llm_call`, messages past the
 policy's `hard` threshold are compacted (the turn in progress stays whole) and the
 compacted conversation replaces the run's own, so later rounds do not grow back. An
 endpoint that still answers "context too long" gets one compaction and one retry.
-Streamed chunks go through on_chunk in hookbus.services.orchestrator.chunk_pipeline.
+Streamed chunks go through on_chunk in hookbus.services.orchestrator.streaming.chunk_pipeline.
 """
 
 from __future__ import annotations
@@ -48,19 +48,19 @@ from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.bus.wire.envelopes import LLM_RETRY
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator import client_tools
-from hookbus.services.orchestrator.assemble import add_usage
-from hookbus.services.orchestrator.chunk_pipeline import Judged, stream_chunks
-from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy
-from hookbus.services.orchestrator.compactor import Compactor
-from hookbus.services.orchestrator.hold_back import whole_answer_chunk
-from hookbus.services.orchestrator.instructions import with_instructions
-from hookbus.services.orchestrator.llm import LLM, EmptyAnswer
-from hookbus.services.orchestrator.observations import LocalObservers, RequestObservations
-from hookbus.services.orchestrator.plan import HookPlan, Segment
-from hookbus.services.orchestrator.run_state import RunState
-from hookbus.services.orchestrator.runtime import LocalRuntime, Runtime
-from hookbus.services.orchestrator.turn_stream import TurnStream
+from hookbus.services.orchestrator.compaction.compactor import Compactor
+from hookbus.services.orchestrator.compaction.rules import Compaction, CompactionPolicy
+from hookbus.services.orchestrator.llm.client import LLM, EmptyAnswer
+from hookbus.services.orchestrator.loop import client_tools
+from hookbus.services.orchestrator.loop.instructions import with_instructions
+from hookbus.services.orchestrator.loop.observer_handoff import LocalObservers, RequestObservations
+from hookbus.services.orchestrator.loop.plan import HookPlan, Segment
+from hookbus.services.orchestrator.loop.request_state import RequestState
+from hookbus.services.orchestrator.loop.runtime import LocalRuntime, Runtime
+from hookbus.services.orchestrator.streaming.assemble import add_usage
+from hookbus.services.orchestrator.streaming.chunk_pipeline import Judged, stream_chunks
+from hookbus.services.orchestrator.streaming.hold_back import whole_answer_chunk
+from hookbus.services.orchestrator.streaming.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills import AuthInfo, Context, HookbusError, HookData, Skill
 from hookbus.skills.compaction_outcome import between_turns_id
@@ -107,7 +107,7 @@ class Agent:
 
     With no endpoint (`llm`, else `OPENAI_BASE_URL`) an agent used in-process answers with
     the built-in offline model, for tests and first steps; the orchestrator service refuses
-    to run an agent so (hookbus.services.orchestrator.llm.require_endpoint) unless
+    to run an agent so (hookbus.services.orchestrator.llm.client.require_endpoint) unless
     `HOOKBUS_MODEL=offline` asks for it by name.
     """
 
@@ -145,7 +145,7 @@ class Agent:
         self._plan: HookPlan | None = None
         self._plan_version: tuple[int, int] = (0, -1)
         self.local_observers = LocalObservers()
-        """Runs this agent's in-process observers (hookbus.services.orchestrator.observations)."""
+        """Runs this agent's in-process observers (hookbus.services.orchestrator.loop.observer_handoff)."""
 
     # ----------------------------------------------------------------- public API
 
@@ -337,7 +337,7 @@ class Agent:
     # ------------------------------------------------------------------ lifecycle
 
     async def _stream(
-        self, begin: Callable[[], Awaitable[RunState]], options: tuple[Any, ...]
+        self, begin: Callable[[], Awaitable[RequestState]], options: tuple[Any, ...]
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The request `begin` starts, streamed; begun only when the caller first reads."""
         state = await begin()
@@ -354,7 +354,7 @@ class Agent:
         completion_id: str | None,
         metadata: dict[str, Any] | None,
         stream: bool,
-    ) -> RunState:
+    ) -> RequestState:
         ctx = Context(
             auth=auth if isinstance(auth, AuthInfo) else AuthInfo.model_validate(auth or {}),
             metadata=Metadata(
@@ -366,14 +366,14 @@ class Agent:
             session=Session(id=session_id),
         )
         conversation = await off_loop(is_large(messages), self._conversation, messages)  # a deep copy
-        state = RunState(ctx, self.plan(), conversation, stream)
+        state = RequestState(ctx, self.plan(), conversation, stream)
         if state.plan.observes(ctx.auth.scopes):
             state.observations = RequestObservations(ctx, self.local_observers, self.runtime)
         return state
 
     def _request_options(
         self,
-        state: RunState,
+        state: RequestState,
         tools: Sequence[dict[str, Any]] | None,
         model_settings: ModelSettings | dict[str, Any] | None,
         deadline: float | None,
@@ -384,7 +384,7 @@ class Agent:
         state.deadline = deadline
         state.on_progress = on_progress
 
-    async def _lifecycle(self, state: RunState) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def _lifecycle(self, state: RequestState) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The whole request; a generator so streaming and non-streaming share one path."""
         try:
             if state.ctx.session.id:
@@ -438,7 +438,7 @@ class Agent:
         finally:
             await self._finalize_shielded(state)
 
-    async def _on_connection(self, state: RunState) -> None:
+    async def _on_connection(self, state: RequestState) -> None:
         data = HookData.model_construct(
             lifecycle=Lifecycle.ON_CONNECTION, messages=state.conversation, stream=state.stream
         )
@@ -446,7 +446,7 @@ class Agent:
         state.conversation = list(data.messages or [])
 
     async def _before_llm_call(
-        self, state: RunState, iteration: int, final_round: bool
+        self, state: RequestState, iteration: int, final_round: bool
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, ModelSettings]:
         messages = [dict(m) for m in state.conversation]  # the LLM's copy; the conversation stays
         if final_round:
@@ -473,7 +473,7 @@ class Agent:
 
     async def _llm_call(
         self,
-        state: RunState,
+        state: RequestState,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         settings: ModelSettings,
@@ -515,7 +515,7 @@ class Agent:
                 settings = _asked_again(state, empty, settings)
 
     @contextlib.contextmanager
-    def _recorded_llm_call(self, state: RunState) -> Iterator[None]:
+    def _recorded_llm_call(self, state: RequestState) -> Iterator[None]:
         """Time one LLM call into the events stream (its error, if it raised); one that is
         asked again is recorded as LLM_RETRY, its reason first, for the waterfall and the
         gateway's `hookbus_llm_retries`."""
@@ -533,13 +533,13 @@ class Agent:
             )
 
     async def _streamed_llm_call(
-        self, state: RunState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+        self, state: RequestState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
         settings: ModelSettings,
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """One streamed LLM call; every chunk goes through on_chunk before the client sees it
         (batched when the stage is one remote segment and `chunk_batch` > 1), and through
         the hold-back window when an on_chunk hook asked for one
-        (hookbus.services.orchestrator.hold_back)."""
+        (hookbus.services.orchestrator.streaming.hold_back)."""
         chunks = stream_chunks(
             state, self.llm.stream(self.model, messages, tools, settings), self.model,
             self._on_chunk, self._on_chunks, self._chunk_batch,
@@ -548,7 +548,7 @@ class Agent:
             async for chunk in visible:
                 yield chunk
 
-    async def _guarded_answer(self, state: RunState, answer: ChatCompletion) -> ChatCompletion:
+    async def _guarded_answer(self, state: RequestState, answer: ChatCompletion) -> ChatCompletion:
         """A non-streamed answer judged by the on_chunk hooks that hold text back: a client
         that asked for no stream would otherwise get what those guards keep from a stream.
         The answer goes through them as a stream of one chunk holding all of it (their
@@ -567,7 +567,7 @@ class Agent:
         assert judging.last_response is not None
         return judging.last_response
 
-    async def _on_chunk(self, state: RunState, given: ChunkIn) -> Judged:
+    async def _on_chunk(self, state: RequestState, given: ChunkIn) -> Judged:
         scopes = state.ctx.auth.scopes
         if state.observations is not None and not state.plan.segments(Lifecycle.ON_CHUNK, scopes):
             # only observers: nothing runs on the chunk's path, they get the chunk as it came
@@ -578,7 +578,7 @@ class Agent:
         return _judged(data, given.content)
 
     async def _on_chunks(
-        self, state: RunState, chunks: Sequence[ChunkIn]
+        self, state: RequestState, chunks: Sequence[ChunkIn]
     ) -> tuple[list[Judged], HookbusError | None]:
         """Several chunks through the one remote on_chunk segment in one hop."""
         (segment,) = state.plan.segments(Lifecycle.ON_CHUNK, state.ctx.auth.scopes)
@@ -601,7 +601,7 @@ class Agent:
             Judged(c.chunk) if d is None else _judged(d, c.content) for d, c in zip(shown, chunks, strict=False)
         ], result.abort
 
-    async def _after_llm_call(self, state: RunState, iteration: int) -> dict[str, Any]:
+    async def _after_llm_call(self, state: RequestState, iteration: int) -> dict[str, Any]:
         response = state.last_response
         assert response is not None
         state.usage = add_usage(state.usage, response.usage)
@@ -614,7 +614,7 @@ class Agent:
         state.conversation.append(message)
         return message
 
-    async def _tool_round(self, state: RunState, message: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _tool_round(self, state: RequestState, message: dict[str, Any]) -> list[dict[str, Any]]:
         """Every tool call of one response, in the model's order: the server's run (with
         their hooks), the client's go through before_toolcall and are returned. Returns the
         calls for the client; the server's results are held for its next request."""
@@ -636,7 +636,7 @@ class Agent:
             )
         return returned
 
-    async def _client_tool_call(self, state: RunState, tool_call: dict[str, Any]) -> dict[str, Any] | None:
+    async def _client_tool_call(self, state: RequestState, tool_call: dict[str, Any]) -> dict[str, Any] | None:
         """before_toolcall for a call the client will run: the (maybe rewritten) call to
         return, or None when a hook blocked or skipped it (then it is answered here, as a
         server call would be, and after_toolcall runs)."""
@@ -648,7 +648,7 @@ class Agent:
         return None
 
     async def _before_toolcall(
-        self, state: RunState, tool_call: dict[str, Any], tool_id: str, *, client: bool
+        self, state: RequestState, tool_call: dict[str, Any], tool_id: str, *, client: bool
     ) -> HookData:
         before = HookData.model_construct(
             lifecycle=Lifecycle.BEFORE_TOOLCALL, tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
@@ -656,7 +656,7 @@ class Agent:
         )
         return await self._stage(state, before, f"before_toolcall#{tool_id}")
 
-    async def _tool_round_call(self, state: RunState, tool_call: dict[str, Any]) -> None:
+    async def _tool_round_call(self, state: RequestState, tool_call: dict[str, Any]) -> None:
         tool_id = str(tool_call.get("id", ""))
         before = await self._before_toolcall(state, tool_call, tool_id, client=False)
         if before.tool_skipped:
@@ -668,7 +668,7 @@ class Agent:
             self._progress(state, f"hookbus: tool {name} done")
         await self._after_toolcall(state, before, tool_id, result)
 
-    async def _after_toolcall(self, state: RunState, before: HookData, tool_id: str, result: str) -> None:
+    async def _after_toolcall(self, state: RequestState, before: HookData, tool_id: str, result: str) -> None:
         after = HookData.model_construct(
             lifecycle=Lifecycle.AFTER_TOOLCALL, tool_call=before.tool_call, tool_id=tool_id,
             tool_result=result, tool_skipped=before.tool_skipped, client_tool=before.client_tool,
@@ -678,11 +678,11 @@ class Agent:
             {"role": "tool", "tool_call_id": tool_id, "content": after.tool_result or ""}
         )
 
-    def _progress(self, state: RunState, line: str) -> None:
+    def _progress(self, state: RequestState, line: str) -> None:
         if state.stream and state.on_progress is not None:
             state.on_progress(line)
 
-    async def _run_tool(self, state: RunState, tool_call: dict[str, Any]) -> str:
+    async def _run_tool(self, state: RequestState, tool_call: dict[str, Any]) -> str:
         """The tool's result, or the problem that stopped it as an `Error: ...` result."""
         function = tool_call.get("function") or {}
         name = str(function.get("name", ""))
@@ -699,7 +699,7 @@ class Agent:
         )
         return result
 
-    async def _call_tool(self, state: RunState, name: str, raw_arguments: Any) -> str:
+    async def _call_tool(self, state: RequestState, name: str, raw_arguments: Any) -> str:
         tool = state.plan.tools.get(name)
         if tool is None or not state.ctx.allows(tool.descriptor.scope):
             # only what this caller may call: a scoped tool's name is not for everyone
@@ -711,13 +711,13 @@ class Agent:
             return await invoke_tool(tool.local, arguments, state.ctx)
         return await self.runtime.call_tool(tool, arguments, state.ctx)
 
-    async def _on_message(self, state: RunState) -> None:
+    async def _on_message(self, state: RequestState) -> None:
         data = HookData.model_construct(lifecycle=Lifecycle.ON_MESSAGE, messages=state.conversation)
         data = await self._stage(state, data)
         state.conversation = list(data.messages or [])
         state.result = self._final_completion(state)
 
-    async def _finalize_shielded(self, state: RunState) -> None:
+    async def _finalize_shielded(self, state: RequestState) -> None:
         """Run finalize to its end even if the caller cancels us again meanwhile."""
         task = asyncio.ensure_future(self._finalize(state))
         cancelled = False
@@ -729,7 +729,7 @@ class Agent:
         if cancelled and state.error is None:
             state.error = Cancelled()
 
-    async def _finalize(self, state: RunState) -> None:
+    async def _finalize(self, state: RequestState) -> None:
         if not await self._still_ours(state):
             log.warning("finalize_skipped_lost_request", completion_id=state.completion_id)
             return
@@ -759,13 +759,13 @@ class Agent:
             ms=round((time.perf_counter() - state.started) * 1000, 2),
         )
 
-    def _stop_error(self, state: RunState) -> HookbusError | None:
+    def _stop_error(self, state: RequestState) -> HookbusError | None:
         """Why the runtime stopped this run, when it did and not for the client (an
         orchestrator whose Redis lost the request's state); None for an in-process run."""
         check = getattr(self.runtime, "stop_error", None)
         return None if check is None else check(state.ctx)
 
-    async def _still_ours(self, state: RunState) -> bool:
+    async def _still_ours(self, state: RequestState) -> bool:
         """Whether this process may still finalize the request: an orchestrator that
         stalled and was fenced out (a peer claimed the request and finalized it) must not
         run finalize_connection again when it wakes. Asked of the runtime right before
@@ -800,9 +800,9 @@ class Agent:
         except Exception:  # noqa: BLE001 - telling hooks never breaks the run or the caller
             log.exception("on_compaction_failed", completion_id=ctx.completion_id)
 
-    async def _stage(self, state: RunState, data: HookData, stage_key: str = "") -> HookData:
+    async def _stage(self, state: RequestState, data: HookData, stage_key: str = "") -> HookData:
         """Run the stage's hooks (`_run_stage`), then hand its end to its observers, if it has
-        any (hookbus.services.orchestrator.observations: they run off the request's path)."""
+        any (hookbus.services.orchestrator.loop.observer_handoff: they run off the request's path)."""
         observers = state.plan.observers(data.lifecycle, state.ctx.auth.scopes)
         if not observers or state.observations is None:
             return await self._run_stage(state.plan, state.ctx, data, stage_key)
@@ -871,7 +871,7 @@ class Agent:
             return with_instructions(self.instructions, conversation)
         return conversation
 
-    def _final_completion(self, state: RunState) -> ChatCompletion:
+    def _final_completion(self, state: RequestState) -> ChatCompletion:
         response = state.last_response
         assert response is not None
         final = response.model_copy(deep=True)
@@ -890,14 +890,14 @@ class Agent:
         )
         return final
 
-    def _finish_reason(self, state: RunState) -> str:
+    def _finish_reason(self, state: RequestState) -> str:
         """The turn's one finish_reason: tool_calls only for calls the client must run."""
         if state.client_calls:
             return "tool_calls"
         reason = state.last_response.choices[0].finish_reason if state.last_response else None
         return "stop" if reason in (None, "tool_calls", "function_call") else reason
 
-    def _usage_chunk(self, state: RunState) -> ChatCompletionChunk:
+    def _usage_chunk(self, state: RequestState) -> ChatCompletionChunk:
         return ChatCompletionChunk.model_validate(
             {
                 "id": state.completion_id,
@@ -922,7 +922,7 @@ async def _as_stream(chunk: ChatCompletionChunk) -> AsyncGenerator[ChatCompletio
     yield chunk
 
 
-def _asked_again(state: RunState, empty: EmptyAnswer, settings: ModelSettings) -> ModelSettings:
+def _asked_again(state: RequestState, empty: EmptyAnswer, settings: ModelSettings) -> ModelSettings:
     """The settings to ask an empty answer under `tool_choice: "auto"` again with: "none".
     An endpoint may answer a text under "auto" with an empty message (llama-cpp-python's
     `chatml-function-calling` does: its grammar offers the model a tool name or the end of
@@ -940,7 +940,7 @@ def _round_cap_message() -> dict[str, Any]:
     return {"role": "system", "content": ROUND_CAP_NOTE}
 
 
-def _adopt(state: RunState, outcome: Compaction, final_round: bool) -> list[dict[str, Any]]:
+def _adopt(state: RequestState, outcome: Compaction, final_round: bool) -> list[dict[str, Any]]:
     """An in-run compaction becomes the run's conversation (without the round-cap note), so
     later rounds do not grow back; returns the messages to send now."""
     conversation = copy.deepcopy(outcome.messages)

@@ -57,8 +57,12 @@ from pydantic import BaseModel, ValidationError
 
 from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.token_scale import SAMPLE_TEXT, TokenScale, tiktoken_knows
-from hookbus.services.orchestrator.tokens import count_messages, count_text
+from hookbus.services.orchestrator.compaction.token_scale import (
+    SAMPLE_TEXT,
+    TokenScale,
+    tiktoken_knows,
+)
+from hookbus.services.orchestrator.compaction.tokens import count_messages, count_text
 from hookbus.services.process.offload import is_large, off_loop
 from hookbus.skills.errors import ContextTooLong, ServiceError, UpstreamError
 from hookbus.skills.model_settings import ModelSettings

@@ -8,7 +8,7 @@ travels as one hop.
 
 Observers (`observe=True`) are planned apart, in the same order: they are never in a
 segment (no hop, no wait); the agent hands each stage's end to them
-(hookbus.services.orchestrator.observations).
+(hookbus.services.orchestrator.loop.observer_handoff).
 """
 
 from __future__ import annotations
