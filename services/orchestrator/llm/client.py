@@ -47,24 +47,26 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-import aiohttp
-import httpx
 import openai
 import structlog
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
-from pydantic import BaseModel, ValidationError
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.settings import OFFLINE_MODEL, get_settings
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.compaction.token_scale import (
-    SAMPLE_TEXT,
-    TokenScale,
-    tiktoken_knows,
-)
+from hookbus.services.orchestrator.compaction.token_scale import TokenScale, tiktoken_knows
 from hookbus.services.orchestrator.compaction.tokens import count_messages, count_text
-from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills.errors import ContextTooLong, ServiceError, UpstreamError
+from hookbus.services.orchestrator.llm import answers, endpoint
+from hookbus.services.orchestrator.llm.answers import (
+    EmptyAnswer,
+    completion_chunks,
+    estimated_usage,
+    response_text,
+    unreadable_answer,
+)
+from hookbus.services.orchestrator.llm.errors import llm_error, timed_out
+from hookbus.services.orchestrator.llm.wire import create_chat_completion, request_arguments
+from hookbus.skills.errors import UpstreamError
 from hookbus.skills.model_settings import ModelSettings
 
 log = structlog.get_logger("hookbus.llm")
@@ -73,13 +75,9 @@ T = TypeVar("T")
 
 RETRY_PAUSE = 0.2
 """Seconds before retrying a call that could not connect."""
-PROBE_TIMEOUT = 5.0
-"""Seconds to wait for an endpoint to say its context window."""
 
 HttpStack = Literal["httpx", "aiohttp"]
 
-CAUSES_LOOKED_AT = 8
-"""How deep `timed_out` follows an error's causes (the transport's chain is 2-3 long)."""
 
 
 class LLM:
@@ -209,37 +207,14 @@ class LLM:
         caller asks; a concurrent one goes on without the answer, as if the endpoint did not
         say. Nothing is asked of the offline model, nor for a model tiktoken knows (OpenAI's:
         the table's window and a scale of 1.0 hold)."""
-        key = (self.base_url, model)
-        if key in _LEARNED:
-            facts = _LEARNED[key]
-        elif self.offline or tiktoken_knows(model):
-            facts = _LEARNED[key] = EndpointFacts()
-        else:
-            _LEARNED[key] = None  # taken: no second probe while this one runs
-            try:
-                facts = _LEARNED[key] = await self._ask_endpoint(model, window)
-            except BaseException:  # cancelled with its request: the next one asks
-                del _LEARNED[key]
-                raise
+        facts = await endpoint.learn(
+            self.base_url, self._api_key, model, window=window, known=self.offline or tiktoken_knows(model)
+        )
         if facts is None:
             return None
         if facts.tokenizer is not None:
             self.token_scale.probed(model, *facts.tokenizer)
         return facts.window
-
-    async def _ask_endpoint(self, model: str, window: bool) -> EndpointFacts:
-        headers = {"Authorization": f"Bearer {self._api_key}"}
-        root = self.base_url.rstrip("/").removesuffix("/v1")
-        facts = EndpointFacts()
-        try:
-            async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, headers=headers) as http:
-                if window:
-                    facts.window = await _served_window(http, root, self.base_url, model)
-                facts.tokenizer = await _tokenizer_counts(http, root, model)
-        except Exception:  # noqa: BLE001 - the table and the margin apply when it cannot tell
-            log.warning("endpoint_probe_failed", model=model, exc_info=True)
-        log.info("endpoint_probed", model=model, window=facts.window, tokenizer=facts.tokenizer)
-        return facts
 
     def _report_usage(
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, usage: CompletionUsage
@@ -270,13 +245,13 @@ class LLM:
                 raise llm_error(exc) from exc
             except json.JSONDecodeError as exc:
                 raise unreadable_answer("its body is not JSON") from exc
-            if not _is_completion(response):
+            if not answers.is_completion(response):
                 raise unreadable_answer("it is not a chat completion")
-            if not response.choices or _said_nothing(response.choices[0].message, _markers(arguments)):
+            if not response.choices or answers.said_nothing(response.choices[0].message, answers.tool_markers(arguments)):
                 raise EmptyAnswer(
                     response.choices[0].finish_reason if response.choices else None,
                     response.choices[0].message.content if response.choices else None,
-                    under_auto=_under_auto(arguments), usage=response.usage,
+                    under_auto=answers.under_auto(arguments), usage=response.usage,
                 )
             if response.usage is None:
                 response.usage = estimated_usage(messages, response_text(response))
@@ -299,8 +274,8 @@ class LLM:
             return
         arguments.update(stream=True, stream_options={"include_usage": True})
         saw_choice = saw_call = False
-        under_auto = holding = _under_auto(arguments)
-        markers = _markers(arguments)
+        under_auto = holding = answers.under_auto(arguments)
+        markers = answers.tool_markers(arguments)
         usage: CompletionUsage | None = None
         finish_reason: str | None = None
         produced: list[str] = []
@@ -321,13 +296,13 @@ class LLM:
                         if chunk.usage is not None:
                             usage = chunk.usage
                             self._report_usage(model, messages, tools, chunk.usage)
-                        produced.extend(_chunk_texts(chunk))
+                        produced.extend(answers.chunk_texts(chunk))
                         span.chunk(chunk)
                         if not holding:
                             yield chunk
                             continue
                         held.append(chunk)
-                        holding = not saw_call and _may_say_nothing("".join(produced), markers)
+                        holding = not saw_call and answers.may_say_nothing("".join(produced), markers)
                         if not holding:
                             for earlier in held:
                                 yield earlier
@@ -357,12 +332,12 @@ class LLM:
                     "the LLM endpoint's stream ended before the answer did (no finish_reason): "
                     "what came is incomplete, and no tool call of it was made",
                 )
-            if not saw_call and _says_nothing("".join(produced), markers):
+            if not saw_call and answers.says_nothing("".join(produced), markers):
                 raise EmptyAnswer(finish_reason, "".join(produced), under_auto=under_auto, usage=usage)
             for earlier in held:  # it ended while its text could still have been a marker
                 yield earlier
             if usage is None:
-                estimate = _usage_chunk(estimated_usage(messages, "".join(produced)), model)
+                estimate = answers.usage_chunk(estimated_usage(messages, "".join(produced)), model)
                 span.chunk(estimate)
                 yield estimate
 
@@ -403,360 +378,3 @@ def require_endpoint(llm: LLM) -> None:
             f"OPENAI_API_KEY and HOOKBUS_MODEL), or set HOOKBUS_MODEL={OFFLINE_MODEL} to run the "
             "built-in offline stand-in model on purpose"
         )
-
-
-async def create_chat_completion(client: openai.AsyncOpenAI, arguments: dict[str, Any]) -> Any:
-    """What `client.chat.completions.create(**arguments)` does, minus its transform.
-
-    `create` walks every message and field in Python on the event loop to adapt typed
-    params (12 s for 123,000 tiny messages); our arguments are plain JSON already, so
-    the body is encoded as is (off the loop when large) and posted through the same
-    client: same HTTP stack, retries, errors and SSE reading. Returns a
-    ChatCompletion, or an AsyncStream of chunks (built by StreamedChunk) when
-    `arguments["stream"]`.
-    """
-    large = is_large(arguments.get("messages"))
-    body = await off_loop(large, json_body, arguments)
-    return await client.post(
-        "/chat/completions",
-        content=body,  # the client's default Content-Type is application/json
-        cast_to=ChatCompletion,
-        stream=bool(arguments.get("stream")),
-        stream_cls=openai.AsyncStream[StreamedChunk],
-    )
-
-
-class StreamedChunk:
-    """How the client builds each chunk of a stream (its model-builder protocol: a
-    `cast_to` with a `build` classmethod is asked to build the value): validated by
-    pydantic-core in one call, about 30 times cheaper than the client's lenient
-    recursive construct (10 vs 316 us a chunk; it was 8% of the orchestrator's CPU
-    under the cost bench). A chunk the model refuses (an endpoint's odd field) is built
-    leniently, as the client builds every chunk, when its choices still have the shape
-    of a chunk's; anything else (an array, `{"choices": "many"}`) is the endpoint's
-    garbage: a 502 `upstream_bad_response`. The SSE reading, the `error` event and the
-    HTTP errors stay the client's."""
-
-    @classmethod
-    def build(cls, *, response: object, data: object) -> ChatCompletionChunk:
-        if not isinstance(data, dict):
-            raise unreadable_answer("an event of its stream is not a chunk")
-        try:
-            return ChatCompletionChunk.model_validate(data)
-        except ValidationError:
-            if not _choices_hold(data, "delta"):
-                raise unreadable_answer("an event of its stream is not a chunk") from None
-            return ChatCompletionChunk.construct(**data)
-
-
-def unreadable_answer(what: str) -> UpstreamError:
-    """The 502 for an answer that is no OpenAI answer (HTML, a broken line, an array):
-    the endpoint failed us, whatever Python made of its bytes."""
-    return UpstreamError(502, "upstream_bad_response", f"the LLM endpoint's answer could not be read: {what}")
-
-
-def _choices_hold(data: dict[str, Any], part: str) -> bool:
-    """Whether `data["choices"]` (absent: none) is a list of objects whose `part` (the
-    chunk's `delta`, the completion's `message`), where present, is an object."""
-    choices = data.get("choices", [])
-    return isinstance(choices, list) and all(
-        isinstance(choice, dict) and isinstance(choice.get(part, {}), dict) for choice in choices
-    )
-
-
-def _is_completion(response: object) -> bool:
-    """Whether the client's (lenient) completion has the shape the agent reads: a list
-    of choices, each with a message."""
-    choices = getattr(response, "choices", None)
-    return isinstance(response, ChatCompletion) and isinstance(choices, list) and all(
-        isinstance(getattr(choice, "message", None), ChatCompletionMessage) for choice in choices
-    )
-
-
-def json_body(arguments: dict[str, Any]) -> bytes:
-    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-async def _get_json(http: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
-    try:
-        response = await http.get(url)
-        body = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
-async def _post_json(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        response = await http.post(url, json=body)
-        answer = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return answer if isinstance(answer, dict) else None
-
-
-def _token_count(answer: dict[str, Any] | None) -> int | None:
-    """A tokenize endpoint's count: `count` (vLLM, llama-cpp-python's /count) or its tokens."""
-    if not answer:
-        return None
-    if isinstance(answer.get("count"), int):
-        return int(answer["count"])
-    tokens = answer.get("tokens")
-    return len(tokens) if isinstance(tokens, list) and tokens else None
-
-
-def _n_ctx(props: dict[str, Any] | None) -> int | None:
-    """llama.cpp's served context size from its /props (newer servers nest it)."""
-    if not props:
-        return None
-    for holder in (props.get("default_generation_settings") or {}, props):
-        value = holder.get("n_ctx") if isinstance(holder, dict) else None
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def request_arguments(
-    model: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    settings: ModelSettings | None,
-) -> dict[str, Any]:
-    """The `chat.completions.create` arguments of one call.
-
-    `tool_choice` and `parallel_tool_calls` go only with tools (OpenAI refuses them
-    without); with tools and no `tool_choice`, "auto" is sent explicitly."""
-    arguments: dict[str, Any] = {"model": model, "messages": upstream_messages(messages)}
-    given = settings.given() if settings is not None else {}
-    choice = given.pop("tool_choice", None)
-    parallel = given.pop("parallel_tool_calls", None)
-    arguments.update(given)
-    if tools:
-        arguments["tools"] = tools
-        arguments["tool_choice"] = choice or "auto"
-        if parallel is not None:
-            arguments["parallel_tool_calls"] = parallel
-    return arguments
-
-
-def upstream_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages in the form OpenAI, vLLM and llama.cpp all accept: no legacy
-    `function_call`, no null fields, and an assistant message with tool calls and no
-    text has `content: ""` (llama.cpp's server answers `content: null` with a 500)."""
-    sent = []
-    for message in messages:
-        clean = {k: v for k, v in message.items() if v is not None and k != "function_call"}
-        if clean.get("role") == "assistant" and "content" not in clean:
-            clean["content"] = ""
-        sent.append(clean)
-    return sent
-
-
-def response_text(response: ChatCompletion) -> str:
-    if not response.choices:
-        return ""
-    message = response.choices[0].message
-    arguments = "".join(c.function.arguments for c in message.tool_calls or () if hasattr(c, "function"))
-    return (message.content or "") + arguments
-
-
-def completion_chunks(completion: ChatCompletion) -> list[ChatCompletionChunk]:
-    """A completion as the chunks of its stream: its text and tool calls, the finish chunk,
-    then the usage chunk."""
-    choice = completion.choices[0]
-    delta: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
-    if choice.message.tool_calls:
-        delta["tool_calls"] = [
-            {"index": i, **call.model_dump(exclude_none=True)} for i, call in enumerate(choice.message.tool_calls)
-        ]
-    head = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
-            "model": completion.model}
-    chunks = [
-        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.finish_reason}]},
-    ]
-    if completion.usage is not None:
-        chunks.append({**head, "choices": [], "usage": completion.usage.model_dump()})
-    return [ChatCompletionChunk.model_validate(chunk) for chunk in chunks]
-
-
-def _said_nothing(message: Any, markers: tuple[str, ...]) -> bool:
-    return not message.tool_calls and _says_nothing(message.content or "", markers)
-
-
-def _says_nothing(text: str, markers: tuple[str, ...]) -> bool:
-    """No text, or nothing but one of `markers`."""
-    return not text or text.strip() in markers
-
-
-def _may_say_nothing(text: str, markers: tuple[str, ...]) -> bool:
-    """Whether a text so far may still end as no text or nothing but one of `markers`."""
-    return not text or any(marker.startswith(text.lstrip()) for marker in markers)
-
-
-def _under_auto(arguments: dict[str, Any]) -> bool:
-    """Whether the call offered tools and left the choice to the model."""
-    return arguments.get("tool_choice") == "auto"
-
-
-def _markers(arguments: dict[str, Any]) -> tuple[str, ...]:
-    """Under "auto", the tool-call markers that are no answer as text: llama-cpp-python's
-    `chatml-function-calling` format, asked to answer in text under "auto", can only end
-    the turn or write `functions.NAME:` for an offered tool (and leaves it as the text)."""
-    if not _under_auto(arguments):
-        return ()
-    return tuple(f"functions.{tool['function']['name']}:" for tool in arguments["tools"] if tool.get("function"))
-
-
-class EmptyAnswer(UpstreamError):
-    """An answer with no text and no tool call (or, under "auto", nothing but a tool-call
-    marker: `_markers`): never passed on as an empty success, since a client (or `hookbus
-    send`) cannot tell it from a model that had nothing to say.
-
-    `under_auto`: the call offered tools under `tool_choice: "auto"`, and nothing of the
-    answer reached the caller (a stream's chunks were held), so the call can be asked again
-    with `"none"`. `usage`: what the empty answer cost, as the endpoint reported it."""
-
-    def __init__(
-        self, finish_reason: str | None, text: str | None, *, under_auto: bool, usage: CompletionUsage | None
-    ) -> None:
-        said = f"no tool call, no text but {text.strip()!r}" if text and text.strip() else "no text and no tool call"
-        super().__init__(
-            502, "empty_answer", f"the model's answer said nothing: {said} (finish_reason {finish_reason or 'none'})"
-        )
-        self.finish_reason = finish_reason
-        self.under_auto = under_auto
-        self.usage = usage
-
-
-def _chunk_texts(chunk: ChatCompletionChunk) -> list[str]:
-    texts: list[str] = []
-    for choice in chunk.choices:
-        if choice.delta.content:
-            texts.append(choice.delta.content)
-        for call in choice.delta.tool_calls or ():
-            if call.function is not None and call.function.arguments:
-                texts.append(call.function.arguments)
-    return texts
-
-
-def estimated_usage(messages: list[dict[str, Any]], produced: str) -> CompletionUsage:
-    """Usage counted with tiktoken, for an endpoint that sent none; `estimated` says so."""
-    prompt = count_messages(messages)
-    completion = count_text(produced)
-    usage = CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-    usage.estimated = True  # type: ignore[attr-defined]  # openai's models keep extra fields
-    return usage
-
-
-def _usage_chunk(usage: CompletionUsage, model: str) -> ChatCompletionChunk:
-    return ChatCompletionChunk.model_validate(
-        {"id": "", "object": "chat.completion.chunk", "created": 0, "model": model,
-         "choices": [], "usage": usage.model_dump()}
-    )
-
-
-_STATUS_SEEN = {400: 400, 404: 404, 408: 504, 413: 400, 422: 400, 429: 429, 503: 503, 504: 504}
-"""Upstream status -> the client's; every other 4xx (401, 403: the operator's key) and 5xx
-is a 502, the endpoint having failed us."""
-
-
-class EndpointFacts(BaseModel):
-    """What an endpoint said of one model: its window, and its tokenizer's count of
-    SAMPLE_TEXT against ours (theirs, ours); None where it did not say."""
-
-    window: int | None = None
-    tokenizer: tuple[int, int] | None = None
-
-
-_LEARNED: dict[tuple[str, str], EndpointFacts | None] = {}
-"""Per (base url, model), what `LLM.learn_model` found; None while the one probe runs."""
-
-
-async def _served_window(http: httpx.AsyncClient, root: str, base_url: str, model: str) -> int | None:
-    """llama.cpp's `GET /props` (`n_ctx`), vLLM's `GET /v1/models` (`max_model_len`)."""
-    n_ctx = _n_ctx(await _get_json(http, f"{root}/props"))
-    if n_ctx:
-        return n_ctx
-    models = await _get_json(http, f"{base_url.rstrip('/')}/models")
-    for card in (models or {}).get("data") or ():
-        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
-            return int(card["max_model_len"])
-    return None
-
-
-async def _tokenizer_counts(http: httpx.AsyncClient, root: str, model: str) -> tuple[int, int] | None:
-    """The endpoint's count of SAMPLE_TEXT and ours: llama-cpp-python's `POST /extras/tokenize`,
-    llama.cpp's and vLLM's `POST /tokenize`, the first that answers."""
-    attempts = (
-        (f"{root}/extras/tokenize", {"input": SAMPLE_TEXT, "model": model}),  # llama-cpp-python
-        (f"{root}/tokenize", {"content": SAMPLE_TEXT}),  # llama.cpp
-        (f"{root}/tokenize", {"model": model, "prompt": SAMPLE_TEXT}),  # vLLM
-    )
-    for url, body in attempts:
-        theirs = _token_count(await _post_json(http, url, body))
-        if theirs:
-            return theirs, count_text(SAMPLE_TEXT)
-    return None
-
-
-def llm_error(exc: openai.APIError) -> ServiceError:
-    """Turn what the endpoint said into the error the client will see, keeping its message,
-    code and param (and Retry-After of a 429, in `details.retry_after`)."""
-    if isinstance(exc, openai.APIStatusError):
-        inner = _error_object(exc.body)
-        code = inner.get("code")
-        message = str(inner.get("message") or exc.message)
-        if code == "context_length_exceeded" or inner.get("type") == "exceed_context_size_error":
-            return ContextTooLong(message)
-        status = _STATUS_SEEN.get(exc.status_code, 502)
-        details: dict[str, Any] = {"upstream_status": exc.status_code}
-        if inner.get("param"):
-            details["param"] = inner["param"]
-        retry_after = _retry_after(exc.response.headers)
-        if retry_after is not None:
-            details["retry_after"] = retry_after
-        default_code = {429: "rate_limit_exceeded", 400: "invalid_request"}.get(status, "llm_error")
-        return UpstreamError(status, str(code or default_code), message, details)
-    if timed_out(exc):
-        return UpstreamError(504, "llm_timeout", "the LLM endpoint did not answer in time")
-    return UpstreamError(502, "llm_unreachable", f"the LLM endpoint could not be reached: {exc.message}")
-
-
-def timed_out(exc: openai.APIError) -> bool:
-    """Whether the call ran out of time, rather than losing its connection. The aiohttp
-    transport reports every aiohttp connection error as a timeout (its map sends
-    `ClientConnectionError` to `ConnectTimeout`), an endpoint that hung up without an
-    answer included; what aiohttp raised, in the chain of causes, tells the two apart."""
-    if not isinstance(exc, openai.APITimeoutError):
-        return False
-    cause: BaseException | None = exc.__cause__
-    for _ in range(CAUSES_LOOKED_AT):
-        if cause is None:
-            break
-        if isinstance(cause, aiohttp.ClientConnectionError):
-            return isinstance(cause, TimeoutError)  # aiohttp's timeouts are TimeoutErrors
-        cause = cause.__cause__ or cause.__context__
-    return True
-
-
-def _error_object(body: object) -> dict[str, Any]:
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            return inner
-    return {}
-
-
-def _retry_after(headers: Mapping[str, str]) -> str | None:
-    """Retry-After as the endpoint gave it (seconds, or from `retry-after-ms`)."""
-    value = headers.get("retry-after")
-    if value:
-        return value
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return str(max(1, round(float(millis) / 1000)))
-        except ValueError:
-            return None
-    return None

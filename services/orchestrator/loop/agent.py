@@ -50,7 +50,8 @@ from hookbus.bus.wire.envelopes import LLM_RETRY
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.compaction.compactor import Compactor
 from hookbus.services.orchestrator.compaction.rules import Compaction, CompactionPolicy
-from hookbus.services.orchestrator.llm.client import LLM, EmptyAnswer
+from hookbus.services.orchestrator.llm.answers import EmptyAnswer
+from hookbus.services.orchestrator.llm.client import LLM
 from hookbus.services.orchestrator.loop import client_tools
 from hookbus.services.orchestrator.loop.instructions import with_instructions
 from hookbus.services.orchestrator.loop.observer_handoff import LocalObservers, RequestObservations
