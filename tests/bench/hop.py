@@ -7,7 +7,7 @@ a second process in both cases.
 - hookbus: a real `hookbus worker` replica (FastStream, --concurrency 32) hosting
   tests.bench.skills:HopNoop; the orchestrator side is BusRuntime built as
   OrchestratorService builds it, driven through `BusRuntime.hop(segment, data, ctx)` +
-  `record_stage` (what Agent._stage does per remote segment), with a realistic HopEvent:
+  `record_stage` (what the loop's stage runner does per remote segment), with a realistic HopEvent:
   `on_chunk` (a ChatCompletionChunk, ~1.1 kB event) and `before_llm_call` (a 20-message
   conversation and two tools, ~6.7 kB event);
 - hookbus router: the same hops through `ReplyRouter.call` with a prebuilt HopEvent

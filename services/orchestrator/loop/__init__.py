@@ -9,8 +9,13 @@
 Each lifecycle point is fired in one place. Where a hook runs (this process or a worker
 group) is the runtime's business, never the loop's.
 
-`agent` holds `Agent` and the walk; beside it: `request_state` (one request's state),
-`plan` (the merged hook order and tool catalogue), `runtime` (where remote hooks, tools and
+`agent` holds `Agent`, the public face: what a caller asks of it. The walk is
+`request_run`'s (a request's `RequestState`, `request_state`, built by `begin`, then
+`lifecycle`); its stages are `llm_round` (before_llm_call, the call, after_llm_call),
+`chunk_stage` (on_chunk), `tool_round` (before_toolcall, the tool, after_toolcall) and
+`finalize`; `stage_runner` runs any one stage's hooks, `final_completion` builds what
+the client gets, and `host` says what of the agent the stages read. Beside them: `plan`
+(the merged hook order and tool catalogue), `runtime` (where remote hooks, tools and
 sessions live), `client_tools`, `instructions` and `observer_handoff` (a request's
 observed stages handed to its observers, off the request's path).
 

@@ -98,7 +98,7 @@ class Runtime(Protocol):
         self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         """A record of what the in-process observers of one stage did (hookbus.services.
-        orchestrator.observations), like `record_stage`'s."""
+        orchestrator.loop.observer_handoff), like `record_stage`'s."""
 
 
 class LocalRuntime:
