@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hookbus.services.orchestrator.serving.version_pins import VersionPins
 
 # Imported on first use: a module that needs one light name (the tracing module's RunMode,
-# a test's VersionPins) must not load the service, its broker and the agent with it.
+# a test's VersionPins) must not load the service and its broker with it.
 _HOME = {
     "BusRuntime": "hookbus.services.orchestrator.serving.bus_runtime",
     "OrchestratorService": "hookbus.services.orchestrator.serving.service",

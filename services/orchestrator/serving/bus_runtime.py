@@ -35,8 +35,8 @@ from hookbus.bus.wire.envelopes import (
 )
 from hookbus.bus.wire.stream_text import ChunkText
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
-from hookbus.services.orchestrator.runtime import ChunkBatchResult
+from hookbus.services.orchestrator.loop.plan import PlannedHook, PlannedTool, Segment
+from hookbus.services.orchestrator.loop.runtime import ChunkBatchResult
 from hookbus.services.orchestrator.serving.observation_outbox import ObservationOutbox
 from hookbus.services.orchestrator.serving.version_pins import VersionPins
 from hookbus.skills import Context, HookbusError, HookData
@@ -128,7 +128,7 @@ class BusRuntime:
         self, segments: Sequence[Segment], data: HookData, ctx: Context, stage_key: str
     ) -> AsyncGenerator[ChainResult, None]:
         """Consecutive remote segments of one stage, in turn, each on the data the one
-        before left (hookbus.services.orchestrator.runtime.Runtime.hop_segments). A hop lists the
+        before left (hookbus.services.orchestrator.loop.runtime.Runtime.hop_segments). A hop lists the
         live segments after it as its route (hookbus.bus.hops.send_on); where its worker sent the
         stage on, the next segment's reply is waited for, not sent for. Not while tracing:
         each hop's span is the orchestrator's, from its send to its reply."""

@@ -28,7 +28,7 @@ from hookbus.bus.wire.envelopes import REQUEST_START, MonitorRecord, RequestEnve
 from hookbus.services.console import request_link
 from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.agent import Agent
+from hookbus.services.orchestrator.loop.agent import Agent
 from hookbus.services.orchestrator.serving.bus_runtime import BusRuntime
 from hookbus.services.orchestrator.serving.run_mode import RunMode
 from hookbus.services.orchestrator.serving.run_table import Running, RunTable

@@ -76,7 +76,7 @@ from hookbus.bus.store.events import EventWriter
 from hookbus.bus.store.journal import Journal
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.envelopes import RequestEnvelope
-from hookbus.services.orchestrator.agent import Agent
+from hookbus.services.orchestrator.loop.agent import Agent
 from hookbus.services.orchestrator.serving.admission import Admission
 from hookbus.services.orchestrator.serving.bus_runtime import BusRuntime
 from hookbus.services.orchestrator.serving.cancel_listener import listen_for_cancels
@@ -226,7 +226,7 @@ class OrchestratorService(BusApp):
         self.agent.runtime = runtime
         if self.agent.llm.http is None:
             # this service closes the agent's client on its own loop at shutdown, which an
-            # aiohttp session needs (hookbus.services.orchestrator.llm: why aiohttp)
+            # aiohttp session needs (hookbus.services.orchestrator.llm.client: why aiohttp)
             self.agent.llm.http = "aiohttp"
         _SERVING[self.agent] = _SERVING.get(self.agent, 0) + 1
         self._serving = True
