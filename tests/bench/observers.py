@@ -14,7 +14,7 @@ each run three ways side by side in the same windows (tests.bench.cost.run_costs
 Redis each, the stacks' requests alternating, 100 sequential then rounds at c=8):
 undeclared, declared, and with the watching hooks removed (the floor no way of running
 them gets below). The mixes: the docs' (cost bench) mix, `policy` on all nine points and
-`audit` on three, six of the twelve watching; and issue 45's, nine hooks one per point
+`audit` on three, six of the twelve watching; and the split mix, nine hooks one per point
 split over two groups that both check and watch (tests.bench.skills.SPLIT), five of the
 nine watching. Printed per mix: Redis commands, Python CPU and Redis CPU per request,
 declared and floor against undeclared, at c=1 and c=8, and the commands by name. Every
@@ -135,14 +135,14 @@ DOCS_MIX = Mix(
     frozenset({f"cost-policy.p_{lc}" for lc in WATCHING} | {"cost-audit.a_finalize_connection"}),
 )
 ISSUE_MIX = Mix(
-    "issue 45's mix",
+    "the split mix",
     _skills({group: f"Split{group.title()}Undeclared" for group in SPLIT}),
     _skills({group: f"Split{group.title()}Declared" for group in SPLIT}),
     _skills({group: f"Split{group.title()}Checks" for group in SPLIT}),
     frozenset(f"{name}.{group[0]}_{lc}" for group, (name, lcs) in SPLIT.items() for lc in lcs if lc in WATCHING),
 )
 PLAIN_MIX = replace(
-    ISSUE_MIX, name="issue 45's mix, plain request",
+    ISSUE_MIX, name="the split mix, plain request",
     # no tool call: the tool hooks see nothing, finalize_connection is meter's one observer left
     observers=frozenset(key for key in ISSUE_MIX.observers if "toolcall" not in key),
     request=PLAIN_REQUEST,
