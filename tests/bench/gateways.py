@@ -59,6 +59,7 @@ PARALLEL = 8
 REQUESTS = {1: 150, PARALLEL: 400}
 """Requests a round at each concurrency."""
 WARMUP = 100
+IDLE_SECONDS = 5.0
 PROMPT = "Tell me something, darn it."
 MODEL = "offline"
 """The name hookbus's agents serve by default; the stub answers any name."""
@@ -100,6 +101,7 @@ class Round:
     cpu_ms: dict[str, float]
     """CPU per request of each process of the case."""
     commands: float = float("nan")
+    p50_ms: float = float("nan")
 
     @property
     def total_ms(self) -> float:
@@ -123,6 +125,10 @@ class Figures:
     @property
     def commands(self) -> float:
         return statistics.median(r.commands for r in self.rounds)
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(r.p50_ms for r in self.rounds)
 
     def part_ms(self, name: str) -> float:
         return statistics.median(r.cpu_ms[name] for r in self.rounds)
@@ -200,22 +206,57 @@ async def _commands(url: str | None) -> Counter[str]:
     return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
 
 
-async def measure_round(http: Any, case: Case, streamed: bool, concurrency: int, total: int) -> Round:
+@dataclass
+class Idle:
+    """What each process spends per second, and each Redis gets in commands per second,
+    with no request: heartbeats, registry reads, claims, janitors (hookbus; Portkey has
+    none to speak of). Taken out of a round at its rate, so a case's CPU per request is
+    the request's own, not a share of the time-driven work that depends on how long the
+    round took (at c=1, on a loaded machine, that varies several times over)."""
+
+    cpu: dict[int, float]
+    """pid -> CPU seconds per second."""
+    commands: dict[str, float]
+    """Redis URL -> commands per second."""
+
+
+async def idle_rates(cases: list[Case], seconds: float = IDLE_SECONDS) -> Idle:
+    pids = {pid for case in cases for pid in case.pids.values()}
+    urls = {case.redis_url for case in cases if case.redis_url}
+    cpu = {pid: cpu_seconds(pid) for pid in pids}
+    commands = {url: sum((await _commands(url)).values()) for url in urls}
+    began = time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - began
+    return Idle(
+        {pid: (cpu_seconds(pid) - cpu[pid]) / wall for pid in pids},
+        {url: (sum((await _commands(url)).values()) - commands[url] - 2) / wall for url in urls},  # 2: the INFOs
+    )
+
+
+async def measure_round(http: Any, case: Case, streamed: bool, concurrency: int, total: int, idle: Idle) -> Round:
     remaining = iter(range(total))
+    latencies: list[float] = []
 
     async def drive() -> None:
         for _ in remaining:
+            began = time.perf_counter()
             await one_request(http, case, streamed)
+            latencies.append(time.perf_counter() - began)
 
     commands = await _commands(case.redis_url)
     cpu = {name: cpu_seconds(pid) for name, pid in case.pids.items()}
     began = time.perf_counter()
     await asyncio.gather(*(drive() for _ in range(concurrency)))
     wall = time.perf_counter() - began
-    spent = {name: (cpu_seconds(pid) - cpu[name]) / total * 1000 for name, pid in case.pids.items()}
-    after = await _commands(case.redis_url)
-    made = sum((after - commands).values()) - 2  # the two INFO calls
-    return Round(total / wall, spent, made / total if case.redis_url else float("nan"))
+    spent = {
+        name: (cpu_seconds(pid) - cpu[name] - idle.cpu[pid] * wall) / total * 1000 for name, pid in case.pids.items()
+    }
+    made = float("nan")
+    if case.redis_url:
+        after = await _commands(case.redis_url)
+        made = (sum((after - commands).values()) - 2 - idle.commands[case.redis_url] * wall) / total  # 2: the INFOs
+    return Round(total / wall, spent, made, statistics.median(latencies) * 1000)
 
 
 async def run_cases(cases: list[Case]) -> dict[tuple[bool, int], dict[str, Figures]]:
@@ -227,13 +268,23 @@ async def run_cases(cases: list[Case]) -> dict[tuple[bool, int], dict[str, Figur
         for case in cases:  # warm-up, both modes
             for streamed in (False, True):
                 await asyncio.gather(*(one_request(http, case, streamed) for _ in range(scaled(WARMUP) // 2)))
+        idle = await idle_rates(cases)
+        report_idle(cases, idle)
         for streamed, concurrency in MODES:
             total = scaled(REQUESTS[concurrency])
             for _ in range(ROUNDS):
                 for case in cases:
-                    figures = await measure_round(http, case, streamed, concurrency, total)
+                    figures = await measure_round(http, case, streamed, concurrency, total, idle)
                     results[(streamed, concurrency)][case.name].rounds.append(figures)
     return results
+
+
+def report_idle(cases: list[Case], idle: Idle) -> None:
+    print("\n[gateways] with no request (taken out of every round at its rate), CPU ms/s: " + "; ".join(
+        f"{case.name}: " + ", ".join(f"{name} {idle.cpu[pid] * 1000:.1f}" for name, pid in case.pids.items())
+        + (f", {idle.commands[case.redis_url]:.1f} Redis commands/s" if case.redis_url else "")
+        for case in cases
+    ))
 
 
 def _mode(streamed: bool, concurrency: int) -> str:
@@ -248,7 +299,8 @@ def report(results: dict[tuple[bool, int], dict[str, Figures]], skipped: str | N
         for name, figures in by_case.items():
             parts = ", ".join(f"{part} {figures.part_ms(part):.2f}" for part in figures.rounds[0].cpu_ms)
             commands = "" if figures.commands != figures.commands else f", {figures.commands:.1f} Redis commands"
-            print(f"    {name:<36} {figures.cpu_ms:6.2f} ms  {figures.rate:7.1f} req/s  ({parts}{commands})")
+            print(f"    {name:<36} {figures.cpu_ms:6.2f} ms  {figures.rate:7.1f} req/s  p50 {figures.p50_ms:6.2f} ms"
+                  f"  ({parts}{commands})")
     for mode, by_case in results.items():
         label = _mode(*mode)
         remote, local = by_case["hookbus, rewrite in a worker group"], by_case["hookbus, rewrite in process"]
