@@ -33,7 +33,6 @@ import json
 import os
 import statistics
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +100,8 @@ class Round:
     cpu_ms: dict[str, float]
     """CPU per request of each process of the case."""
     commands: float = float("nan")
+    writes: float = float("nan")
+    """Socket writes Redis read per request."""
     p50_ms: float = float("nan")
 
     @property
@@ -125,6 +126,10 @@ class Figures:
     @property
     def commands(self) -> float:
         return statistics.median(r.commands for r in self.rounds)
+
+    @property
+    def writes(self) -> float:
+        return statistics.median(r.writes for r in self.rounds)
 
     @property
     def p50_ms(self) -> float:
@@ -193,17 +198,22 @@ async def one_request(http: Any, case: Case, streamed: bool) -> None:
         raise RuntimeError(f"{case.name}: expected {case.expect!r} first, got {content[:80]!r}")
 
 
-async def _commands(url: str | None) -> Counter[str]:
-    if url is None:
-        return Counter()
+async def _counts(url: str) -> tuple[int, int]:
+    """Commands Redis ran so far, and socket writes it read (`total_reads_processed`: one per
+    client write that reached it, so a pipeline is one however many commands it holds)."""
     from hookbus.bus.connection.retrying import connect
 
     client = connect(url)
     try:
         stats = await client.info("commandstats")
+        reads = int((await client.info("stats"))["total_reads_processed"])
     finally:
         await client.aclose()
-    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+    return sum(int(v["calls"]) for v in stats.values()), reads
+
+
+INFO_COST = (2, 2)
+"""What one `_counts` adds to the next: its two INFO commands, in two writes."""
 
 
 @dataclass
@@ -216,21 +226,21 @@ class Idle:
 
     cpu: dict[int, float]
     """pid -> CPU seconds per second."""
-    commands: dict[str, float]
-    """Redis URL -> commands per second."""
+    commands: dict[str, tuple[float, float]]
+    """Redis URL -> (commands, socket writes) per second."""
 
 
 async def idle_rates(cases: list[Case], seconds: float = IDLE_SECONDS) -> Idle:
     pids = {pid for case in cases for pid in case.pids.values()}
     urls = {case.redis_url for case in cases if case.redis_url}
     cpu = {pid: cpu_seconds(pid) for pid in pids}
-    commands = {url: sum((await _commands(url)).values()) for url in urls}
+    counts = {url: await _counts(url) for url in urls}
     began = time.perf_counter()
     await asyncio.sleep(seconds)
     wall = time.perf_counter() - began
     return Idle(
         {pid: (cpu_seconds(pid) - cpu[pid]) / wall for pid in pids},
-        {url: (sum((await _commands(url)).values()) - commands[url] - 2) / wall for url in urls},  # 2: the INFOs
+        {url: _rates(counts[url], await _counts(url), wall) for url in urls},
     )
 
 
@@ -244,7 +254,7 @@ async def measure_round(http: Any, case: Case, streamed: bool, concurrency: int,
             await one_request(http, case, streamed)
             latencies.append(time.perf_counter() - began)
 
-    commands = await _commands(case.redis_url)
+    counts = await _counts(case.redis_url) if case.redis_url else None
     cpu = {name: cpu_seconds(pid) for name, pid in case.pids.items()}
     began = time.perf_counter()
     await asyncio.gather(*(drive() for _ in range(concurrency)))
@@ -252,11 +262,17 @@ async def measure_round(http: Any, case: Case, streamed: bool, concurrency: int,
     spent = {
         name: (cpu_seconds(pid) - cpu[name] - idle.cpu[pid] * wall) / total * 1000 for name, pid in case.pids.items()
     }
-    made = float("nan")
-    if case.redis_url:
-        after = await _commands(case.redis_url)
-        made = (sum((after - commands).values()) - 2 - idle.commands[case.redis_url] * wall) / total  # 2: the INFOs
-    return Round(total / wall, spent, made, statistics.median(latencies) * 1000)
+    made = (float("nan"), float("nan"))
+    if case.redis_url and counts is not None:
+        rates = _rates(counts, await _counts(case.redis_url), wall)
+        quiet = idle.commands[case.redis_url]
+        made = ((rates[0] - quiet[0]) * wall / total, (rates[1] - quiet[1]) * wall / total)
+    return Round(total / wall, spent, *made, statistics.median(latencies) * 1000)
+
+
+def _rates(before: tuple[int, int], after: tuple[int, int], seconds: float) -> tuple[float, float]:
+    """Commands and socket writes per second between two `_counts`, theirs left out."""
+    return tuple((a - b - cost) / seconds for a, b, cost in zip(after, before, INFO_COST, strict=True))  # type: ignore[return-value]
 
 
 async def run_cases(cases: list[Case]) -> dict[tuple[bool, int], dict[str, Figures]]:
@@ -282,7 +298,7 @@ async def run_cases(cases: list[Case]) -> dict[tuple[bool, int], dict[str, Figur
 def report_idle(cases: list[Case], idle: Idle) -> None:
     print("\n[gateways] with no request (taken out of every round at its rate), CPU ms/s: " + "; ".join(
         f"{case.name}: " + ", ".join(f"{name} {idle.cpu[pid] * 1000:.1f}" for name, pid in case.pids.items())
-        + (f", {idle.commands[case.redis_url]:.1f} Redis commands/s" if case.redis_url else "")
+        + (f", {idle.commands[case.redis_url][0]:.1f} Redis commands/s" if case.redis_url else "")
         for case in cases
     ))
 
@@ -298,7 +314,8 @@ def report(results: dict[tuple[bool, int], dict[str, Figures]], skipped: str | N
         print(f"  {_mode(*mode)}:")
         for name, figures in by_case.items():
             parts = ", ".join(f"{part} {figures.part_ms(part):.2f}" for part in figures.rounds[0].cpu_ms)
-            commands = "" if figures.commands != figures.commands else f", {figures.commands:.1f} Redis commands"
+            commands = "" if figures.commands != figures.commands else (
+                f", Redis: {figures.commands:.1f} commands in {figures.writes:.1f} socket writes")
             print(f"    {name:<36} {figures.cpu_ms:6.2f} ms  {figures.rate:7.1f} req/s  p50 {figures.p50_ms:6.2f} ms"
                   f"  ({parts}{commands})")
     for mode, by_case in results.items():
@@ -308,6 +325,8 @@ def report(results: dict[tuple[bool, int], dict[str, Figures]], skipped: str | N
                         local.cpu_ms, "hook in process", target="<=1.3x"))
         rows.append(Row("gateways", f"{label}: worker-group hook Redis commands/request", remote.commands, "",
                         local.commands, "hook in process"))
+        rows.append(Row("gateways", f"{label}: worker-group hook socket writes to Redis/request", remote.writes, "",
+                        local.writes, "hook in process"))
         if skipped is not None:
             continue
         for ours, theirs, target in COMPARED:
