@@ -40,6 +40,7 @@ from hookbus.bus.connection.values import text_or_none
 from hookbus.bus.groups.observer_backlog import read_drops
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.registry import REPLICA_TTL
+from hookbus.bus.groups.served_agents import ORCHESTRATOR_TTL
 from hookbus.bus.groups.versions import VersionState, live_versions, serving_counts
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import (
@@ -53,7 +54,6 @@ from hookbus.skills import HookbusError
 
 log = structlog.get_logger("hookbus.gateway")
 
-ORCHESTRATOR_TTL = 10.0
 LAG_COUNT_CAP = 10_000
 SCRAPE_TIMEOUT = 2.0
 FOLLOW_EVERY = 0.1
