@@ -259,7 +259,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hookbus.services.cli.run_stack import run_stack
 
     keep = args.keep if args.keep is not None else sys.stdin.isatty()
-    return run_stack(keep_running=keep, port=args.port, replicas=args.replicas)
+    return run_stack(keep_running=keep, port=args.port, replicas=args.replicas, agents=args.agent or ())
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
@@ -421,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replicas", type=int, default=2, help="worker replicas")
     run.add_argument("--keep", dest="keep", action="store_true", default=None, help="keep running after the demo")
     run.add_argument("--once", dest="keep", action="store_false", help="stop after the demo")
+    run.add_argument(
+        "--agent", action="append", metavar="pkg.module:agent",
+        help="serve this agent instead of the demo (repeatable; modules in the current folder are found)",
+    )
     run.set_defaults(func=cmd_run)
 
     docs = commands.add_parser("docs", help="print the AsyncAPI (bus) or OpenAPI (gateway) document")
