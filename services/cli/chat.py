@@ -283,7 +283,7 @@ def build_local_agent(redis_url: str | None = None) -> tuple[Agent, list[Any]]:
     return agent, memory
 
 
-async def _main(local: bool, agent_name: str | None) -> int:
+async def _main(local: bool, agent_name: str | None = None) -> int:
     settings = get_settings()
     if local:
         agent, memory = build_local_agent(settings.redis_url)

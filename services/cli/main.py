@@ -94,22 +94,26 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     configure_logging()
     use_context_window(args.context_window)
     try:
-        agent = load_agent(args.agent)
-        require_endpoint(agent.llm)
+        agents = [load_agent(spec) for spec in args.agent]
+        for agent in agents:
+            require_endpoint(agent.llm)
     except (SpecError, NoEndpoint) as exc:
         sys.exit(f"hookbus orchestrator: {exc}")
     instance = args.instance or instance_name("orchestrator")
     configure_tracing("orchestrator", instance)
-    service = OrchestratorService(
-        agent,
-        redis_url_or_exit(),
-        prefix=get_settings().prefix,
-        concurrency=args.concurrency,
-        instance=instance,
-        claim_idle=args.claim_idle,
-        max_deliveries=args.max_deliveries,
-        limits=limits_of(args),
-    )
+    try:
+        service = OrchestratorService(
+            agents,
+            redis_url_or_exit(),
+            prefix=get_settings().prefix,
+            concurrency=args.concurrency,
+            instance=instance,
+            claim_idle=args.claim_idle,
+            max_deliveries=args.max_deliveries,
+            limits=limits_of(args),
+        )
+    except ValueError as exc:  # an agent name that cannot be served, or two agents of one name
+        sys.exit(f"hookbus orchestrator: {exc}")
     heap.settle()
     event_loop.run(service.app.run())
     return 0
@@ -349,7 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     orchestrator = commands.add_parser("orchestrator", help="run one orchestrator instance")
-    orchestrator.add_argument("--agent", required=True, metavar="pkg.module:agent", help="the Agent to run")
+    orchestrator.add_argument(
+        "--agent", required=True, action="append", metavar="pkg.module:agent",
+        help="an Agent to serve, under its name (repeatable: one orchestrator may serve several)",
+    )
     orchestrator.add_argument("--concurrency", type=int, default=defaults.ORCHESTRATOR_CONCURRENCY, help="requests in flight at most")
     orchestrator.add_argument("--instance", default=None, help="instance name (default: orchestrator-HOST-PID)")
     orchestrator.add_argument("--claim-idle", type=float, default=defaults.ORCHESTRATOR_CLAIM_IDLE, help="seconds before a dead orchestrator's request is claimed")
