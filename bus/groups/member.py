@@ -73,9 +73,12 @@ class GroupMember:
         renew: Callable[[], Awaitable[Any]] | None = None,
         on_thread: OnThread | None = None,
         streams: Sequence[str] = (),
+        answered: Callable[[], Collection[tuple[str, str]]] = frozenset,
     ) -> None:
         """`rules` name the first shard; `streams` every shard of the stream (default:
-        `rules.stream` alone); `busy()` the (shard, entry id) pairs this consumer runs.
+        `rules.stream` alone); `busy()` the (shard, entry id) pairs this consumer runs;
+        `answered()` those it finished and will ack shortly (a deferred ack): never
+        orphans, however long the ack is delayed, and taking no room.
         The heartbeat and the lease: `beat` and `renew` on the event loop, or `on_thread`."""
         assert (beat is None and renew is None) or on_thread is None, "beat and renew: on the loop or on a thread"
         self.rules = rules
@@ -86,6 +89,7 @@ class GroupMember:
         self._concurrency = concurrency
         self._trim_every = trim_every
         self._busy = busy
+        self._answered = answered
         self._beat = beat
         self._renew = renew
         self._tidy = tidy
@@ -172,7 +176,9 @@ class GroupMember:
     async def _claim_shard(self, rules: OrphanRules) -> int:
         client = self._client()
         busy = self._busy()
-        mine = {entry_id for stream, entry_id in busy if stream == rules.stream}
+        mine = {
+            entry_id for stream, entry_id in (*busy, *self._answered()) if stream == rules.stream
+        }
         began = time.monotonic()
         orphans = await find_orphans(
             client, rules, Workload(mine, len(busy) < self._concurrency, self.uptime())

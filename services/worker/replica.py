@@ -167,6 +167,10 @@ class ReplyBatcher:
     def unacked(self) -> int:
         return sum(len(ids) for ids in self._unacked.values())
 
+    def owed(self) -> set[EntryRef]:
+        """The entries answered and not yet acked: the claim pass must not run them again."""
+        return {(stream, entry_id) for stream, ids in self._unacked.items() for entry_id in ids}
+
     async def close(self) -> None:
         """Send every ack still owed (after the last reply was sent), once: what Redis
         does not take then stays pending, for a sibling to claim."""
@@ -301,6 +305,7 @@ class WorkerReplica(BusApp):
             client=self._redis, concurrency=concurrency, trim_every=trim_every,
             busy=lambda: self._in_flight, beat=self._heartbeat, renew=self._renew_leases,
             tidy=self.janitor_once, take_over=self._take_over, streams=self.streams,
+            answered=lambda: self._batcher.owed() if self._batcher else (),
         )
         self.started = time.time()
         """When this replica started: its ReplicaInfo keeps it when it re-publishes (draining),

@@ -65,6 +65,22 @@ async def test_a_replica_killed_between_reply_and_ack_has_its_hop_rerun_and_the_
     assert await terminal_count(redis, keys, cid) == 1
 
 
+async def test_a_replica_never_reclaims_the_hops_it_answered_while_their_acks_wait(procs, redis, keys, prefix):
+    """An answered entry waiting for its deferred ack is not an orphan of its own replica,
+    however long the ack waits (it was, on a loaded machine: ack_delay past claim_idle)."""
+    lazy, _, cid = await answered_but_unacked(procs, redis, keys, prefix)
+    stream = await version_stream(redis, keys, "slow")
+
+    async def idle_for_three_claim_passes() -> bool:
+        [entry] = await redis.xpending_range(stream, "slow", min="-", max="+", count=1)
+        return int(entry["time_since_delivered"]) > 3_000  # claim_idle is 1 s
+
+    assert await wait_for(idle_for_three_claim_passes, timeout=30), lazy.log_tail()
+    assert [(r["by"], r["attempt"]) for r in await runs(redis, prefix, cid)] == [("lazy-a", 1)]
+    assert '"event": "claimed"' not in lazy.log_tail(200)
+    assert await pending(redis, stream, "slow") == 1
+
+
 async def test_a_replica_stopped_with_sigterm_sends_the_acks_it_owes(procs, redis, keys, prefix):
     lazy, _, _ = await answered_but_unacked(procs, redis, keys, prefix)
     stream = await version_stream(redis, keys, "slow")  # named before the replica leaves with its version
