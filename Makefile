@@ -35,7 +35,10 @@ test-fast: venv ts-deps
 check-rollout: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/faults/test_rollout.py $(PYTEST_ARGS)
 
+# The gateways bench measures against Portkey's gateway: installed from npm into
+# .hookbus/portkey/ first (about 10 s once); without node or npm its side is skipped.
 bench: venv ts-deps
+	$(BIN)/python -m tests.bench.portkey --install
 	$(BIN)/python -m tests.bench
 
 # Every bench in its quick form (BENCH_QUICK=1, fewer operations): it fails when a bench

@@ -5,6 +5,15 @@
             print(chunk.choices[0].delta.content or "", end="")
         completion = await client.complete("hello")   # openai ChatCompletion
 
+    HookbusClient(agent="support")                    # requests for the agent named support
+
+A client (or a request: `submit(..., agent=...)`) that names an agent queues on that
+agent's own stream, which only the orchestrators serving it read; one that names none
+queues on `requests`, as a deployment of one agent always did. A name no orchestrator
+serves now fails at once (404 `model_not_found`, or 503 `agent_unavailable` for an agent
+whose orchestrators are all gone), and so does a wait whose agent lost its last
+orchestrator (hookbus.bus.groups.served_agents: a cached view, read at most once a second).
+
 A structured error is raised as the `HookbusError` subclass it was, with its status, code
 and message: a hook's verdict (a 402 from a payment hook) as a `HookError`, anything else (a
 Redis outage, an upstream failure) as a `ServiceError`; a request that outlives its deadline
@@ -49,6 +58,7 @@ from hookbus.bus.connection.cluster import keys_for, ready
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS, connect, out_of_memory
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.dead_letters import send_dead_letter
+from hookbus.bus.groups.served_agents import AgentsView
 from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.bus.store.response_stream import TERMINAL_KINDS
@@ -91,6 +101,7 @@ class HookbusClient:
         prefix: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         limits: RequestLimits | None = None,
+        agent: str | None = None,
     ) -> None:
         settings = get_settings()
         url = redis_url or run_state.redis_url()
@@ -105,6 +116,9 @@ class HookbusClient:
         self._client = connect(url, max_connections=2000)
         self._reader = connect(url, max_connections=2000, retries=0)
         self._ready = False
+        self.agent = agent
+        """The agent every request names unless it names its own."""
+        self.agents = AgentsView(self._reader, self.keys)
 
     async def __aenter__(self) -> HookbusClient:
         return self
@@ -141,16 +155,30 @@ class HookbusClient:
         timeout: float | None = None,
         tools: list[dict[str, Any]] | None = None,
         model_settings: ModelSettings | dict[str, Any] | None = None,
+        agent: str | None = None,
+        model: str | None = None,
     ) -> RequestEnvelope:
         """Queue a request; returns its envelope (its `completion_id` names the response stream).
 
         `tools` are the caller's own (client) tools: a call to one ends the run and comes
-        back as the completion's `tool_calls`. `model_settings` reach the LLM calls."""
+        back as the completion's `tool_calls`. `model_settings` reach the LLM calls.
+        `agent` (default: the client's) picks the agent; `model`, one of the models that
+        agent allows for its LLM calls."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        agent = agent or self.agent
+        if agent is not None:
+            try:
+                await self._connected()
+                served = await self.agents.served()
+            except RECONNECT_ERRORS as exc:
+                raise BusUnavailable(f"could not queue the request: {exc}") from exc
+            served.require(agent, model)
         try:
             request = RequestEnvelope(
                 completion_id=completion_id or f"chatcmpl-{uuid.uuid4().hex}",
+                agent=agent,
+                model=model,
                 messages=list(messages),
                 stream=stream,
                 auth=auth if isinstance(auth, AuthInfo) else AuthInfo.model_validate(auth or {}),
@@ -172,7 +200,7 @@ class HookbusClient:
             )
         try:
             await self._connected()
-            await self._client.xadd(self.keys.requests_for(request.completion_id), fields)  # type: ignore[arg-type]
+            await self._client.xadd(self.keys.requests_for(request.completion_id, agent), fields)  # type: ignore[arg-type]
         except RECONNECT_ERRORS as exc:
             raise BusUnavailable(f"could not queue the request: {exc}") from exc
         except ResponseError as exc:
@@ -201,6 +229,8 @@ class HookbusClient:
                     {stream: last_id}, count=500, block=max(1, int(min(remaining, 2.0) * 1000))
                 )
                 backoff = 0.05
+                if not response:
+                    await self._check_agent_served(request)
                 if response or not await self._refusing_writes(request.completion_id):
                     refusals = 0
                 else:
@@ -241,9 +271,22 @@ class HookbusClient:
             return out_of_memory(exc)
         return False
 
-    async def _give_up(self, completion_id: str) -> None:
+    async def _check_agent_served(self, request: RequestEnvelope) -> None:
+        """A request waiting for an agent none of whose orchestrators lives any more ends
+        with that agent's 503 (its cancel published: an orchestrator started later skips it)."""
+        if request.agent is None:
+            return
+        try:
+            (await self.agents.served()).require(request.agent)
+        except ServiceError as exc:
+            if exc.status_code != 503:
+                raise
+            await self._give_up(request.completion_id, "agent_unavailable")
+            raise
+
+    async def _give_up(self, completion_id: str, why: str = "answer_lost_to_redis_out_of_memory") -> None:
         """Tell the orchestrator nobody waits for this answer any more (best effort)."""
-        log.warning("answer_lost_to_redis_out_of_memory", completion_id=completion_id)
+        log.warning(why, completion_id=completion_id)
         with contextlib.suppress(*RECONNECT_ERRORS):
             await self._reader.publish(self.keys.cancel_channel, completion_id)
 

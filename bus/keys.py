@@ -8,12 +8,12 @@ load spreads over the nodes:
 
 | keys | slot |
 |---|---|
-| requests shard, journal, responses, cancel marker of one request | its completion id's shard |
+| requests shard (an agent's or the unnamed one), journal, responses, cancel marker of one request | its completion id's shard |
 | hook-stream shard of a group a request's hops go to | the same shard |
 | observer-stream shard of a group a request's observations go to | the same shard |
 | events of one request | its completion id's shard |
 | reply stream of one process | its instance name's shard |
-| registry, its version, replica and orchestrator heartbeats, stats, observer drops | one slot, `{registry}` |
+| registry, its version, replica and orchestrator heartbeats, the agents orchestrators serve, stats, observer drops | one slot, `{registry}` |
 | replicas' versions, requests served per version, rollouts | the same slot |
 | sessions, dead-letter | their own key |
 
@@ -21,6 +21,11 @@ Streams that are sharded (requests, each group's hook stream, events) are read i
 every shard by their consumers. With one shard (`shards=1`, the single-Redis default)
 `requests`, `hooks(group)` and `events` name the one stream; with more, naming "the"
 stream is a mistake and raises, so a caller that forgot the shards fails loudly.
+
+Each agent has its own requests stream, `requests:<agent name>` (sharded like `requests`),
+read only by the orchestrators serving it, so one agent's backlog or dead orchestrators
+never hold up another's. The plain `requests` stream carries the requests that name no
+agent (a deployment of one agent, as before agents had names); every orchestrator reads it.
 
 A prefix with a hash tag of its own (`{hookbus}:`) would put every key in one slot:
 hookbus.bus.connection.cluster refuses it on a cluster.
@@ -85,13 +90,23 @@ class Keys:
     def requests_shard(self, shard: int) -> str:
         return self._sharded("requests", shard)
 
-    def requests_for(self, completion_id: str) -> str:
-        """The requests shard a request with this completion id is queued on."""
-        return self.requests_shard(self.shard_of(completion_id))
+    def agent_requests_shard(self, agent: str, shard: int) -> str:
+        """One shard of the requests stream of the agent named `agent`."""
+        return self._sharded("requests", shard, agent)
+
+    def requests_for(self, completion_id: str, agent: str | None = None) -> str:
+        """The requests shard a request with this completion id is queued on: its agent's
+        stream, or the unnamed `requests` for a request that names no agent."""
+        shard = self.shard_of(completion_id)
+        return self.requests_shard(shard) if agent is None else self.agent_requests_shard(agent, shard)
 
     @property
     def request_streams(self) -> list[str]:
+        """Every shard of the unnamed `requests` stream."""
         return [self.requests_shard(s) for s in range(self.shards)]
+
+    def agent_request_streams(self, agent: str) -> list[str]:
+        return [self.agent_requests_shard(agent, s) for s in range(self.shards)]
 
     @property
     def requests(self) -> str:
@@ -234,6 +249,11 @@ class Keys:
     def orchestrators(self) -> str:
         """Sorted set: orchestrator instance -> last heartbeat (unix seconds)."""
         return self._control("orchestrators")
+
+    @property
+    def orchestrator_agents(self) -> str:
+        """Hash: orchestrator instance -> the agents it serves (hookbus.bus.groups.served_agents)."""
+        return self._control("orchestrator-agents")
 
     def key_usage(self, key_id: str) -> tuple[str, str]:
         """Sorted sets of one API key's requests in flight (id -> lease end, ms) and of its

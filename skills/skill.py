@@ -68,6 +68,9 @@ class Skill:
     version: ClassVar[str | None] = None
     """The skill's own version; a worker group of versioned skills runs at it when the
     deployment names none (hookbus.services.worker.versioning)."""
+    agents: ClassVar[tuple[str, ...]] = ()
+    """The agents (by name) whose requests this skill's hooks and tools serve when it runs
+    in a worker group; empty: every agent. In-process, a skill serves the agent it is given to."""
     _hook_specs: ClassVar[tuple[tuple[str, HookDescriptor], ...]] = ()
     _tool_specs: ClassVar[tuple[tuple[str, DeclaredTool], ...]] = ()
 

@@ -65,10 +65,18 @@ class GroupAnnouncement(Envelope):
     protocol: str = _protocol_field()
     hooks: list[HookDescriptor] = Field(default_factory=list)
     tools: list[ToolDescriptor] = Field(default_factory=list)
+    agents: list[str] = Field(
+        default_factory=list,
+        description="The agents (by name) whose requests the group serves; empty: every agent.",
+    )
     first_seen: float = Field(default_factory=time.time)
 
+    def serves(self, agent: str) -> bool:
+        return not self.agents or agent in self.agents
+
     def fingerprint(self) -> str:
-        body = self.model_dump_json(include={"group", "protocol", "hooks", "tools"})
+        # a group of every agent fingerprints as it did before groups named agents
+        body = self.model_dump_json(include={"group", "protocol", "hooks", "tools"} | ({"agents"} if self.agents else set()))
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 

@@ -255,6 +255,8 @@ class Lease:
     completion_id: str
     epoch: int
     stage: str = ""
+    stream: str | None = None
+    """The requests stream shard it was read from (an agent's); None: the unnamed one."""
 
 
 @dataclass
@@ -284,13 +286,15 @@ class Leases:
         their journals' TTL and stage; says which leases were fenced out, cancelled, or
         lost (their journal gone with Redis's data).
 
-        One script per requests shard (a script touches one slot)."""
-        by_shard: dict[int, list[Lease]] = {}
+        One script per requests stream shard (a script touches one slot, and an agent's
+        stream shard shares the slot of the unnamed one)."""
+        by_stream: dict[str, list[Lease]] = {}
         for lease in leases:
-            by_shard.setdefault(self.keys.shard_of(lease.completion_id), []).append(lease)
+            stream = lease.stream or self.keys.requests_for(lease.completion_id)
+            by_stream.setdefault(stream, []).append(lease)
         renewal = Renewal()
-        for shard, batch in by_shard.items():
-            keys: list[str] = [self.keys.requests_shard(shard)]
+        for stream, batch in by_stream.items():
+            keys: list[str] = [stream]
             args: list[str | int] = [group, consumer, self.ttl]
             for lease in batch:
                 keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]

@@ -63,10 +63,19 @@ class Envelope(BaseModel):
 
 
 class RequestEnvelope(Envelope):
-    """A client's request on `requests`; the client picks the completion id."""
+    """A client's request on `requests` (or its agent's `requests:<agent>`); the client
+    picks the completion id."""
 
     kind: Literal["request"] = "request"
     completion_id: str = Field(min_length=1, max_length=200)
+    agent: str | None = Field(
+        default=None, max_length=64,
+        description="The agent the request is for (its stream's); none: whichever agent the orchestrator serves first.",
+    )
+    model: str | None = Field(
+        default=None, max_length=200,
+        description="A model the agent allows (`<agent>/<model>`) for this request's LLM calls; none: the agent's own.",
+    )
     messages: list[dict[str, Any]] = Field(min_length=1)
     stream: bool = True
     auth: AuthInfo = Field(default_factory=AuthInfo)
@@ -249,6 +258,9 @@ class MonitorRecord(Envelope):
         default=None, description="A request (or request_start) record's caller (its peer_user_id)."
     )
     status: int | None = Field(default=None, description="A request record's HTTP status (200, or its error's).")
+    agent: str | None = Field(
+        default=None, description="A request (or request_start) record's agent, by name."
+    )
 
     @classmethod
     def of_outcomes(

@@ -283,7 +283,7 @@ def build_local_agent(redis_url: str | None = None) -> tuple[Agent, list[Any]]:
     return agent, memory
 
 
-async def _main(local: bool) -> int:
+async def _main(local: bool, agent_name: str | None = None) -> int:
     settings = get_settings()
     if local:
         agent, memory = build_local_agent(settings.redis_url)
@@ -305,14 +305,15 @@ async def _main(local: bool) -> int:
     memory_skill = MemorySkill(redis_url=url, prefix=settings.prefix)
     compactor = Agent("chat", skills=[memory_skill])
     try:
-        async with HookbusClient(url) as client:
+        async with HookbusClient(url, agent=agent_name) as client:
             return await chat(client, local=False, compactor=compactor)
     finally:
         await memory_skill.close()
 
 
-def run_chat(local: bool) -> int:
-    """`hookbus chat [--local]`: build the agent or the client from the settings and chat.
+def run_chat(local: bool, agent_name: str | None = None) -> int:
+    """`hookbus chat [--local] [--agent NAME]`: build the agent or the client (for the agent
+    named, else whichever the deployment serves) from the settings and chat.
 
     Logs go to stderr at `warning` unless HOOKBUS_LOG_LEVEL says otherwise. Exit status:
     0 at /quit or end of input, 2 without a Redis for the queue mode, 130 on Ctrl-C.
@@ -321,7 +322,7 @@ def run_chat(local: bool) -> int:
 
     configure_logging(level=os.environ.get("HOOKBUS_LOG_LEVEL") or "warning")
     try:
-        return asyncio.run(_main(local))
+        return asyncio.run(_main(local, agent_name))
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -31,6 +31,7 @@ from hookbus.services.gateway.edge_options import EdgeOptions
 from hookbus.services.process import defaults, event_loop, heap
 
 CONTEXT_WINDOW_HELP = "the model's context window, for a model hookbus does not know (= HOOKBUS_CONTEXT_WINDOW)"
+AGENT_HELP = "the served agent to ask, by its name (default: whichever the deployment serves)"
 
 
 def redis_url_or_exit() -> str:
@@ -93,22 +94,26 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     configure_logging()
     use_context_window(args.context_window)
     try:
-        agent = load_agent(args.agent)
-        require_endpoint(agent.llm)
+        agents = [load_agent(spec) for spec in args.agent]
+        for agent in agents:
+            require_endpoint(agent.llm)
     except (SpecError, NoEndpoint) as exc:
         sys.exit(f"hookbus orchestrator: {exc}")
     instance = args.instance or instance_name("orchestrator")
     configure_tracing("orchestrator", instance)
-    service = OrchestratorService(
-        agent,
-        redis_url_or_exit(),
-        prefix=get_settings().prefix,
-        concurrency=args.concurrency,
-        instance=instance,
-        claim_idle=args.claim_idle,
-        max_deliveries=args.max_deliveries,
-        limits=limits_of(args),
-    )
+    try:
+        service = OrchestratorService(
+            agents,
+            redis_url_or_exit(),
+            prefix=get_settings().prefix,
+            concurrency=args.concurrency,
+            instance=instance,
+            claim_idle=args.claim_idle,
+            max_deliveries=args.max_deliveries,
+            limits=limits_of(args),
+        )
+    except ValueError as exc:  # an agent name that cannot be served, or two agents of one name
+        sys.exit(f"hookbus orchestrator: {exc}")
     heap.settle()
     event_loop.run(service.app.run())
     return 0
@@ -162,7 +167,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     from hookbus.skills import HookbusError
 
     async def send() -> int:
-        async with HookbusClient(redis_url_or_exit(), timeout=args.timeout) as client:
+        async with HookbusClient(redis_url_or_exit(), timeout=args.timeout, agent=args.agent) as client:
             try:
                 if args.no_stream:
                     completion = await client.complete(args.text, session_id=args.session)
@@ -185,7 +190,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from hookbus.bus.connection.retrying import connect
     from hookbus.services.cli.monitor import EventFilter, follow_events, format_event
 
-    selection = EventFilter(args.completion_id, args.lifecycle, args.group, args.errors)
+    selection = EventFilter(args.completion_id, args.lifecycle, args.group, args.errors, args.agent)
 
     async def monitor() -> None:
         client = connect(redis_url_or_exit(), retries=0)
@@ -217,6 +222,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             result = await read_status(client, keys_for(url, get_settings().prefix))
         finally:
             await client.aclose()
+        if args.agent:
+            result = result.of_agent(args.agent)
         print(result.model_dump_json(indent=2) if args.json else format_status(result))
 
     try:
@@ -238,7 +245,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from hookbus.services.cli.chat import run_chat
 
     use_context_window(args.context_window)
-    return run_chat(local=args.local)
+    if args.local and args.agent:
+        sys.exit("hookbus chat: --agent picks a served agent; --local runs the configured one in this process")
+    return run_chat(local=args.local, agent_name=args.agent)
 
 
 def use_context_window(tokens: int | None) -> None:
@@ -254,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hookbus.services.cli.run_stack import run_stack
 
     keep = args.keep if args.keep is not None else sys.stdin.isatty()
-    return run_stack(keep_running=keep, port=args.port, replicas=args.replicas)
+    return run_stack(keep_running=keep, port=args.port, replicas=args.replicas, agents=args.agent or ())
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
@@ -344,7 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     orchestrator = commands.add_parser("orchestrator", help="run one orchestrator instance")
-    orchestrator.add_argument("--agent", required=True, metavar="pkg.module:agent", help="the Agent to run")
+    orchestrator.add_argument(
+        "--agent", required=True, action="append", metavar="pkg.module:agent",
+        help="an Agent to serve, under its name (repeatable: one orchestrator may serve several)",
+    )
     orchestrator.add_argument("--concurrency", type=int, default=defaults.ORCHESTRATOR_CONCURRENCY, help="requests in flight at most")
     orchestrator.add_argument("--instance", default=None, help="instance name (default: orchestrator-HOST-PID)")
     orchestrator.add_argument("--claim-idle", type=float, default=defaults.ORCHESTRATOR_CLAIM_IDLE, help="seconds before a dead orchestrator's request is claimed")
@@ -380,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--session", default=None, help="session id (conversation state)")
     send.add_argument("--no-stream", action="store_true", help="wait for the whole answer")
     send.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up")
+    send.add_argument("--agent", default=None, metavar="NAME", help=AGENT_HELP)
     send.set_defaults(func=cmd_send)
 
     monitor = commands.add_parser("monitor", help="follow lifecycle events live")
@@ -387,12 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--lifecycle", default=None)
     monitor.add_argument("--group", default=None)
     monitor.add_argument("--errors", action="store_true", help="only failures")
+    monitor.add_argument("--agent", default=None, metavar="NAME", help="only this agent's requests")
     monitor.add_argument("--from-start", action="store_true", help="replay the capped history first")
     monitor.add_argument("--count", type=int, default=0, help="stop after N events")
     monitor.set_defaults(func=cmd_monitor)
 
     status = commands.add_parser("status", help="groups, replicas, lag, pending, orchestrators, throughput")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--agent", default=None, metavar="NAME", help="only this agent, its orchestrators and the groups serving it")
     status.set_defaults(func=cmd_status)
 
     add_rollout_parser(commands, redis_url_or_exit)
@@ -404,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="chat in the terminal (through the queue, or --local)")
     chat.add_argument("--local", action="store_true", help="run the agent in this process")
+    chat.add_argument("--agent", default=None, metavar="NAME", help=AGENT_HELP)
     chat.add_argument("--context-window", type=int, default=None, metavar="TOKENS", help=CONTEXT_WINDOW_HELP)
     chat.set_defaults(func=cmd_chat)
 
@@ -412,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replicas", type=int, default=2, help="worker replicas")
     run.add_argument("--keep", dest="keep", action="store_true", default=None, help="keep running after the demo")
     run.add_argument("--once", dest="keep", action="store_false", help="stop after the demo")
+    run.add_argument(
+        "--agent", action="append", metavar="pkg.module:agent",
+        help="serve this agent instead of the demo (repeatable; modules in the current folder are found)",
+    )
     run.set_defaults(func=cmd_run)
 
     docs = commands.add_parser("docs", help="print the AsyncAPI (bus) or OpenAPI (gateway) document")

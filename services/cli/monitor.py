@@ -11,7 +11,7 @@ import datetime as dt
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -22,6 +22,7 @@ from hookbus.bus.connection.cluster import latest_ids, xread_streams
 from hookbus.bus.connection.values import text
 from hookbus.bus.groups.observer_backlog import ObserverDrops, read_drops
 from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement, replica_protocols
+from hookbus.bus.groups.served_agents import AgentsView
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
 from hookbus.bus.wire.protocol_version import refusal
@@ -33,21 +34,38 @@ RECENT_PAGE = 500
 """Entries per XREVRANGE while collecting the newest records."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class EventFilter:
     completion_id: str | None = None
     lifecycle: str | None = None
     group: str | None = None
     errors_only: bool = False
+    agent: str | None = None
+    """Only this agent's requests: a request's start record names its agent, and its
+    later records (stages, hops, its end) are known by its completion id from then on."""
+    _of_agent: set[str] = field(default_factory=set)
 
     def matches(self, record: MonitorRecord) -> bool:
         if self.completion_id and not record.completion_id.startswith(self.completion_id):
+            return False
+        if self.agent and not self._for_agent(record):
             return False
         if self.lifecycle and record.lifecycle != self.lifecycle:
             return False
         if self.group and record.group != self.group:
             return False
         return not (self.errors_only and record.outcome == "ok")
+
+    def _for_agent(self, record: MonitorRecord) -> bool:
+        if record.agent is not None:
+            if record.agent != self.agent:
+                return False
+            if record.kind == "request":  # its end: nothing of it follows
+                self._of_agent.discard(record.completion_id)
+            else:
+                self._of_agent.add(record.completion_id)
+            return True
+        return record.completion_id in self._of_agent
 
 
 async def follow_events(
@@ -141,6 +159,7 @@ class GroupStatus(BaseModel):
     tools: list[str]
     lag: int
     pending: int
+    agents: list[str] = Field(default_factory=list, description="The agents it serves; empty: every agent.")
     versions: list[VersionStatus] = []
     """The versions its replicas run (none for replicas from before versions)."""
     observe_lag: int = 0
@@ -161,6 +180,22 @@ class GroupStatus(BaseModel):
     )
 
 
+class AgentStatus(BaseModel):
+    """One agent: who serves it and its own request queue (`requests:<name>`)."""
+
+    name: str
+    orchestrators: list[str] = Field(description="Live orchestrators serving it (none: known, served by nobody now).")
+    models: list[str] = Field(default_factory=list, description="Models a client may name as `<agent>/<model>`.")
+    lag: int
+    pending: int
+    requests_last_minute: int = 0
+    errors_last_minute: int = 0
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests_last_minute / 60
+
+
 class BusState(BaseModel):
     """What the registry, heartbeats and consumer groups say now (no events read)."""
 
@@ -169,6 +204,7 @@ class BusState(BaseModel):
     requests_lag: int
     requests_pending: int
     dead_letters: int
+    agents: list[AgentStatus] = Field(default_factory=list, description="Every agent known, by name.")
 
 
 class Status(BaseModel):
@@ -179,6 +215,18 @@ class Status(BaseModel):
     requests_last_minute: int
     errors_last_minute: int
     dead_letters: int
+    agents: list[AgentStatus] = Field(default_factory=list)
+
+    def of_agent(self, name: str) -> Status:
+        """Only what concerns one agent: its own line, the groups that serve it and the
+        orchestrators serving it."""
+        agents = [a for a in self.agents if a.name == name]
+        serving = {o for a in agents for o in a.orchestrators}
+        return self.model_copy(update={
+            "agents": agents,
+            "groups": [g for g in self.groups if not g.agents or name in g.agents],
+            "orchestrators": [o for o in self.orchestrators if o in serving],
+        })
 
 
 async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[MonitorRecord] = ()) -> BusState:
@@ -217,6 +265,7 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
                     for h in announcement.hooks
                 ],
                 tools=[t.name for t in announcement.tools],
+                agents=announcement.agents,
                 lag=lag,
                 pending=pending,
                 observe_lag=observe_lag,
@@ -235,7 +284,22 @@ async def read_bus_state(client: aredis.Redis, keys: Keys, hops: Sequence[Monito
         requests_lag=requests_lag,
         requests_pending=requests_pending,
         dead_letters=await client.xlen(keys.dead_letter),
+        agents=await read_agents(client, keys),
     )
+
+
+async def read_agents(client: aredis.Redis, keys: Keys) -> list[AgentStatus]:
+    """Every agent known (hookbus.bus.groups.served_agents), with its queue's backlog."""
+    served = await AgentsView(client, keys).refresh()
+    agents = []
+    for name, agent in sorted(served.agents.items()):
+        lag, pending = await group_backlog(client, keys.agent_request_streams(name), ORCHESTRATOR_GROUP)
+        agents.append(
+            AgentStatus(
+                name=name, orchestrators=list(agent.orchestrators), models=agent.card.models, lag=lag, pending=pending
+            )
+        )
+    return agents
 
 
 async def read_status(client: aredis.Redis, keys: Keys) -> Status:
@@ -246,6 +310,13 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         records += decoded_records(minute)
     state = await read_bus_state(client, keys, [r for r in records if r.kind == "hop"])
     finished = [r for r in records if r.kind == "request"]
+    agents = [
+        agent.model_copy(update={
+            "requests_last_minute": sum(1 for r in finished if r.agent == agent.name),
+            "errors_last_minute": sum(1 for r in finished if r.agent == agent.name and r.outcome != "ok"),
+        })
+        for agent in state.agents
+    ]
     return Status(
         groups=state.groups,
         orchestrators=sorted(state.orchestrators),
@@ -254,6 +325,7 @@ async def read_status(client: aredis.Redis, keys: Keys) -> Status:
         requests_last_minute=len(finished),
         errors_last_minute=sum(1 for r in finished if r.outcome != "ok"),
         dead_letters=state.dead_letters,
+        agents=agents,
     )
 
 
@@ -308,13 +380,24 @@ def format_status(status: Status) -> str:
         f"finished in the last minute {status.requests_last_minute} ({status.errors_last_minute} errors)",
         f"dead letters: {status.dead_letters}",
         "",
-        f"{'group':<16} {'replicas':>8} {'lag':>6} {'pending':>8}  hooks / tools",
     ]
+    if status.agents:
+        lines.append(f"{'agent':<16} {'orchestrators':>13} {'lag':>6} {'pending':>8} {'req/s':>7} {'errors/min':>10}")
+        lines += [
+            f"{a.name:<16} {len(a.orchestrators):>13} {a.lag:>6} {a.pending:>8} "
+            f"{a.requests_per_second:>7.2f} {a.errors_last_minute:>10}"
+            + ("" if a.orchestrators else "  (served by nobody now)")
+            for a in status.agents
+        ]
+        lines.append("")
+    lines.append(f"{'group':<16} {'replicas':>8} {'lag':>6} {'pending':>8}  hooks / tools")
     for group in status.groups:
         lines.append(
             f"{group.name:<16} {len(group.replicas):>8} {group.lag:>6} {group.pending:>8}  "
             f"{', '.join(group.hooks + [f'tool:{t}' for t in group.tools])}"
         )
+        if group.agents:
+            lines.append(f"{'':<16}   agents: {', '.join(group.agents)}")
         if group.refused:
             lines.append(f"{'':<16}   REFUSED: {group.refused} (its hooks are not called)")
         if group.observe_lag or group.observe_pending or group.observe_dropped:

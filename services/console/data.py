@@ -82,10 +82,22 @@ class OrchestratorView(BaseModel):
     heartbeat_age: float
 
 
+class AgentView(BaseModel):
+    """One agent served by name: its orchestrators, its own queue, its last minute."""
+
+    name: str
+    orchestrators: list[str]
+    lag: int
+    pending: int
+    requests_per_second: float
+    errors_last_minute: int
+
+
 class BusView(BaseModel):
     at: float
     groups: list[GroupView]
     orchestrators: list[OrchestratorView]
+    agents: list[AgentView] = Field(default_factory=list, description="Every agent known, by name.")
     requests_lag: int
     requests_pending: int
     requests_per_second: float
@@ -97,6 +109,7 @@ class BusView(BaseModel):
 class RequestView(BaseModel):
     completion_id: str
     model: str | None = Field(default=None, description="Known from its start (its request_start record).")
+    agent: str | None = Field(default=None, description="Known from its start (its request_start record).")
     caller: str | None = Field(default=None, description="Known from its start (its request_start record).")
     status: int | None = Field(default=None, description="HTTP status; None while it runs.")
     outcome: str = Field(description="`running` while it runs, else the request record's outcome.")
@@ -170,11 +183,11 @@ class RequestTrack:
             begun = self.begun
             return RequestView(
                 completion_id=self.completion_id, model=begun.model if begun else None,
-                caller=begun.caller if begun else None,
+                agent=begun.agent if begun else None, caller=begun.caller if begun else None,
                 outcome="running", started=started, duration_ms=(now - started) * 1000, groups=groups,
             )
         return RequestView(
-            completion_id=self.completion_id, model=ended.model, caller=ended.caller,
+            completion_id=self.completion_id, model=ended.model, agent=ended.agent, caller=ended.caller,
             status=ended.status, outcome=str(ended.outcome), started=started,
             duration_ms=ended.duration_ms, groups=groups, error=ended.error,
         )
@@ -190,12 +203,16 @@ class RequestTrack:
         return Waterfall(request=self.view(now), steps=steps)
 
 
-def _matches(view: RequestView, outcome: str | None, group: str | None, caller: str | None) -> bool:
+def _matches(
+    view: RequestView, outcome: str | None, group: str | None, caller: str | None, agent: str | None = None
+) -> bool:
     if outcome == "error" and view.outcome in ("ok", "running"):
         return False
     if outcome not in (None, "", "error") and outcome not in (view.outcome, str(view.status)):
         return False
     if group and group not in view.groups:
+        return False
+    if agent and view.agent != agent:
         return False
     return not caller or view.caller == caller
 
@@ -332,13 +349,14 @@ class ConsoleData:
     # ------------------------------------------------------------------ views
 
     def requests(
-        self, *, outcome: str | None = None, group: str | None = None, caller: str | None = None
+        self, *, outcome: str | None = None, group: str | None = None, caller: str | None = None,
+        agent: str | None = None,
     ) -> list[RequestView]:
         """The kept requests, newest first; `outcome` is `running`, `ok`, `failed`... or
         `error` (any but ok and running), or an HTTP status."""
         now = time.time()
         views = sorted((t.view(now) for t in self._requests.values()), key=lambda v: v.started, reverse=True)
-        return [v for v in views if _matches(v, outcome, group, caller)]
+        return [v for v in views if _matches(v, outcome, group, caller, agent)]
 
     def _bus_view(self, state: BusState, now: float) -> BusView:
         ended = [
@@ -377,6 +395,14 @@ class ConsoleData:
             orchestrators=[
                 OrchestratorView(name=name, heartbeat_age=max(0.0, now - beat))
                 for name, beat in sorted(state.orchestrators.items())
+            ],
+            agents=[
+                AgentView(
+                    name=agent.name, orchestrators=agent.orchestrators, lag=agent.lag, pending=agent.pending,
+                    requests_per_second=round(sum(1 for r in ended if r.agent == agent.name) / RATE_WINDOW, 2),
+                    errors_last_minute=sum(1 for r in ended if r.agent == agent.name and r.outcome != "ok"),
+                )
+                for agent in state.agents
             ],
             requests_lag=state.requests_lag,
             requests_pending=state.requests_pending,

@@ -4,7 +4,7 @@
     GET  /console/static/{name}                      its script and style sheet
     GET  /console/api/live                           server-sent events: a Snapshot after each poll
     GET  /console/api/bus                            the latest BusView
-    GET  /console/api/requests?outcome=&group=&caller=&limit=   kept requests, newest first
+    GET  /console/api/requests?outcome=&group=&caller=&agent=&limit=   kept requests, newest first
     GET  /console/api/requests/{completion_id}       one request's Waterfall
     GET  /console/api/dead-letters                   the newest dead letters
     GET  /console/api/dead-letters/{id}?content=1    one dead letter and its original
@@ -123,7 +123,9 @@ async def requests(request: Request) -> Response:
     data = admin_console(request).data
     await data.snapshot()
     query = request.query_params
-    found = data.requests(outcome=query.get("outcome"), group=query.get("group"), caller=query.get("caller"))
+    found = data.requests(
+        outcome=query.get("outcome"), group=query.get("group"), caller=query.get("caller"), agent=query.get("agent")
+    )
     return JSONResponse([view.model_dump(mode="json") for view in found[: _limit(query.get("limit"))]])
 
 

@@ -33,6 +33,7 @@ from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.bus.store.stored_responses import STORED_RESPONSE_TTL, StoredResponses
 from hookbus.services.console.routes import attach_console, console_mount
+from hookbus.services.gateway.agent_routes import listed
 from hookbus.services.gateway.auth import ApiKey, Authenticator, normalize_keys
 from hookbus.services.gateway.chat_completions import chat_completions
 from hookbus.services.gateway.cross_site import CrossSiteGuard
@@ -120,11 +121,13 @@ def create_app(
         else:
             log.info("gateway_auth_enabled", keys=len(keys))
         await follower.start()
+        await client.agents.start()
         log.info("gateway_started", prefix=client.keys.prefix, models=gateway.models)
         try:
             yield
         finally:
             await follower.stop()
+            await client.agents.stop()
             await app.state.console.data.stop()
             log.info("gateway_stopped")
 
@@ -154,19 +157,23 @@ def create_app(
 
 
 async def list_models(request: Request) -> Response:
-    gw = gateway_of(request)
-    gw.authenticate(request)
-    cards = [ModelCard(id=m, created=MODEL_CREATED) for m in gw.models]
+    """The models the caller may name now: while at most one agent is served, the
+    gateway's own; else the agents served now (hookbus.services.gateway.agent_routes)."""
+    cards = [ModelCard(id=m, created=MODEL_CREATED) for m in _listed(request)]
     return JSONResponse(ModelList(data=cards).model_dump())
 
 
 async def retrieve_model(request: Request) -> Response:
-    gw = gateway_of(request)
-    gw.authenticate(request)
     model = request.path_params["model"]
-    if model not in gw.models:
+    if model not in _listed(request):
         raise GatewayError(404, "model_not_found", f"The model `{model}` does not exist.", param="model")
     return JSONResponse(ModelCard(id=model, created=MODEL_CREATED).model_dump())
+
+
+def _listed(request: Request) -> list[str]:
+    gw = gateway_of(request)
+    gw.authenticate(request)
+    return listed(gw.client.agents.current, gw.models, request.state.allowed_agents)
 
 
 async def healthz(request: Request) -> Response:

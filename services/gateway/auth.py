@@ -4,7 +4,11 @@ Keys come from a JSON file (`hookbus gateway --api-keys FILE`) or, without one, 
 `HOOKBUS_API_KEYS` environment variable holding the same JSON:
 
     {"sk-3Jq...": {"peer_user_id": "alice", "scopes": ["paid"]},
-     "sk-x9W...": {"peer_user_id": "bob", "max_parallel_requests": 2, "rpm_limit": 60}}
+     "sk-x9W...": {"peer_user_id": "bob", "max_parallel_requests": 2, "rpm_limit": 60},
+     "sk-b7K...": {"peer_user_id": "carol", "agents": ["billing"]}}
+
+A key with `agents` may call only those agents (hookbus.services.gateway.agent_routes);
+any other is a 403 that does not say whether the agent exists.
 
 Configuration fails closed: an empty `--api-keys ""` or a set but empty
 `HOOKBUS_API_KEYS`, a file with no keys, a key without `peer_user_id` (callers would
@@ -46,6 +50,9 @@ class ApiKey(BaseModel):
         default=None, gt=0,
         description="Bytes of stored Responses API responses the key's principal may hold "
         "(default: hookbus.bus.store.stored_responses.MAX_STORED_BYTES).",
+    )
+    agents: list[str] | None = Field(
+        default=None, description="The agents the key may call (by name); absent: every agent."
     )
 
 
@@ -122,7 +129,9 @@ class Authenticator:
         return found
 
     def __call__(self, request: Request) -> AuthInfo:
-        """The caller's AuthInfo; raises a 401 GatewayError for a missing or unknown key."""
+        """The caller's AuthInfo; raises a 401 GatewayError for a missing or unknown key.
+        The agents the key may call go to `request.state.allowed_agents` (None: all)."""
+        request.state.allowed_agents = None
         if not self.enabled:
             return AuthInfo()
         found = self.lookup(request.headers)
@@ -134,4 +143,6 @@ class Authenticator:
                     "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
                 )
             raise GatewayError(401, "invalid_api_key", "Incorrect API key provided.")
+        if found[1].agents is not None:
+            request.state.allowed_agents = frozenset(found[1].agents)
         return AuthInfo(peer_user_id=found[1].peer_user_id, scopes=list(found[1].scopes))

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.wire.envelopes import RequestEnvelope, ResponseItem
+from hookbus.services.gateway.agent_routes import route
 from hookbus.services.gateway.cancel import CLIENT_DISCONNECTED, CLIENT_STALLED, request_cancel
 from hookbus.services.gateway.errors import GatewayError, error_body, invalid_body
 from hookbus.services.gateway.models import SESSION_ID_MAX, ChatCompletionRequest
@@ -76,14 +77,9 @@ async def submit_chat(
     request: Request, gw: Gateway, auth: AuthInfo, payload: ChatCompletionRequest,
     *, completion_id: str | None = None,
 ) -> RequestEnvelope:
-    """Put a checked chat request on the queue (the one path both OpenAI APIs take)."""
-    if payload.model not in gw.models:
-        raise GatewayError(
-            404, "model_not_found",
-            f"The model `{payload.model}` does not exist or you do not have access to it. "
-            f"Available: {', '.join(gw.models)}.",
-            param="model",
-        )
+    """Put a checked chat request on the queue (the one path both OpenAI APIs take), for
+    the agent its `model` names (hookbus.services.gateway.agent_routes)."""
+    target = route(payload.model, gw.client.agents.current, gw.models, request.state.allowed_agents)
     session_id = session_of(request, payload)
     metadata = {k: v for k, v in (payload.metadata or {}).items() if k not in RESERVED_METADATA}
     try:
@@ -96,6 +92,8 @@ async def submit_chat(
             completion_id=completion_id,
             tools=payload.tool_dicts(),
             model_settings=payload.model_settings(),
+            agent=target.agent,
+            model=target.model,
         )
     except RECONNECT_ERRORS as exc:
         raise GatewayError(503, "bus_unavailable", f"the request queue is unreachable: {exc}") from exc

@@ -40,6 +40,7 @@ from hookbus.bus.connection.values import text_or_none
 from hookbus.bus.groups.observer_backlog import read_drops
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.registry import REPLICA_TTL
+from hookbus.bus.groups.served_agents import ORCHESTRATOR_TTL, AgentsView
 from hookbus.bus.groups.versions import VersionState, live_versions, serving_counts
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.wire.envelopes import (
@@ -53,7 +54,6 @@ from hookbus.skills import HookbusError
 
 log = structlog.get_logger("hookbus.gateway")
 
-ORCHESTRATOR_TTL = 10.0
 LAG_COUNT_CAP = 10_000
 SCRAPE_TIMEOUT = 2.0
 FOLLOW_EVERY = 0.1
@@ -240,7 +240,10 @@ class GatewayMetrics:
     async def _refresh_queues(self, client: aredis.Redis, keys: Keys) -> None:
         groups = sorted(str(text_or_none(g)) for g in await client.hkeys(keys.registry))
         versions = {g: await live_versions(client, keys, g, alive_within=REPLICA_TTL) for g in groups}
+        agents = sorted((await AgentsView(client, keys).refresh()).agents)
         streams = [("requests", s, ORCHESTRATOR_GROUP) for s in keys.request_streams] + [
+            (f"requests:{a}", s, ORCHESTRATOR_GROUP) for a in agents for s in keys.agent_request_streams(a)
+        ] + [
             (f"hooks:{g}", s, g) for g in groups
             for s in keys.hook_streams(g) + [p for v in versions[g] for p in keys.pinned_hook_streams(g, v)]
         ]

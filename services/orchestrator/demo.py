@@ -1,4 +1,6 @@
-"""The demo agent `make run` and the deploy manifests start: `hookbus.services.orchestrator.demo:agent`.
+"""The demo agents: `make run` starts `hookbus.services.orchestrator.demo:agent` (named
+`demo`); the deploy manifests start it and `...demo:support` (named `support`) beside it,
+two agents behind one gateway, each picked by name (the OpenAI `model` field).
 
 It carries one in-process skill with two small tools; the built-in skills run in worker
 groups. `hookbus run` starts it on the built-in offline model (HOOKBUS_MODEL=offline), which
@@ -39,5 +41,13 @@ agent = Agent(
     skills=[DemoTools()],
     # A small local model can call the same tool round after round; after three rounds the
     # agent asks for the answer with no tools offered, so the demo ends in seconds.
+    max_tool_rounds=3,
+)
+
+
+support = Agent(
+    "support",
+    instructions="You are hookbus's demo support agent. Answer briefly; use the clock when asked the time.",
+    skills=[DemoTools()],
     max_tool_rounds=3,
 )

@@ -60,7 +60,16 @@ class GroupHost:
             protocol=PROTOCOL,
             hooks=[h.descriptor for h in self.hooks.values()],
             tools=[t.descriptor for t in self.tools.values()],
+            agents=self.agents,
         )
+
+    @property
+    def agents(self) -> list[str]:
+        """The agents this group serves: those its skills name, or every agent (empty) as
+        soon as one skill names none."""
+        if any(not skill.agents for skill in self.skills):
+            return []
+        return sorted({name for skill in self.skills for name in skill.agents})
 
     async def answer(
         self, event: HopEvent, attempt: int, replica: str, split: tuple[bytes, bytes | None] | None = None

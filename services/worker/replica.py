@@ -107,9 +107,17 @@ REPLY_RETRY_GRACE = 5.0
 _REPLY_ERRORS = (*RECONNECT_ERRORS, ResponseError)
 """What sending a reply may fail with: those worth a retry are sorted out by `retryable`."""
 READ_BLOCK_MS = 1000
-ACK_DELAY = 0.02
-"""How long an answered hop waits for its ack, so that the acks of all the hops answered
-meanwhile go in one XACK."""
+ACK_DELAY = 0.1
+"""How long an answered hop waits at most for its ack, which then goes alone, with the acks
+of all the hops answered meanwhile in one XACK."""
+ACK_RIDE_AFTER = 0.01
+"""From this many seconds on, the acks owed ride with the next pipeline of replies instead
+of waiting for ACK_DELAY to send them alone: hops up to ACK_DELAY apart (one request at a
+time) pay no socket write of their own for their acks, while under load the acks still
+go in one XACK per ACK_RIDE_AFTER at most. Before (every ack alone after 20 ms, riding
+only with the replies flushed at that moment), one request at a time through a worker
+group's hook cost the worker 0.5-0.75 socket writes a hop for acks, a third or more of
+its writes (the gateways bench, `strace -c` of the replica)."""
 
 EntryRef = tuple[str, str]
 """(the shard stream an entry was read from, its entry id): ids repeat across shards."""
@@ -119,8 +127,9 @@ class ReplyBatcher:
     """Replies ready in one event-loop turn go out at once in one pipeline; the entries
     they answer are acked later, all those answered within `ack_delay` seconds of the
     oldest together (one XACK per stream, riding with the replies of that moment when
-    there are some): a steady flow of hops costs one command per hop, not a reply and
-    an ack.
+    there are some, or with the first replies sent once the oldest waited
+    `ack_ride_after`): a steady flow of hops costs one command per hop, not a reply and
+    an ack, and hops that come one at a time no socket write for their acks.
 
     Reply before ack: an entry is acked only once a pipeline confirmed its reply. A
     replica killed in between leaves its answered entries pending: a sibling claims them
@@ -136,12 +145,19 @@ class ReplyBatcher:
     meanwhile goes out at the end of the next pipeline with replies, whose `send`s then
     return when that read does, at most `hookbus.bus.hops.pipelined_read.BLOCK_MS` later."""
 
-    def __init__(self, client: aredis.Redis, group: str, *, ack_delay: float = ACK_DELAY) -> None:
+    def __init__(
+        self, client: aredis.Redis, group: str, *, ack_delay: float = ACK_DELAY, ack_ride_after: float | None = None
+    ) -> None:
+        """`ack_ride_after`: seconds after which the acks owed ride with the next replies
+        (default ACK_RIDE_AFTER, at most `ack_delay`)."""
         self.client, self.group, self.ack_delay = client, group, ack_delay
+        self.ack_ride_after = min(ACK_RIDE_AFTER, ack_delay) if ack_ride_after is None else ack_ride_after
         self._pending: list[tuple[str, Any, EntryRef, Onward | None, asyncio.Future[Any]]] = []
         self._unacked: dict[str, list[str]] = {}
         """Entries whose replies were written, by stream, waiting for their ack."""
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._acks_ride_from = 0.0
+        """Loop time from which the acks owed ride with a pipeline of replies."""
         self._acks_due = False
         self._closed = False
         self._flushing: set[asyncio.Task[None]] = set()
@@ -200,12 +216,16 @@ class ReplyBatcher:
         for stream, entry_id in entries:
             self._unacked.setdefault(stream, []).append(entry_id)
         if self._unacked and self._ack_timer is None and not self._closed:
-            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._send_acks)
+            loop = asyncio.get_running_loop()
+            self._acks_ride_from = loop.time() + self.ack_ride_after
+            self._ack_timer = loop.call_later(self.ack_delay, self._send_acks)
 
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
         acks: dict[str, list[str]] = {}
-        if self._acks_due:
+        if self._acks_due or (
+            batch and self._ack_timer is not None and asyncio.get_running_loop().time() >= self._acks_ride_from
+        ):
             acks, self._unacked, self._acks_due = self._unacked, {}, self._closed
             self._cancel_ack_timer()
         if not batch and not acks:

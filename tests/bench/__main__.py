@@ -5,7 +5,7 @@
     python -m tests.bench --markdown FILE    # also write machine + table as Markdown
     BENCH_QUICK=1 python -m tests.bench      # a smoke run with fewer operations (make bench-smoke, 6 min)
 
-Benches: hop, cost, observers, peer, full, streaming, long_streams, scaleout, inprocess, tokens,
+Benches: hop, cost, observers, peer, gateways, full, streaming, long_streams, scaleout, inprocess, tokens,
 tracing, cluster, console.
 RESULTS.md holds the current figures and what each bench measures; the git log, their history.
 Each also runs alone: `python -m tests.bench.hop` etc. Every bench gets its own fresh
@@ -40,6 +40,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         console,
         cost,
         full,
+        gateways,
         hop,
         inprocess,
         long_streams,
@@ -57,6 +58,7 @@ def benches() -> dict[str, Callable[[], Awaitable[list[Row]]]]:
         "observers": _with_redis(observers.measure),
         "peer": _with_redis(peer.measure),
         "full": _with_redis(full.measure),
+        "gateways": _with_redis(gateways.measure),
         "streaming": _with_redis(streaming.measure),
         "long_streams": _with_redis(long_streams.measure),
         "scaleout": _with_redis(scaleout.measure),

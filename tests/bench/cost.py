@@ -149,11 +149,12 @@ UNDECLARED = {"policy": ["tests.bench.skills:CostPolicy"], "audit": ["tests.benc
 
 
 async def start_stack(
-    procs: Processes, redis_url: str, prefix: str, model_url: str, groups: dict[str, list[str]] | None = None
+    procs: Processes, redis_url: str, prefix: str, model_url: str, groups: dict[str, list[str]] | None = None,
+    agent: str = "tests.bench.skills:cost_agent",
 ) -> tuple[str, dict[str, int]]:
     """The service processes (one worker replica per group of `groups`, default the cost
-    mix's), the orchestrator's model at `model_url`; returns the gateway's base URL and
-    the pids by name."""
+    mix's; the orchestrator running `agent`), the orchestrator's model at `model_url`;
+    returns the gateway's base URL and the pids by name."""
     from hookbus.bus.keys import Keys
     from tests.bench.full import wait_for_orchestrator
 
@@ -165,7 +166,7 @@ async def start_stack(
     if groups:
         await wait_for_replicas(redis_url, prefix, dict.fromkeys(groups, 1), procs)
     orchestrator = procs.spawn(
-        [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", "tests.bench.skills:cost_agent"],
+        [PYTHON, "-m", "hookbus.services.cli.main", "orchestrator", "--agent", agent],
         bench_env(redis_url, prefix, OPENAI_BASE_URL=model_url, OPENAI_API_KEY="bench"), "orchestrator",
     )
     pids["orchestrator"] = orchestrator.pid

@@ -7,6 +7,7 @@ Every hook here is a no-op (returns None: "unchanged") unless its name says othe
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from hookbus import Agent
@@ -262,3 +263,40 @@ COST_PROMPT = "Look it up. [[tool:lookup {\"key\": \"k\"}]]"
 
 def cost_agent() -> Agent:
     return Agent("bench-cost", instructions="You are a benchmark.", skills=[CostLookup()])
+
+
+# ------------------------------------------------- the same rewrite as Portkey's (gateways bench)
+
+DARN = re.compile(r"(?<!\w)darn(?!\w)", re.IGNORECASE)
+"""The pattern of Portkey's `regexReplace` mutator in the gateways bench, masked with `***`."""
+
+
+def mask_darn(messages: list[dict[str, Any]]) -> bool:
+    """Mask the word in every message's text, in place; whether any was masked."""
+    changed = False
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str) and DARN.search(content):
+            message["content"], changed = DARN.sub("***", content), True
+    return changed
+
+
+class Rewrite(Skill):
+    """One `before_llm_call` hook masking `darn` in the request's messages, the request
+    rewrite Portkey's `regexReplace` mutator and its webhook guardrail do."""
+
+    name = "rewrite"
+
+    @hook("before_llm_call", 10)
+    async def mask(self, data: HookData, ctx: Context) -> HookData | None:
+        return data if data.messages and mask_darn(data.messages) else None
+
+
+def plain_agent() -> Agent:
+    """No skill, no instructions: the request goes to the model as the client sent it."""
+    return Agent("bench-plain")
+
+
+def rewrite_agent() -> Agent:
+    """The rewrite in the orchestrator's process."""
+    return Agent("bench-rewrite", skills=[Rewrite()])

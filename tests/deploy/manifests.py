@@ -306,6 +306,16 @@ def option_value(argv: list[str], option: str) -> str | None:
     return None
 
 
+def served_agent(argv: list[str]) -> str:
+    """The name of the agent an orchestrator's command line serves (its queue is
+    `{prefix}requests:<name>`), read from the agent itself."""
+    from hookbus.services.cli.specs import load_agent
+
+    spec = option_value(argv, "--agent")
+    assert spec, argv
+    return load_agent(spec).name
+
+
 def container_env_names(container: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, str]:
     """Every variable a container gets, mapped to where it comes from."""
     names: dict[str, str] = {}

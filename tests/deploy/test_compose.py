@@ -1,5 +1,5 @@
-"""deploy/docker-compose.yml: Redis 7 with AOF, two orchestrators, two scalable worker groups,
-the gateway on 8000, configured by environment only."""
+"""deploy/docker-compose.yml: Redis 7 with AOF, two agents with two orchestrators each, two
+scalable worker groups, the gateway on 8000, configured by environment only."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.deploy.manifests import (
     is_harness_service,
     load_yaml,
     option_value,
+    served_agent,
 )
 
 WORKER_DRAIN_SECONDS = 30
@@ -74,6 +75,16 @@ def test_two_orchestrators_run_the_demo_agent(services):
     assert orchestrator["deploy"]["replicas"] >= 2
     argv = compose_argv(orchestrator["command"])
     assert argv[0] == "orchestrator" and option_value(argv, "--agent")
+
+
+def test_two_agents_each_have_orchestrators_of_their_own(services):
+    by_agent = {
+        served_agent(argv): service
+        for service in long_running(services).values()
+        if (argv := compose_argv(service["command"]))[0] == "orchestrator"
+    }
+    assert set(by_agent) == {"demo", "support"}
+    assert all(service["deploy"]["replicas"] >= 2 for service in by_agent.values())
 
 
 def test_worker_groups_host_the_builtin_skills(services):

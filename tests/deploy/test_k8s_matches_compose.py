@@ -33,9 +33,15 @@ PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
 def compose_service_for(argv: list[str]) -> str:
-    """The compose service that runs the same role (and group) as a Kubernetes container."""
+    """The compose service that runs the same role (and group, or agent) as a Kubernetes container."""
     if argv[0] == "worker":
         return f"worker-{option_value(argv, '--group')}"
+    if argv[0] == "orchestrator":
+        return next(
+            name for name, service in SERVICES.items()
+            if compose_argv(service.get("command") or [""])[0] == "orchestrator"
+            and option_value(compose_argv(service["command"]), "--agent") == option_value(argv, "--agent")
+        )
     return argv[0]
 
 
@@ -58,7 +64,7 @@ CASES = [
 def test_every_compose_service_kubernetes_needs_exists():
     for directory in KUSTOMIZATIONS:
         roles = {compose_service_for(container_argv(c)) for _, _, c, _ in containers(directory)}
-        assert roles == {"orchestrator", "worker-guard", "worker-telemetry", "gateway"}, short_name(directory)
+        assert roles == {"orchestrator", "orchestrator-support", "worker-guard", "worker-telemetry", "gateway"}, short_name(directory)
         assert roles <= set(SERVICES)
 
 

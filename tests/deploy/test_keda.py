@@ -1,5 +1,5 @@
-"""KEDA objects in deploy/k8s: valid against KEDA's CRDs, and every worker group and the
-orchestrators scale on their own consumer group's lag."""
+"""KEDA objects in deploy/k8s: valid against KEDA's CRDs, every worker group scales on its own
+consumer group's lag, and each agent's orchestrators on their own queue's."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.deploy.manifests import (
     hookbus_containers,
     option_value,
     rendered,
+    served_agent,
     short_name,
 )
 
@@ -96,7 +97,8 @@ def test_every_worker_group_scales_on_its_own_lag(directory):
             # a group of observers works off its observer stream (docs/observers.md)
             streams, consumer_group = {f"{prefix}hooks:{group}", f"{prefix}observe:{group}"}, group
         elif argv[0] == "orchestrator":
-            group, streams, consumer_group = "orchestrators", {f"{prefix}requests"}, "orchestrators"
+            agent = served_agent(argv)
+            group, streams, consumer_group = f"orchestrators:{agent}", {f"{prefix}requests:{agent}"}, "orchestrators"
         else:
             continue
         groups_seen.add(group)
@@ -111,7 +113,7 @@ def test_every_worker_group_scales_on_its_own_lag(directory):
         assert lag, f"{scaled['metadata']['name']}: no lagCount trigger"
         assert int(lag[0]["metadata"]["lagCount"]) > 0
         assert int(lag[0]["metadata"]["activationLagCount"]) >= 0
-    assert groups_seen >= {"guard", "telemetry", "orchestrators"}
+    assert groups_seen >= {"guard", "telemetry", "orchestrators:demo", "orchestrators:support"}
 
 
 @kustomizations

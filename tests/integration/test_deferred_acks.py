@@ -58,7 +58,7 @@ async def test_a_reply_is_written_at_once_and_its_ack_follows_within_the_bound(r
 async def test_the_acks_of_replies_sent_apart_go_together_in_one_xack(redis, prefix):
     stream, reply_to = f"{prefix}hooks", f"{prefix}replies"
     entries = await delivered(redis, stream, "g", 3)
-    batcher = ReplyBatcher(redis, "g", ack_delay=0.3)
+    batcher = ReplyBatcher(redis, "g", ack_delay=0.3, ack_ride_after=0.3)  # no reply for them to ride with
     for entry in entries:  # one pipeline each
         await batcher.send(reply_to, {"e": "reply"}, (stream, entry))
     assert await redis.xlen(reply_to) == 3
@@ -69,6 +69,21 @@ async def test_the_acks_of_replies_sent_apart_go_together_in_one_xack(redis, pre
 
     assert await wait_for(acked, timeout=2)
     assert (batcher.batches, batcher.acks_sent) == (4, 1)  # three replies, then one XACK of all
+
+
+async def test_acks_owed_long_enough_ride_with_the_next_replies(redis, prefix):
+    """Hops one at a time: the first hop's ack goes in the pipeline of the second's reply,
+    not in a socket write of its own (its timer, 60 s here, never fires)."""
+    stream, reply_to = f"{prefix}hooks", f"{prefix}replies"
+    first, second = await delivered(redis, stream, "g", 2)
+    batcher = ReplyBatcher(redis, "g", ack_delay=60, ack_ride_after=0)
+    await batcher.send(reply_to, {"e": "reply"}, (stream, first))
+    assert await pending_ids(redis, stream, "g") == {first, second}  # owed, not sent alone
+    await batcher.send(reply_to, {"e": "reply"}, (stream, second))
+    assert await pending_ids(redis, stream, "g") == {second}  # the first's ack rode with this reply
+    assert (batcher.batches, batcher.acks_sent, batcher.unacked) == (2, 1, 1)
+    await batcher.close()
+    assert await pending_ids(redis, stream, "g") == set()
 
 
 async def test_close_sends_the_acks_owed(redis, prefix):

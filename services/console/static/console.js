@@ -174,6 +174,17 @@ function renderBus(main) {
       card("dead letters", bus.dead_letters, bus.dead_letters > 0),
       card("orchestrators", bus.orchestrators.length, bus.orchestrators.length === 0),
     ),
+    bus.agents.length ? [
+      h("h2", {}, "Agents"),
+      h("table", { "data-testid": "agents" },
+        h("tr", {}, ["agent", "orchestrators", "queue lag / pending", "requests / s", "errors (last minute)"].map((t) => h("th", {}, t))),
+        bus.agents.map((a) => h("tr", { "data-agent": a.name, className: a.orchestrators.length ? "" : "failed" },
+          h("td", { className: "mono" }, a.name),
+          h("td", {}, a.orchestrators.length ? String(a.orchestrators.length) : "none live"),
+          h("td", {}, `${a.lag} / ${a.pending}`), h("td", {}, a.requests_per_second.toFixed(2)),
+          h("td", {}, a.errors_last_minute))),
+      ),
+    ] : null,
     h("h2", {}, "Worker groups"),
     bus.groups.length ? bus.groups.map((g) => groupCard(g, withVersion)) : h("p", { className: "muted" }, "No worker group is registered."),
     h("h2", {}, "Orchestrators"),
@@ -214,13 +225,14 @@ function groupCard(group, withVersion) {
   );
 }
 
-const filters = { outcome: "", group: "", caller: "" };
+const filters = { outcome: "", group: "", caller: "", agent: "" };
 
 function renderRequests(main) {
   const matching = state.snapshot.requests.filter((r) =>
     (!filters.outcome || (filters.outcome === "error" ? !["ok", "running"].includes(r.outcome) : r.outcome === filters.outcome || String(r.status) === filters.outcome)) &&
     (!filters.group || r.groups.includes(filters.group)) &&
-    (!filters.caller || r.caller === filters.caller));
+    (!filters.caller || r.caller === filters.caller) &&
+    (!filters.agent || r.agent === filters.agent));
   const focused = document.activeElement && document.activeElement.dataset.filter;
   const input = (name, placeholder) => h("input", {
     "data-filter": name, placeholder, value: filters[name],
@@ -230,16 +242,17 @@ function renderRequests(main) {
     ["", "running", "ok", "error", "failed"].map((v) => h("option", { value: v, selected: v === filters.outcome }, v || "any status")));
   show(main, 
     h("h1", {}, "Requests"),
-    h("div", { className: "filters" }, outcome, input("group", "group"), input("caller", "caller"),
+    h("div", { className: "filters" }, outcome, input("agent", "agent"), input("group", "group"), input("caller", "caller"),
       h("span", { className: "muted" }, `${matching.length} of the ${state.snapshot.requests.length} newest`)),
     h("table", { "data-testid": "requests" },
-      h("tr", {}, ["completion id", "model", "caller", "status", "duration", "groups", "started"].map((t) => h("th", {}, t))),
+      h("tr", {}, ["completion id", "model", "agent", "caller", "status", "duration", "groups", "started"].map((t) => h("th", {}, t))),
       matching.map((r) => h("tr", {
         className: `clickable ${r.outcome === "ok" ? "ok" : r.outcome === "running" ? "running" : "failed"}`,
         "data-completion-id": r.completion_id,
         onclick: () => { location.hash = `#/requests/${encodeURIComponent(r.completion_id)}`; },
       },
-        h("td", { className: "mono" }, r.completion_id), h("td", {}, r.model || "-"), h("td", {}, r.caller || "-"),
+        h("td", { className: "mono" }, r.completion_id), h("td", {}, r.model || "-"), h("td", {}, r.agent || "-"),
+        h("td", {}, r.caller || "-"),
         h("td", { className: "status" }, statusText(r)), h("td", {}, ms(r.duration_ms)),
         h("td", {}, r.groups.join(", ")), h("td", {}, clock(r.started)))),
     ),

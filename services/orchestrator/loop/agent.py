@@ -77,6 +77,7 @@ class Agent:
         chunk_batch: int = DEFAULT_CHUNK_BATCH,
         model_settings: ModelSettings | dict[str, Any] | None = None,
         pinned_settings: ModelSettings | dict[str, Any] | None = None,
+        models: Iterable[str] = (),
     ) -> None:
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be >= 0")
@@ -85,6 +86,9 @@ class Agent:
         self.name = name
         self.llm = llm or LLM()
         self.model = model or get_settings().model or OFFLINE_MODEL
+        self.models = list(models)
+        """Other models a request may ask this agent's LLM calls to use (a client names one
+        as `<agent name>/<model>`: hookbus.services.gateway.agent_routes)."""
         self.instructions = instructions
         self.model_settings = as_model_settings(model_settings) or ModelSettings()
         self.pinned_settings = as_model_settings(pinned_settings) or ModelSettings()
@@ -115,6 +119,7 @@ class Agent:
         tools: Sequence[dict[str, Any]] | None = None,
         model_settings: ModelSettings | dict[str, Any] | None = None,
         deadline: float | None = None,
+        model: str | None = None,
     ) -> ChatCompletion:
         """Run one request to its end; raises the error that ended it: the `HookError` a hook
         aborted it with, or the `ServiceError` of what failed around the hooks.
@@ -126,8 +131,9 @@ class Agent:
         request (`client_tools.run_outcome` reads a completion as text + client calls).
         `model_settings` are the caller's sampling and format fields. `deadline` (unix
         time) is when the caller stops waiting: a run cancelled at or after it finalizes
-        with a 504, as the caller saw it."""
-        state = await begin(self, messages, auth, session_id, completion_id, metadata, stream=False)
+        with a 504, as the caller saw it. `model`: one of `models` for this request's LLM
+        calls (a 404 for any other), instead of the agent's own."""
+        state = await begin(self, messages, auth, session_id, completion_id, metadata, stream=False, model=model)
         request_options(self, state, tools, model_settings, deadline, None)
         async for _ in lifecycle(self, state):
             pass
@@ -146,6 +152,7 @@ class Agent:
         model_settings: ModelSettings | dict[str, Any] | None = None,
         deadline: float | None = None,
         on_progress: Callable[[str], None] | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[ChatCompletionChunk]:
         """An async generator of the chunks the client sees, as the hooks made them.
 
@@ -159,7 +166,7 @@ class Agent:
         """
         return streamed(
             self,
-            functools.partial(begin, self, messages, auth, session_id, completion_id, metadata, stream=True),
+            functools.partial(begin, self, messages, auth, session_id, completion_id, metadata, stream=True, model=model),
             (tools, model_settings, deadline, on_progress),
         )
 
@@ -277,8 +284,8 @@ class Agent:
             self._plan = HookPlan.build(
                 self._local_hooks,
                 self._local_tools,
-                runtime.remote_hooks(),
-                runtime.remote_tools(),
+                runtime.remote_hooks(self.name),
+                runtime.remote_tools(self.name),
             )
             self._plan_version = version
         return self._plan

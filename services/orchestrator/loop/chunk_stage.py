@@ -38,7 +38,7 @@ async def streamed_llm_call(
     the hold-back window when an on_chunk hook asked for one
     (hookbus.services.orchestrator.streaming.hold_back)."""
     chunks = stream_chunks(
-        state, host.llm.stream(host.model, messages, tools, settings), host.model,
+        state, host.llm.stream(state.ctx.metadata.model, messages, tools, settings), state.ctx.metadata.model,
         functools.partial(on_chunk, host), functools.partial(on_chunks, host), host.chunk_batch,
     )
     async with contextlib.aclosing(chunks) as visible:
@@ -55,7 +55,7 @@ async def guarded_answer(host: LoopHost, state: RequestState, answer: ChatComple
     always did."""
     judging = dataclasses.replace(state, plan=state.plan.windowed())
     chunks = stream_chunks(
-        judging, _as_stream(whole_answer_chunk(answer)), host.model,
+        judging, _as_stream(whole_answer_chunk(answer)), state.ctx.metadata.model,
         functools.partial(on_chunk, host), functools.partial(on_chunks, host), host.chunk_batch,
     )
     async with contextlib.aclosing(chunks) as judged:

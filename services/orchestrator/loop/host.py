@@ -22,6 +22,7 @@ class LoopHost(Protocol):
 
     name: str
     model: str
+    models: list[str]
     llm: LLM
     instructions: str | None
     model_settings: ModelSettings

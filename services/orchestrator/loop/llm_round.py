@@ -91,7 +91,7 @@ async def llm_call(
                         async for chunk in chunks:
                             yield chunk
                 else:
-                    answer = await host.llm.complete(host.model, messages, tools, settings)
+                    answer = await host.llm.complete(state.ctx.metadata.model, messages, tools, settings)
                     answer.id = state.completion_id
                     state.last_response = answer
                     if state.plan.hold_back(state.ctx.auth.scopes):
@@ -126,7 +126,7 @@ def _recorded_llm_call(host: LoopHost, state: RequestState) -> Iterator[None]:
         raise
     finally:
         host.runtime.record_call(
-            state.completion_id, lifecycle, host.model, (time.perf_counter() - started) * 1000, error
+            state.completion_id, lifecycle, state.ctx.metadata.model, (time.perf_counter() - started) * 1000, error
         )
 
 

@@ -39,7 +39,7 @@ from hookbus.services.orchestrator.loop.stage_runner import stage
 from hookbus.services.orchestrator.loop.tool_round import tool_round
 from hookbus.services.orchestrator.streaming.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
-from hookbus.skills import AuthInfo, Context, HookbusError, HookData
+from hookbus.skills import AuthInfo, Context, HookbusError, HookData, ServiceError
 from hookbus.skills.context import Metadata, Session
 from hookbus.skills.errors import Cancelled, DeadlineExceeded, as_hookbus_error
 from hookbus.skills.lifecycle import Lifecycle
@@ -59,12 +59,19 @@ async def begin(
     completion_id: str | None,
     metadata: dict[str, Any] | None,
     stream: bool,
+    model: str | None = None,
 ) -> RequestState:
+    """The request's state; `model`, one of the agent's `models` its LLM calls use (in
+    `ctx.metadata.model`, which the loop calls the model by)."""
+    if model is not None and model != host.model and model not in host.models:
+        raise ServiceError(
+            404, "model_not_found", f"agent {host.name!r} does not offer the model {model!r}"
+        )
     ctx = Context(
         auth=auth if isinstance(auth, AuthInfo) else AuthInfo.model_validate(auth or {}),
         metadata=Metadata(
             completion_id=completion_id or f"chatcmpl-{uuid.uuid4().hex}",
-            model=host.model,
+            model=model or host.model,
             agent_name=host.name,
             **(metadata or {}),
         ),
@@ -113,7 +120,7 @@ async def lifecycle(host: LoopHost, state: RequestState) -> AsyncGenerator[ChatC
             host.runtime, state.ctx.auth.peer_user_id, state.conversation
         )
         await _on_connection(host, state)
-        turn = TurnStream(state.completion_id, host.model) if state.stream else None
+        turn = TurnStream(state.completion_id, state.ctx.metadata.model) if state.stream else None
         rounds = 0
         while True:
             final_round = rounds >= host.max_tool_rounds
@@ -134,7 +141,7 @@ async def lifecycle(host: LoopHost, state: RequestState) -> AsyncGenerator[ChatC
         if turn is not None:
             for chunk in turn.finish(finish_reason(state), state.client_calls):
                 yield chunk
-            yield usage_chunk(state, host.model)
+            yield usage_chunk(state, state.ctx.metadata.model)
     except HookbusError as exc:
         state.error = exc
         raise
@@ -167,7 +174,7 @@ async def _on_message(host: LoopHost, state: RequestState) -> None:
     data = HookData.model_construct(lifecycle=Lifecycle.ON_MESSAGE, messages=state.conversation)
     data = await stage(host, state, data)
     state.conversation = list(data.messages or [])
-    state.result = final_completion(state, host.model)
+    state.result = final_completion(state, state.ctx.metadata.model)
 
 
 def _conversation(instructions: str | None, messages: Sequence[dict[str, Any]] | str) -> list[dict[str, Any]]:

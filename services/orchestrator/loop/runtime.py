@@ -41,9 +41,11 @@ class Runtime(Protocol):
     def remote_version(self) -> int:
         """Changes whenever the set of remote hooks or tools changes."""
 
-    def remote_hooks(self) -> Sequence[PlannedHook]: ...
+    def remote_hooks(self, agent: str | None = None) -> Sequence[PlannedHook]:
+        """The remote hooks a request of `agent` runs (None: of every group)."""
 
-    def remote_tools(self) -> Sequence[PlannedTool]: ...
+    def remote_tools(self, agent: str | None = None) -> Sequence[PlannedTool]:
+        """The remote tools a request of `agent` may call (None: of every group)."""
 
     async def hop(
         self, segment: Segment, data: HookData, ctx: Context, stage_key: str
@@ -111,10 +113,10 @@ class LocalRuntime:
     def remote_version(self) -> int:
         return 0
 
-    def remote_hooks(self) -> Sequence[PlannedHook]:
+    def remote_hooks(self, agent: str | None = None) -> Sequence[PlannedHook]:
         return ()
 
-    def remote_tools(self) -> Sequence[PlannedTool]:
+    def remote_tools(self, agent: str | None = None) -> Sequence[PlannedTool]:
         return ()
 
     async def hop(

@@ -80,10 +80,10 @@ class Admission:
             error = ServiceError(400, "invalid_request", f"the request could not be read: {exc}")
             await self.refuse(stream, entry_id, fields, _peek_completion_id(raw), error)
             return None
-        if keys.requests_for(request.completion_id) != stream:
+        if (expected := keys.requests_for(request.completion_id, request.agent)) != stream:
             error = ServiceError(
                 400, "misrouted_request",
-                f"queued on {stream}, but its completion id belongs to {keys.requests_for(request.completion_id)}",
+                f"queued on {stream}, but its completion id and agent belong to {expected}",
             )
             await self.refuse(stream, entry_id, fields, request.completion_id, error)
             return None

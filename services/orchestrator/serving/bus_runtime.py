@@ -87,7 +87,7 @@ class BusRuntime:
         """Hops a worker sent on along a route (hookbus.bus.hops.send_on) instead of this runtime."""
         self.pins = VersionPins(registry.client, keys, registry)
         registry.on_refresh.append(self._end_lost_hops)
-        self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
+        self._remote_cache: dict[str | None, tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]]] = {}
         self.observations = ObservationOutbox(keys, router)
         self.texts_resent = 0
         """Batched on_chunk hops sent again with their stream's text (a replica lacked it)."""
@@ -97,25 +97,30 @@ class BusRuntime:
     def remote_version(self) -> int:
         return self.registry.version
 
-    def remote_hooks(self) -> Sequence[PlannedHook]:
-        return self._remote()[1]
+    def remote_hooks(self, agent: str | None = None) -> Sequence[PlannedHook]:
+        return self._remote(agent)[1]
 
-    def remote_tools(self) -> Sequence[PlannedTool]:
-        return self._remote()[2]
+    def remote_tools(self, agent: str | None = None) -> Sequence[PlannedTool]:
+        return self._remote(agent)[2]
 
-    def _remote(self) -> tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]]:
+    def _remote(self, agent: str | None) -> tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]]:
+        """The hooks and tools of the groups serving `agent` (those whose skills name it and
+        those that name none; None: every group), kept per agent until the registry moves."""
         version = self.registry.version
-        if self._remote_cache is None or self._remote_cache[0] != version:
+        cached = self._remote_cache.get(agent)
+        if cached is None or cached[0] != version:
             hooks: list[PlannedHook] = []
             tools: list[PlannedTool] = []
             # registry order = tie-break; a refused group's hooks stay in the order and fail
             # unanswered (a critical one fails the request) rather than vanish; its tools go
             for group, announcement in self.registry.announced.items():
+                if agent is not None and not announcement.serves(agent):
+                    continue
                 hooks.extend(PlannedHook(h, group) for h in announcement.hooks)
                 if group not in self.registry.refused:
                     tools.extend(PlannedTool(t, group) for t in announcement.tools)
-            self._remote_cache = (version, tuple(hooks), tuple(tools))
-        return self._remote_cache
+            cached = self._remote_cache[agent] = (version, tuple(hooks), tuple(tools))
+        return cached
 
     # ---------------------------------------------------------------------- hops
 

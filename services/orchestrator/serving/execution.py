@@ -54,6 +54,9 @@ class ExecutionHost(Protocol):
 
     agent: Agent
     keys: Keys
+
+    def agent_for(self, request: RequestEnvelope) -> Agent: ...
+
     instance: str
     claim_idle: float
     runs: RunTable
@@ -88,7 +91,7 @@ class Execution:
         runtime = self.service.runtime
         assert runtime is not None
         try:
-            with self.service.agent.serving_on(runtime):
+            with self.service.agent_for(request).serving_on(runtime):
                 return await self._execute(run, request, mode, first_seq=first_seq, error=error)
         finally:  # fenced: its new owner runs it on and releases it
             runtime.pins.release(request.completion_id, ended=not run.fenced)
@@ -113,7 +116,8 @@ class Execution:
             service.runtime.events.emit(
                 MonitorRecord(
                     completion_id=cid, lifecycle=REQUEST_START, replica=service.instance,
-                    model=service.agent.model, caller=request.auth.peer_user_id,
+                    model=request.model or service.agent_for(request).model, caller=request.auth.peer_user_id,
+                    agent=service.agent_for(request).name,
                 )
             )
         terminal = await self._terminal_of_task(run, request, writer, mode, error)
@@ -195,7 +199,8 @@ class Execution:
                 replica=service.instance, duration_ms=(time.perf_counter() - run.started) * 1000,
                 outcome=Outcome.OK if terminal.kind != "error" else Outcome.FAILED,
                 error=failure.get("message"),
-                model=service.agent.model, caller=request.auth.peer_user_id,
+                model=request.model or service.agent_for(request).model, caller=request.auth.peer_user_id,
+                agent=service.agent_for(request).name,
                 status=int(failure.get("status_code", 500)) if terminal.kind == "error" else 200,
             )
         )
@@ -233,7 +238,8 @@ class Execution:
         """The run itself, in the request's span; returns the terminal item (never raises
         but for cancellation)."""
         with tracing.request_span(
-            self.service.agent.name, request.completion_id, request.trace, mode, session_id=request.session_id
+            self.service.agent_for(request).name, request.completion_id, request.trace, mode,
+            session_id=request.session_id,
         ) as span:
             terminal = await self._terminal_item(request, writer, mode, error)
             span.outcome(terminal.kind, terminal.error)
@@ -248,7 +254,7 @@ class Execution:
                 return await self._run_until_deadline(request, writer)
             assert error is not None
             if mode in (RunMode.RECOVER, RunMode.CANCELLED):
-                await self.service.agent.finalize_only(
+                await self.service.agent_for(request).finalize_only(
                     request.messages, completion_id=cid, error=error, auth=request.auth,
                     session_id=request.session_id, metadata=_metadata(request),
                     recovery=mode == RunMode.RECOVER,
@@ -271,7 +277,7 @@ class Execution:
             raise DeadlineExceeded() from exc
 
     async def _run(self, request: RequestEnvelope, writer: ResponseWriter) -> ResponseItem:
-        agent = self.service.agent
+        agent = self.service.agent_for(request)
         kwargs: dict[str, Any] = {
             "auth": request.auth,
             "session_id": request.session_id,
@@ -280,6 +286,7 @@ class Execution:
             "tools": request.tools,
             "model_settings": request.model_settings,
             "deadline": request.deadline,
+            "model": request.model,
         }
         cid = request.completion_id
         if not request.stream:

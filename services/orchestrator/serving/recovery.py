@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aredis
@@ -46,6 +46,7 @@ from hookbus.bus.connection.values import text
 from hookbus.bus.groups.claims import Claimed, OrphanRules
 from hookbus.bus.groups.dead_letters import add_dead_letter
 from hookbus.bus.groups.member import GroupMember, OnThread
+from hookbus.bus.groups.served_agents import forget_stale
 from hookbus.bus.groups.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
@@ -70,9 +71,13 @@ class RecoveryHost(Protocol):
     trim_every: float
     runs: RunTable
     journal: Journal | None
+    streams: dict[str, str | None]
+    """The requests stream shards it reads (the unnamed queue's, each of its agents')."""
 
     @property
     def client(self) -> aredis.Redis: ...
+
+    def announce(self, pipe: Any) -> None: ...
 
     async def admit(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> RequestEnvelope | None: ...
 
@@ -100,7 +105,7 @@ class Recovery:
             ),
             client=lambda: service.client, concurrency=service.concurrency,
             trim_every=service.trim_every, busy=lambda: service.runs,
-            tidy=self.janitor_once, take_over=self._take_over, streams=keys.request_streams,
+            tidy=self.janitor_once, take_over=self._take_over, streams=list(service.streams),
             on_thread=OnThread(
                 service.redis_url, f"hookbus-liveness-{service.instance}", self.beat, self.renew_once
             ),
@@ -194,7 +199,9 @@ class Recovery:
 
     def beat(self, client: redis.Redis) -> None:
         """On the liveness thread (bus/groups/liveness.py), so a busy loop is not taken for dead."""
-        client.zadd(self.service.keys.orchestrators, {self.service.instance: time.time()})
+        pipe = client.pipeline(transaction=False)
+        self.service.announce(pipe)
+        pipe.execute()
 
     def renew_once(self, client: redis.Redis) -> None:
         """On the liveness thread (bus/groups/liveness.py): a busy event loop does not stop it.
@@ -203,7 +210,7 @@ class Recovery:
         runs = [r for r in service.runs.running() if r.epoch and not r.fenced]
         if not runs:
             return
-        leases = [Lease(r.entry_id, r.completion_id, r.epoch, r.stage) for r in runs]
+        leases = [Lease(r.entry_id, r.completion_id, r.epoch, r.stage, r.stream) for r in runs]
         renewal = Leases(client, service.keys).renew(ORCHESTRATOR_GROUP, service.instance, leases)
         if (renewal.fenced or renewal.cancelled or renewal.lost) and self._loop is not None:
             run_of = {id(lease): run for lease, run in zip(leases, runs, strict=True)}
@@ -230,13 +237,14 @@ class Recovery:
         keys = service.keys
         client = service.client
         removed = 0
-        for stream in keys.request_streams:
+        for stream in service.streams:
             removed += (await trim_acked(client, stream))[0]
         self.trimmed += removed
         gone = await client.zrangebyscore(keys.orchestrators, "-inf", time.time() - forget_after)
         if gone:
             await client.delete(*(keys.replies(text(g)) for g in gone))
-        for stream in keys.request_streams:
+        await forget_stale(client, keys, forget_after)
+        for stream in service.streams:
             await prune_consumers(
                 client, stream, ORCHESTRATOR_GROUP, keys.orchestrators, forget_after=forget_after
             )

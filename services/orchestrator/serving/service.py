@@ -66,6 +66,7 @@ from hookbus.bus.groups.observer_backlog import (
 )
 from hookbus.bus.groups.periodic import cancel_and_wait, repeat
 from hookbus.bus.groups.registry import RegistryView
+from hookbus.bus.groups.served_agents import AgentCard, check_agent_name, record_fields
 from hookbus.bus.groups.shard_reader import ShardedGroupReader
 from hookbus.bus.groups.trim import TRIM_EVERY
 from hookbus.bus.hops.reply_router import ReplyRouter
@@ -138,7 +139,7 @@ class OrchestratorService(BusApp):
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Agent | Sequence[Agent],
         redis_url: str,
         *,
         prefix: str = "hookbus:",
@@ -153,11 +154,30 @@ class OrchestratorService(BusApp):
     ) -> None:
         """`observe_bound`: what each observer group's stream may hold (default: the
         settings' HOOKBUS_OBSERVE_MAX_ENTRIES and HOOKBUS_OBSERVE_MAX_BYTES), checked every
-        `backlog_every` seconds."""
-        self.agent = agent
+        `backlog_every` seconds.
+
+        `agent`: the agent, or the agents, it serves, each under its name and from its own
+        queue (`requests:<name>`); the first also runs the requests that name no agent
+        (the plain `requests` queue, which every orchestrator reads)."""
+        agents = [agent] if isinstance(agent, Agent) else list(agent)
+        if not agents:
+            raise ValueError("an orchestrator serves at least one agent")
+        self.agents: dict[str, Agent] = {}
+        for one in agents:
+            if check_agent_name(one.name) in self.agents:
+                raise ValueError(f"two agents named {one.name!r}: clients could not tell them apart")
+            self.agents[one.name] = one
+        self.agent = agents[0]
+        """The agent a request that names none runs on."""
         self.redis_url = redis_url
         super().__init__(redis_url, graceful_timeout=DRAIN_SECONDS)
         self.keys = keys_for(redis_url, prefix)
+        self.streams: dict[str, str | None] = dict.fromkeys(self.keys.request_streams)
+        """Every requests stream shard it reads -> whose queue it is (None: the unnamed one)."""
+        for name in self.agents:
+            self.streams.update(dict.fromkeys(self.keys.agent_request_streams(name), name))
+        self.cards = [AgentCard(name=a.name, models=list(a.models)) for a in agents]
+        """What it announces beside each heartbeat (hookbus.bus.groups.served_agents)."""
         self.instance = instance or instance_name("orchestrator")
         self.concurrency = concurrency
         self.claim_idle = claim_idle
@@ -217,20 +237,23 @@ class OrchestratorService(BusApp):
 
     async def _before_startup(self) -> None:
         client = await self.broker.connect()
-        for stream in self.keys.request_streams:
+        for stream in self.streams:
             await ensure_group(client, stream, ORCHESTRATOR_GROUP)
 
     async def _after_startup(self) -> None:
         client = self._client = await self.broker.connect()
         runtime = await self._start_runtime(client)
-        self.agent.runtime = runtime
-        if self.agent.llm.http is None:
-            # this service closes the agent's client on its own loop at shutdown, which an
-            # aiohttp session needs (hookbus.services.orchestrator.llm.client: why aiohttp)
-            self.agent.llm.http = "aiohttp"
-        _SERVING[self.agent] = _SERVING.get(self.agent, 0) + 1
+        for agent in self.agents.values():
+            agent.runtime = runtime
+            if agent.llm.http is None:
+                # this service closes the agent's client on its own loop at shutdown, which an
+                # aiohttp session needs (hookbus.services.orchestrator.llm.client: why aiohttp)
+                agent.llm.http = "aiohttp"
+            _SERVING[agent] = _SERVING.get(agent, 0) + 1
         self._serving = True
-        await client.zadd(self.keys.orchestrators, {self.instance: time.time()})
+        async with client.pipeline(transaction=False) as pipe:
+            self.announce(pipe)
+            await pipe.execute()
         self.recovery.start()
         self._tasks = [
             asyncio.create_task(
@@ -243,12 +266,12 @@ class OrchestratorService(BusApp):
         ]
         self._run_slots = asyncio.Semaphore(self.concurrency)
         self._reader = ShardedGroupReader(
-            self.redis_url, self.keys.request_streams, ORCHESTRATOR_GROUP, self.instance,
+            self.redis_url, list(self.streams), ORCHESTRATOR_GROUP, self.instance,
             free=lambda: 2 * self.concurrency - len(self._handlers), deliver=self._deliver,
         )
         self._reader.start()
         log.info(
-            "orchestrator_started", instance=self.instance, agent=self.agent.name,
+            "orchestrator_started", instance=self.instance, agents=list(self.agents),
             groups=list(runtime.registry.groups), claim_idle=self.claim_idle,
         )
 
@@ -274,6 +297,16 @@ class OrchestratorService(BusApp):
         await events.start()
         runtime.pins.start()
         return runtime
+
+    def announce(self, pipe: Any) -> None:
+        """Its heartbeat and the agents it serves, queued on `pipe` (sync or async): with
+        every beat, so a Redis that lost its data learns them again within one."""
+        pipe.zadd(self.keys.orchestrators, {self.instance: time.time()})
+        pipe.hset(self.keys.orchestrator_agents, mapping=record_fields(self.instance, self.cards))
+
+    def agent_for(self, request: RequestEnvelope) -> Agent:
+        """The agent a request is for: the one it names, else the first this process serves."""
+        return self.agents.get(request.agent or "", self.agent)
 
     async def bound_observer_backlogs(self) -> dict[str, ObserverDrops]:
         """One check of every announced observer group's stream: what it dropped, by group."""
@@ -317,7 +350,8 @@ class OrchestratorService(BusApp):
         await self.recovery.stop()
         await cancel_and_wait(*self._tasks)
         self._tasks = []
-        await self.agent.observers_idle(SHUTDOWN_WAIT)  # in-process observers see what they were handed
+        for agent in self.agents.values():
+            await agent.observers_idle(SHUTDOWN_WAIT)  # in-process observers see what they were handed
         if self.runtime is not None:
             await self.runtime.observations.flushed(SHUTDOWN_WAIT)
             await self.runtime.router.stop()
@@ -326,9 +360,10 @@ class OrchestratorService(BusApp):
             await self.runtime.events.stop()
         if self._serving:
             self._serving = False
-            _SERVING[self.agent] -= 1
-            if not _SERVING[self.agent]:
-                await self.agent.aclose()
+            for agent in self.agents.values():
+                _SERVING[agent] -= 1
+                if not _SERVING[agent]:
+                    await agent.aclose()
         if self._client is not None:
             with contextlib.suppress(*RECONNECT_ERRORS):
                 await self._client.zrem(self.keys.orchestrators, self.instance)
