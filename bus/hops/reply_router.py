@@ -239,8 +239,8 @@ class ReplyRouter:
     def append(self, stream: str, fields: dict[bytes, bytes]) -> asyncio.Future[None]:
         """XADD an entry that expects no reply (a request's observations), in the same
         per-turn pipeline as the hops (hookbus.bus.connection.batched_appends); the future
-        says when Redis stored it."""
-        return self._appender.enqueue(stream, fields)
+        says when Redis stored it. Urgent: the request's end waits for it."""
+        return self._appender.enqueue(stream, fields, urgent=True)
 
     def expect(self, hop_ids: Sequence[str]) -> None:
         """Keep the replies of these hops, which workers send on a route

@@ -21,10 +21,12 @@ In one run, on one stack, in this order:
    alternate, so that other work on this machine slows both arms alike;
 3. idle, the viewers open again: the console's own commands per second (3 less 1).
 
-Redis commands are INFO commandstats deltas (the bench's own INFO calls left out).
-Reported: the achieved request rate of each load window (it must really be RATE), Redis
-commands per finished request in each and their ratio (target: at most 1.02), the
-console's own commands per second, and its responsiveness under load: the probe's
+Redis commands are INFO commandstats deltas (the bench's own INFO calls left out), CPU
+Redis's INFO cpu and each service process's /proc counters over the same slices.
+Reported side by side for the two arms: the achieved request rate (it must really be
+RATE), Redis commands a second and per finished request (target: at most 1.02x), the CPU
+of Redis and of each process (the gateway serves the console) as a share of one core, at
+rest and under the load; the console's own commands per second, and its responsiveness under load: the probe's
 latencies (requests list, waterfall) and how long a finished request took to appear as
 finished in a viewer's live stream (from when its client got the answer), p50 and p95.
 
@@ -194,11 +196,15 @@ async def viewers(console_url: str, seen: Viewers) -> AsyncIterator[Viewers]:
 
 @dataclass
 class Window:
-    """Redis commands, gateway CPU and finished requests over one or more slices of time."""
+    """Redis commands and CPU, each process's CPU and finished requests over one or more
+    slices of time."""
 
     seconds: float
     commands: float
-    gateway_cpu: float
+    redis_cpu: float
+    """Seconds of CPU the Redis server used (INFO cpu, user + system)."""
+    cpu: dict[str, float]
+    """Seconds of CPU each service process used (the gateway serves the console)."""
     latencies: list[float]
     """Of the requests that finished in it (s)."""
     spans: list[tuple[float, float]]
@@ -207,9 +213,14 @@ class Window:
     @classmethod
     def merged(cls, parts: list[Window]) -> Window:
         return cls(
-            sum(w.seconds for w in parts), sum(w.commands for w in parts), sum(w.gateway_cpu for w in parts),
+            sum(w.seconds for w in parts), sum(w.commands for w in parts), sum(w.redis_cpu for w in parts),
+            {name: sum(w.cpu[name] for w in parts) for name in parts[0].cpu},
             [x for w in parts for x in w.latencies], [span for w in parts for span in w.spans],
         )
+
+    def busy(self, seconds: float) -> float:
+        """A CPU time as the share of one core over this window."""
+        return seconds / self.seconds
 
     @property
     def requests(self) -> int:
@@ -243,7 +254,7 @@ async def window(redis: Any, pids: dict[str, int], load: Load, seconds: float) -
     after = await snapshot(redis, pids)
     delta = after.minus(before)
     return Window(
-        delta.at, sum(n for name, n in delta.commands.items() if name != "info"), delta.cpu["gateway"],
+        delta.at, sum(n for name, n in delta.commands.items() if name != "info"), delta.redis_cpu, delta.cpu,
         load.finished_between(before.at, after.at), [(before.at, after.at)],
     )
 
@@ -294,6 +305,35 @@ async def measure(redis_url: str) -> list[Row]:
     return report(idle, idle_watched, Window.merged(without), Window.merged(watched), load, seen)
 
 
+def side_by_side(without: Window, watched: Window, idle: Window, idle_watched: Window) -> str:
+    """The two arms under load, figure by figure, and the console's own at rest: what each
+    process and Redis spent, as a share of one core."""
+    rows: list[tuple[str, str, str]] = [
+        ("requests finished a minute", f"{without.per_minute:.0f}", f"{watched.per_minute:.0f}"),
+        ("Redis commands a second", f"{without.per_second:.0f}", f"{watched.per_second:.0f}"),
+        ("Redis commands per request", f"{without.per_request:.2f}", f"{watched.per_request:.2f}"),
+        ("Redis CPU", f"{without.busy(without.redis_cpu):.1%}", f"{watched.busy(watched.redis_cpu):.1%}"),
+    ]
+    rows += [
+        (f"{name} CPU" + (" (serves the console)" if name == "gateway" else ""),
+         f"{without.busy(without.cpu[name]):.1%}", f"{watched.busy(watched.cpu[name]):.1%}")
+        for name in without.cpu
+    ]
+    rows += [
+        ("Python CPU, all services", f"{without.busy(sum(without.cpu.values())):.1%}",
+         f"{watched.busy(sum(watched.cpu.values())):.1%}"),
+        ("request latency p50 / p95", f"{pct(without.latencies, 50) * 1000:.0f} / {pct(without.latencies, 95) * 1000:.0f} ms",
+         f"{pct(watched.latencies, 50) * 1000:.0f} / {pct(watched.latencies, 95) * 1000:.0f} ms"),
+        ("at rest: commands a second", f"{idle.per_second:.1f}", f"{idle_watched.per_second:.1f}"),
+        ("at rest: gateway CPU", f"{idle.busy(idle.cpu['gateway']):.2%}", f"{idle_watched.busy(idle_watched.cpu['gateway']):.2%}"),
+        ("at rest: Redis CPU", f"{idle.busy(idle.redis_cpu):.2%}", f"{idle_watched.busy(idle_watched.redis_cpu):.2%}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"  {'':<{width}}  {'no console':>14}  {f'{VIEWERS} viewers':>14}"]
+    lines += [f"  {label:<{width}}  {a:>14}  {b:>14}" for label, a, b in rows]
+    return "\n".join(lines)
+
+
 def report(idle: Window, idle_watched: Window, without: Window, watched: Window, load: Load, seen: Viewers) -> list[Row]:
     shown_after = [
         seen.seen_finished[cid] - at for cid, at in load.finished_at.items()
@@ -312,12 +352,7 @@ def report(idle: Window, idle_watched: Window, without: Window, watched: Window,
         f"  idle: {idle.per_second:.1f} commands/s; with {VIEWERS} viewers open {idle_watched.per_second:.1f}/s: "
         f"the console's own {console_idle:.1f}/s\n"
     )
-    for name, arm in (("no console", without), (f"{VIEWERS} viewers", watched)):
-        print(
-            f"  {name}: {arm.requests} requests in {arm.seconds:.0f} s = {arm.per_minute:.0f}/min, "
-            f"{arm.commands:.0f} commands ({arm.per_request:.2f} per request, {arm.per_second:.0f}/s), "
-            f"gateway CPU {arm.gateway_cpu / arm.seconds:.1%}, request latency {ms(arm.latencies)}"
-        )
+    print(side_by_side(without, watched, idle, idle_watched))
     print(
         f"  ratio of commands per request: {watched.per_request / without.per_request:.4f}; at {TARGET_RATE}/min "
         f"exactly (idle rate + per request beyond it): {at_target[0]:.0f} and {at_target[1]:.0f} commands/s, "
@@ -339,6 +374,18 @@ def report(idle: Window, idle_watched: Window, without: Window, watched: Window,
             baseline=at_target[0], baseline_name="no console", target="<= 1.02x",
         ),
         Row("console", "the console's own commands/s (idle, viewers open)", console_idle, "commands/s"),
+        Row(
+            "console", f"gateway (console) CPU under load, {VIEWERS} viewers", watched.busy(watched.cpu["gateway"]) * 100,
+            "% core", baseline=without.busy(without.cpu["gateway"]) * 100, baseline_name="no console",
+        ),
+        Row(
+            "console", f"Redis CPU under load, {VIEWERS} viewers", watched.busy(watched.redis_cpu) * 100, "% core",
+            baseline=without.busy(without.redis_cpu) * 100, baseline_name="no console",
+        ),
+        Row(
+            "console", f"Redis commands/s under load, {VIEWERS} viewers", watched.per_second, "commands/s",
+            baseline=without.per_second, baseline_name="no console",
+        ),
         Row("console", "requests list latency p95 under load", pct(seen.list_latency, 95) * 1000, "ms"),
         Row("console", "waterfall latency p95 under load", pct(seen.waterfall_latency, 95) * 1000, "ms"),
         Row("console", "finished request shown live after, p95", pct(shown_after, 95), "s"),

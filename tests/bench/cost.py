@@ -24,15 +24,8 @@ requests than at c=1). What the services do with no request (heartbeats,
 registry, claims, janitor) is measured in an idle window of the same stack and subtracted
 at its rate, so the figures are the request's own; the idle rates are printed too.
 
-Observers (issue 30): the same mix runs a second time in the same run, beside the first
-(its own Redis, requests alternating with the first's in the same windows), with its
-watching hooks declared observers (tests.bench.skills.WATCHING: after_llm_call, on_chunk,
-after_toolcall, on_message, finalize_connection; the checks stay blocking), and the
-figures are given as ratios to the undeclared run; every observer is checked to have
-been called for every measured request (the workers' `observe` monitor records). A third
-stack runs the mix without its watching hooks at all (tests.bench.skills.CostPolicyChecks,
-CostAuditChecks): what the request costs when nothing watches, the floor no way of running
-the watching hooks gets below.
+The same mix with its watching hooks declared observers, and another mix, are measured
+beside this one by the observers bench (tests.bench.observers), with `run_costs`.
 
 Run alone: `python -m tests.bench.cost`.
 """
@@ -42,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,10 +146,6 @@ def per_request(window: Snapshot, idle: Snapshot, requests: int) -> PerRequest:
 
 UNDECLARED = {"policy": ["tests.bench.skills:CostPolicy"], "audit": ["tests.bench.skills:CostAudit"]}
 """The cost mix's worker groups, every hook on the request's path."""
-DECLARED = {"policy": ["tests.bench.skills:CostPolicyObserved"], "audit": ["tests.bench.skills:CostAuditObserved"]}
-"""The same groups with their watching hooks declared observers."""
-CHECKS_ONLY = {"policy": ["tests.bench.skills:CostPolicyChecks"], "audit": ["tests.bench.skills:CostAuditChecks"]}
-"""The same groups without their watching hooks: no way of running those costs less."""
 
 
 async def start_stack(
@@ -198,10 +188,25 @@ async def start_stack(
     return base, pids
 
 
-async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
+@dataclass(frozen=True)
+class Request:
+    """What a bench client asks, and how many words its streamed answer has."""
+
+    prompt: str
+    words: int
+
+
+COST_REQUEST = Request(COST_PROMPT, TEXT_CHUNKS)
+"""The demo-like request: a tool round, then a 20-word answer."""
+PLAIN_REQUEST = Request("[[words:20]]", 20)
+"""A streamed 20-word answer and nothing else: one LLM call, no tool (the request of the
+peer benches, where a request's own commands weigh more beside its hooks)."""
+
+
+async def one_request(openai_client, request: Request = COST_REQUEST) -> str:  # type: ignore[no-untyped-def]
     """One streamed request as a client makes it; checks the answer; returns its id."""
     stream = await openai_client.chat.completions.create(
-        model="offline", messages=[{"role": "user", "content": COST_PROMPT}], stream=True,
+        model="offline", messages=[{"role": "user", "content": request.prompt}], stream=True,
     )
     words, finishes, completion_id = 0, 0, ""
     async for chunk in stream:
@@ -210,8 +215,8 @@ async def one_request(openai_client) -> str:  # type: ignore[no-untyped-def]
             words += len(chunk.choices[0].delta.content.split())
         if chunk.choices and chunk.choices[0].finish_reason:
             finishes += 1
-    if words != TEXT_CHUNKS or finishes != 1:
-        raise RuntimeError(f"expected {TEXT_CHUNKS} words and one finish, got {words} and {finishes}")
+    if words != request.words or finishes != 1:
+        raise RuntimeError(f"expected {request.words} words and one finish, got {words} and {finishes}")
     return completion_id
 
 
@@ -279,7 +284,9 @@ class Stack:
     pids: dict[str, int]
 
 
-async def run_costs(redis_url: str, mixes: list[dict[str, list[str]] | None]) -> list[CostResult]:
+async def run_costs(
+    redis_url: str, mixes: Sequence[dict[str, list[str]] | None], request: Request = COST_REQUEST
+) -> list[CostResult]:
     """One stack per mix (the first on `redis_url`, each other on a Redis of its own, so
     every command counts for its stack), measured in the same windows with their
     requests alternating, so a machine that other work slows down slows every mix alike."""
@@ -301,13 +308,13 @@ async def run_costs(redis_url: str, mixes: list[dict[str, list[str]] | None]) ->
                     prefix = new_prefix("cost")
                     base, pids = await start_stack(procs, url, prefix, model.base_url, groups)
                     stacks.append(Stack(url, prefix, base, pids))
-                return await _measure_stacks(stacks)
+                return await _measure_stacks(stacks, request)
     finally:
         for server in servers:
             server.cleanup()
 
 
-async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
+async def _measure_stacks(stacks: list[Stack], request: Request) -> list[CostResult]:
     import openai
 
     from hookbus.bus.connection.retrying import connect
@@ -321,7 +328,7 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
     try:
         for _ in range(3):
             for client in clients:
-                await one_request(client)
+                await one_request(client, request)
         await asyncio.sleep(0.5)  # let the warm-up's monitor records and acks settle
         before = await snapshots()
         await asyncio.sleep(IDLE_SECONDS)
@@ -333,7 +340,7 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
         for _ in range(requests):
             for n, client in enumerate(clients):
                 began = time.perf_counter()
-                ids[n].add(await one_request(client))
+                ids[n].add(await one_request(client, request))
                 walls[n] += time.perf_counter() - began
         # the last requests' records, acks and finalize writes, and their observers (a
         # replica reads its observer stream once per LINGER): the idle rate is taken out
@@ -351,7 +358,7 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
         for r, stack, i in zip(redis, stacks, ids, strict=True):
             observed = await observed_by(r, stack.prefix, i)
             observers.append(set.intersection(*observed.values()) if observed else set())
-        loaded = await _rates(clients, redis, stacks, idle)
+        loaded = await _rates(clients, redis, stacks, idle, request)
     finally:
         for client in clients:
             await client.close()
@@ -364,7 +371,8 @@ async def _measure_stacks(stacks: list[Stack]) -> list[CostResult]:
 
 
 async def _rates(
-    clients: list[object], redis: list[Any], stacks: list[Stack], idle: list[Snapshot], rounds: int = 4
+    clients: Sequence[object], redis: list[Any], stacks: list[Stack], idle: list[Snapshot], request: Request,
+    rounds: int = 4,
 ) -> list[Loaded]:
     """Each stack at c=PARALLEL, in alternating rounds: its requests/s, and its Redis
     commands and Python CPU per request (what its Redis and processes spent in its own
@@ -374,7 +382,7 @@ async def _rates(
     # the connection pools grow to the concurrency first (each new connection's HELLO and
     # CLIENT SETINFO are not a request's cost): one unmeasured round of PARALLEL each
     for client in clients:
-        await asyncio.gather(*(one_request(client) for _ in range(PARALLEL)))
+        await asyncio.gather(*(one_request(client, request) for _ in range(PARALLEL)))
     spent = [0.0 for _ in clients]
     windows: list[Snapshot | None] = [None for _ in clients]
     for _ in range(rounds):
@@ -383,7 +391,7 @@ async def _rates(
 
             async def drive(client: object = client, queue: object = queue) -> None:
                 for _ in queue:  # type: ignore[attr-defined]
-                    await one_request(client)
+                    await one_request(client, request)
 
             before = await snapshot(redis[n], stacks[n].pids)
             began = time.perf_counter()
@@ -439,60 +447,10 @@ def report(result: CostResult) -> list[Row]:
     ]
 
 
-def report_observers(undeclared: CostResult, declared: CostResult, checks: CostResult) -> list[Row]:
-    """The mix with its watching hooks declared observers, against the same mix undeclared;
-    and the mix without its watching hooks (`checks`), the floor of any observer design."""
-    from tests.bench.skills import WATCHING
-
-    expected = {f"cost-policy.p_{lc}" for lc in WATCHING} | {"cost-audit.a_finalize_connection"}
-    missing = expected - declared.observers
-    if missing:
-        raise RuntimeError(f"observers not called for every request: {sorted(missing)}")
-    before, after = undeclared.cost, declared.cost
-    print(f"\n[cost] watching hooks declared observers ({len(expected)} observers, each called for every "
-          f"one of {declared.requests} requests): Redis commands {after.total_commands:.1f} vs "
-          f"{before.total_commands:.1f}, Python CPU {after.python_cpu_ms:.1f} vs {before.python_cpu_ms:.1f} ms, "
-          f"c={PARALLEL} {declared.rate:.1f} vs {undeclared.rate:.1f} requests/s")
-    floor = checks.cost
-    print(f"[cost] the floor, the watching hooks removed: Redis commands {floor.total_commands:.1f} "
-          f"({floor.total_commands / before.total_commands:.2f}x), Python CPU {floor.python_cpu_ms:.1f} ms "
-          f"({floor.python_cpu_ms / before.python_cpu_ms:.2f}x)")
-    name = "watching hooks undeclared"
-    loaded = []
-    if declared.loaded is not None and undeclared.loaded is not None:
-        print(f"[cost] at c={PARALLEL}: Redis commands {declared.loaded.commands:.1f} vs {undeclared.loaded.commands:.1f} "
-              f"({declared.loaded.commands / undeclared.loaded.commands:.2f}x), Python CPU "
-              f"{declared.loaded.python_cpu_ms:.1f} vs {undeclared.loaded.python_cpu_ms:.1f} ms "
-              f"({declared.loaded.python_cpu_ms / undeclared.loaded.python_cpu_ms:.2f}x)")
-        loaded = [
-            Row("cost", f"observers: Redis commands per streamed request at c={PARALLEL}", declared.loaded.commands, "",
-                undeclared.loaded.commands, name),
-            Row("cost", f"observers: Python CPU per streamed request at c={PARALLEL}", declared.loaded.python_cpu_ms,
-                "ms", undeclared.loaded.python_cpu_ms, name),
-        ]
-    return loaded + [
-        Row("cost", "observers: Redis commands per streamed request", after.total_commands, "",
-            before.total_commands, name, target="<=0.6x"),
-        Row("cost", "observers: Python CPU per streamed request", after.python_cpu_ms, "ms",
-            before.python_cpu_ms, name, target="<=0.75x"),
-        Row("cost", "observers: Redis CPU per streamed request", after.redis_cpu_ms, "ms", before.redis_cpu_ms, name),
-        Row("cost", "observers: hops per streamed request", sum(declared.hops.values()) / declared.requests, "",
-            sum(undeclared.hops.values()) / undeclared.requests, name),
-        Row("cost", f"observers: streamed requests/s at c={PARALLEL}", declared.rate, "req/s", undeclared.rate, name),
-        Row("cost", "watching hooks removed: Redis commands per streamed request", floor.total_commands, "",
-            before.total_commands, name, note="the floor of any observer design"),
-        Row("cost", "watching hooks removed: Python CPU per streamed request", floor.python_cpu_ms, "ms",
-            before.python_cpu_ms, name, note="the floor of any observer design"),
-    ]
-
-
 async def measure(redis_url: str) -> list[Row]:
     quiet_logs()
-    undeclared, declared, checks = await run_costs(redis_url, [UNDECLARED, DECLARED, CHECKS_ONLY])
-    rows = report(undeclared)
-    report(declared)
-    report(checks)
-    return rows + report_observers(undeclared, declared, checks)
+    (undeclared,) = await run_costs(redis_url, [UNDECLARED])
+    return report(undeclared)
 
 
 if __name__ == "__main__":

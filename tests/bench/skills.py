@@ -207,6 +207,33 @@ _noop_hooks(_audit_checks, ["on_connection", "before_toolcall"], 20, "a")
 CostAuditChecks = type("CostAuditChecks", (Skill,), _audit_checks)
 """CostAudit without its charge at the end."""
 
+# ------------------------------- issue 45's mix: nine hooks, one per point, two groups
+
+SPLIT = {
+    "gate": ("split-gate", ["on_connection", "before_llm_call", "after_llm_call", "on_message", "on_compaction"]),
+    "meter": ("split-meter", ["on_chunk", "before_toolcall", "after_toolcall", "finalize_connection"]),
+}
+"""Issue 45's mix, which the cost mix's tuning did not see: one hook on each of the nine
+points, split over two groups so that each group both checks and watches (five of the
+nine are WATCHING), so each group has observers of its own."""
+
+
+def _split_skill(group: str, variant: str) -> type[Skill]:
+    """One group of SPLIT: `undeclared` (every hook on the path), `declared` (its WATCHING
+    hooks observers) or `checks` (its WATCHING hooks removed: the floor)."""
+    name, lifecycles = SPLIT[group]
+    namespace: dict[str, Any] = {"name": name}
+    if variant == "checks":
+        lifecycles = [lc for lc in lifecycles if lc not in WATCHING]
+    _noop_hooks(namespace, lifecycles, 10, group[0], WATCHING if variant == "declared" else frozenset())
+    return type(f"Split{group.title()}{variant.title()}", (Skill,), namespace)
+
+
+SplitGateUndeclared, SplitGateDeclared, SplitGateChecks = (_split_skill("gate", v) for v in ("undeclared", "declared", "checks"))
+SplitMeterUndeclared, SplitMeterDeclared, SplitMeterChecks = (
+    _split_skill("meter", v) for v in ("undeclared", "declared", "checks")
+)
+
 _watch_only: dict[str, Any] = {"name": "watch-only"}
 _noop_hooks(_watch_only, list(LIFECYCLES), 10, "w", frozenset(LIFECYCLES))
 WatchOnly = type("WatchOnly", (Skill,), _watch_only)

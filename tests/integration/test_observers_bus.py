@@ -116,7 +116,8 @@ async def test_group_observers_see_every_stage_in_order_without_a_hop(redis_url,
 
 async def test_a_replica_reads_and_acks_the_requests_that_ended_together_in_one_command_each(redis_url, prefix):
     """The observer stream is read once per LINGER: one after another, requests cost the
-    replica far fewer XREADGROUPs and XACKs than entries, and every request is observed."""
+    replica far fewer XREADGROUPs than entries, the entries of a read one XACK once the
+    last of them ran (never more XACKs than reads), and every request is observed."""
     audit = Audit()
     agent = Agent("obs", skills=[Stamp()])
     async with running_stack(redis_url, prefix, agent, {"audit": [audit]}) as (client, _, workers):
@@ -130,7 +131,7 @@ async def test_a_replica_reads_and_acks_the_requests_that_ended_together_in_one_
         assert await wait_for(all_acked, timeout=10)
         assert all([await _finalized(audit, cid) for cid in cids])
         assert observer.observed == 6
-        assert observer.reads < 6 and observer.acks < 6, (observer.reads, observer.acks)
+        assert observer.reads < 6 and observer.acks <= observer.reads, (observer.reads, observer.acks)
 
 
 async def test_a_finalize_observer_in_a_group_sees_the_error_of_a_refused_request(redis_url, prefix):
