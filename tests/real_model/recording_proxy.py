@@ -71,10 +71,17 @@ class RecordingProxy:
                 self._forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
             def _forward(self, body: bytes) -> None:
-                """Relays the answer as it comes; a client that hangs up ends the relay, and
-                what the server had answered by then is still recorded."""
+                """Relays the answer as it comes and records the exchange before the stream's
+                last chunk, so a client that saw the end finds it recorded; a client that
+                hangs up ends the relay, and what the server had answered by then is
+                recorded."""
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=900)
-                received, status = bytearray(), 0
+                received, status, recorded = bytearray(), 0, False
+
+                def record() -> None:
+                    if self.command == "POST" and self.path.endswith(RECORDED_PATH):
+                        proxy._record(Exchange(self.path, body, status, bytes(received)))
+
                 try:
                     headers = {name: self.headers[name] for name in PASSED_HEADERS if self.headers[name]}
                     upstream.request(self.command, self.path, body=body, headers=headers)
@@ -88,13 +95,15 @@ class RecordingProxy:
                         received += piece
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                         self.wfile.flush()
+                    record()
+                    recorded = True
                     self.wfile.write(b"0\r\n\r\n")
                 except OSError:
                     self.close_connection = True
                 finally:
                     upstream.close()
-                if self.command == "POST" and self.path.endswith(RECORDED_PATH):
-                    proxy._record(Exchange(self.path, body, status, bytes(received)))
+                    if not recorded:
+                        record()
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
                 """Quiet: the check prints its own lines."""

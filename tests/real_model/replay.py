@@ -17,6 +17,8 @@ from typing import Any
 
 from tests.real_model.recording_proxy import Exchange
 
+SAMPLED_REPLAYS = 3
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -79,14 +81,23 @@ def failing_call(exchanges: list[Exchange]) -> list[Exchange]:
     return exchanges[first:]
 
 
+def replays_of(exchange: Exchange) -> int:
+    """How often to replay a request: once at temperature 0 (the same answer every time),
+    else `SAMPLED_REPLAYS` times: the server samples it, and one answer says little of the
+    others."""
+    return 1 if _request(exchange).get("temperature") == 0 else SAMPLED_REPLAYS
+
+
 def described(exchange: Exchange) -> str:
     """The request in a few words, for the check's line: what hookbus asked."""
     request = _request(exchange)
+    temperature = request.get("temperature", "the server's default")
     tools = request.get("tools") or []
     offered = f"{len(tools)} tools, tool_choice {request.get('tool_choice')!r}" if tools else "no tools"
     last = (request.get("messages") or [{}])[-1]
     return (f"{len(request.get('messages') or [])} messages ending {last.get('role')} "
-            f"{str(last.get('content') or '')[:48]!r}, {offered}, {'streamed' if request.get('stream') else 'not streamed'}")
+            f"{str(last.get('content') or '')[:48]!r}, {offered}, {'streamed' if request.get('stream') else 'not streamed'}, "
+            f"temperature {temperature}")
 
 
 def replay(exchange: Exchange, server: str) -> Answer:

@@ -1,12 +1,15 @@
 """Whose failure a case of `make check-real-model` is: hookbus's or the model's.
 
-A case failed through hookbus is the model's only when the direct requests that decide it
-failed too: the exact requests hookbus made for the failing call, replayed straight to
-the server (tests/real_model/replay.py), and, where the check's own twin asks what the
-model must be able to answer (the short form of a conversation hookbus compacted), that
-twin. A twin that is another request than hookbus's (the bare question, without the demo
-agent's instructions and tools) is shown beside them but decides nothing. A failure with
-no direct request to decide it, hookbus having asked the model nothing, is hookbus's.
+A case failed through hookbus is the model's only when every direct outcome that decides
+it failed too. For each request of the call hookbus failed on those are the server's own
+answer to it, as the recording hop kept it (an answer that passes, lost by hookbus, is
+hookbus's failure), and the same bytes replayed straight to the server
+(tests/real_model/replay.py), which fails when any replay fails (a sampled request: the
+model answers it so). Where the check's own twin asks what the model must be able to
+answer (the short form of a conversation hookbus compacted), that twin decides too. A twin
+that is another request than hookbus's (the bare question, without the demo agent's
+instructions and tools) is shown beside them but decides nothing. A failure with no direct
+outcome to decide it, hookbus having asked the model nothing, is hookbus's.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.real_model.recording_proxy import Exchange, RecordingProxy
-from tests.real_model.replay import answer_of, failing_call, replay
+from tests.real_model.replay import SAMPLED_REPLAYS, answer_of, failing_call, replay, replays_of
 from tests.real_model.verdicts import Direct, Said, case_line, verdict
 
 EMPTY_STREAM = (
@@ -126,3 +126,16 @@ def test_the_hop_passes_requests_on_and_records_them_and_a_replay_sends_the_same
         assert replay(recorded, f"http://127.0.0.1:{stand_in}").text == "Paris."
     finally:
         proxy.close()
+
+
+def test_a_sampled_request_is_replayed_three_times_and_one_at_temperature_0_once() -> None:
+    assert replays_of(exchange([], temperature=0)) == 1
+    assert replays_of(exchange([])) == SAMPLED_REPLAYS == 3
+
+
+def test_an_answer_the_server_gave_hookbus_that_passes_makes_the_failure_hookbuss() -> None:
+    """The recorded answer and the replays decide together: an empty answer to hookbus and
+    one empty replay is the model's; a text the server gave hookbus is hookbus's to lose."""
+    recorded_empty, replays_once_empty = direct(False), direct(False)
+    assert verdict(False, [recorded_empty, replays_once_empty]) == "MODEL"
+    assert verdict(False, [direct(True), replays_once_empty]) == "FAIL"
