@@ -25,7 +25,7 @@ straight to the server:
 5. a fact from the first message recalled past the window, the orchestrator logging a
    summarizing compaction (direct twin: the fact and the question alone);
 6. `hookbus send` with the bare question: answered (it sets no temperature: the text is
-   shown, not judged);
+   shown, not judged; `--timeout 600`, as long as the check's clients wait);
 7. hookbus's overhead over the direct call: the same upstream request both ways
    (`tool_choice: "none"`, so that both are one call; the direct one through the recording
    hop too, so that the hop counts on both sides), median of five, not streamed,
@@ -128,6 +128,8 @@ the cat's name is only in the first message, so the answer names it only if the 
 kept it."""
 SETTINGS: dict[str, Any] = {"max_tokens": 24, "temperature": 0}
 TIMING_CALLS = 5
+CLIENT_TIMEOUT = 600
+"""Seconds a client of the check waits for an answer: a CPU model on a busy machine is slow."""
 failures: list[str] = []
 model_cannot: list[str] = []
 
@@ -290,7 +292,7 @@ def curl_case(sides: Sides, lines: list[str]) -> None:
     alias = sides.alias
 
     def run(command: str) -> Said:
-        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
         try:
             body = json.loads(done.stdout)
         except json.JSONDecodeError:
@@ -401,10 +403,13 @@ def send_case(sides: Sides, env: dict[str, str], folder: Path) -> None:
     It sets no temperature, so the text may differ from run to run and is shown, not judged.
     The bare question straight to the server is not what hookbus asks (the demo agent adds
     its instructions, offers its tools, and asks for the answer without them after its
-    last tool round), so a failure is settled by replaying hookbus's own request."""
+    last tool round), so a failure is settled by replaying hookbus's own request. It waits
+    as long as the check's clients do (`--timeout`, 600 s, not the 120 s default): on a busy
+    two-core machine the demo agent's four calls to a CPU model took longer than 120 s, and
+    the check asks whether hookbus answers, not how fast the machine is."""
     def send() -> Said:
-        done = subprocess.run([sys.executable, "-m", "hookbus.services.cli.main", "send", REAL_MODEL_PROMPT],
-                              cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+        command = [sys.executable, "-m", "hookbus.services.cli.main", "send", "--timeout", str(CLIENT_TIMEOUT), REAL_MODEL_PROMPT]
+        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT + 300)
         answered = done.returncode == 0 and bool(done.stdout.strip())
         return Said(answered, f"exit {done.returncode}, {done.stdout.strip()[:80]!r} {done.stderr.strip()[-120:]!r}")
 
@@ -474,7 +479,7 @@ def overhead(sides: Sides, hop: openai.OpenAI) -> None:
 
 
 def openai_client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
+    return openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=CLIENT_TIMEOUT)
 
 
 def main() -> int:
