@@ -147,7 +147,7 @@ if first == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 return written
 """
 
-# KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
+# KEYS: journal, responses, requests, steps. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
 # item count, renew the TTL ("1" or "0"), batch entry (its last item terminal).
 # Idempotent: a retry after a lost reply only acks again. A journal that is gone (Redis
 # lost it): the terminal item is stored, the entry acked if Redis still has it, and a done
@@ -188,17 +188,18 @@ redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 redis.call('HSET', KEYS[1], 'written', written, 'terminal', '1', 'finalized', '1',
   'done', '1', 'stage', 'done')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('UNLINK', KEYS[4])
 return written
 """
 
-# KEYS: requests, then (journal, cancel marker) per request. ARGV: group, consumer, ttl,
+# KEYS: requests, then (journal, cancel marker, steps) per request. ARGV: group, consumer, ttl,
 # then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries, lost
 # entries (their journal is gone), cancelled entries whose client stalled}.
 _RENEW = """
 local fenced, cancelled, lost, stalled = {}, {}, {}, {}
-local n = (#KEYS - 1) / 2
+local n = (#KEYS - 1) / 3
 for i = 1, n do
-  local journal, marker = KEYS[2 * i], KEYS[2 * i + 1]
+  local journal, marker, steps = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
   local base = 4 + (i - 1) * 3
   local entry, epoch, stage = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local j = redis.call('HMGET', journal, 'epoch', 'done')
@@ -209,6 +210,7 @@ for i = 1, n do
   elseif j[2] ~= '1' then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry, 'JUSTID')
     redis.call('EXPIRE', journal, ARGV[3])
+    redis.call('EXPIRE', steps, ARGV[3])
     if stage ~= '' then redis.call('HSET', journal, 'stage', stage) end
     local why = redis.call('GET', marker)
     if why then cancelled[#cancelled + 1] = entry end
@@ -293,7 +295,8 @@ class Leases:
             keys: list[str] = [self.keys.requests_shard(shard)]
             args: list[str | int] = [group, consumer, self.ttl]
             for lease in batch:
-                keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]
+                cid = lease.completion_id
+                keys += [self.keys.journal(cid), self.keys.cancel(cid), self.keys.steps(cid)]
                 args += [lease.entry_id, lease.epoch, lease.stage]
             shard_fenced, shard_cancelled, shard_lost, shard_stalled = self._renew(keys=keys, args=args)
             by_entry = {lease.entry_id: lease for lease in batch}
@@ -395,7 +398,7 @@ class Journal:
         that knows its first batch set it recently (hookbus.bus.store.response_stream)."""
         return int(
             await self._finish(
-                keys=[self.key(completion_id), responses, requests],
+                keys=[self.key(completion_id), responses, requests, self.keys.steps(completion_id)],
                 args=[
                     epoch, ttl, first_seq, group, entry_id, self.done_ttl, len(items),
                     int(renew_ttl), encode_response_batch(list(items)),
