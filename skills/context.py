@@ -76,7 +76,10 @@ class Context(BaseModel):
     state: dict[str, Any] = Field(default_factory=dict)
     recovery: bool = Field(
         default=False,
-        description="True when another orchestrator finalizes a request whose owner died.",
+        description=(
+            "True when another orchestrator took the request over from one that died: it runs "
+            "the rest of the run from its journal, or only finalizes it."
+        ),
     )
     call: HookCall = Field(default_factory=HookCall)
 

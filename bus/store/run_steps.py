@@ -22,6 +22,7 @@ script), deleted with the terminal item by the journal's `finish`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
@@ -95,6 +96,13 @@ class StepLog:
     async def read(self, completion_id: str) -> list[StepRecord]:
         return replayable(await self.client.get(self.keys.steps(completion_id)))
 
+    async def resumption(self, completion_id: str) -> Resumption:
+        """What a request's lost owner left: its steps, and what its client was sent."""
+        return Resumption(
+            await self.read(completion_id),
+            await stream_sent(self.client, self.keys.responses(completion_id)),
+        )
+
 
 class StreamSent(BaseModel):
     """What a streamed request's client was sent before its owner died."""
@@ -111,7 +119,8 @@ class StreamSent(BaseModel):
 async def stream_sent(client: aredis.Redis, responses: str) -> StreamSent:
     """Read a response stream's stored items (on the recovery path only: one XRANGE)."""
     sent = StreamSent()
-    for entry_id, fields in await client.xrange(responses):
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(responses)  # type: ignore[assignment]
+    for entry_id, fields in entries:
         ms, _, seq = text(entry_id).partition("-")
         if ms == "0":
             sent.items = int(seq)
@@ -125,3 +134,11 @@ async def stream_sent(client: aredis.Redis, responses: str) -> StreamSent:
                 sent.role = sent.role or bool(delta.get("role"))
                 sent.text = sent.text or bool(delta.get("content") or delta.get("tool_calls") or delta.get("refusal"))
     return sent
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """Where a request's lost owner left it: the steps it completed, what its client got."""
+
+    records: list[StepRecord]
+    sent: StreamSent
