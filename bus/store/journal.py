@@ -58,8 +58,10 @@ round trips a request used to end with (the last response write and the XACK) by
 each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD and, for
 the first batch only, the stream's EXPIRE. `finish` sets
 that TTL again only when asked (the writer does not when its own first batch set it less
-than half a TTL ago). Lease renewal and stage notes go in one script per orchestrator
-every few seconds, for all its requests together.
+than half a TTL ago), and deletes the run's steps key (one UNLINK: hookbus.bus.store.
+run_steps, whose one command a step is the rest of what resuming a run costs). Lease
+renewal and stage notes go in one script per orchestrator every few seconds, for all its
+requests together; it also renews each request's steps key.
 """
 
 from __future__ import annotations
