@@ -105,11 +105,6 @@ class Keys:
     def responses(self, completion_id: str) -> str:
         return self._sharded("responses", self.shard_of(completion_id), completion_id)
 
-    def steps(self, completion_id: str) -> str:
-        """The steps a run completed, for a sibling to resume it from
-        (hookbus.bus.store.run_steps); in its journal's slot, so `finish` deletes it."""
-        return self._sharded("steps", self.shard_of(completion_id), completion_id)
-
     def cancel(self, completion_id: str) -> str:
         """String key whose existence means "cancel this request"; its value is the reason."""
         return self._sharded("cancel", self.shard_of(completion_id), completion_id)

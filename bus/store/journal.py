@@ -58,10 +58,10 @@ round trips a request used to end with (the last response write and the XACK) by
 each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD and, for
 the first batch only, the stream's EXPIRE. `finish` sets
 that TTL again only when asked (the writer does not when its own first batch set it less
-than half a TTL ago), and deletes the run's steps key (one UNLINK: hookbus.bus.store.
-run_steps, whose one command a step is the rest of what resuming a run costs). Lease
+than half a TTL ago), and blanks the run's step fields in the HSET it runs anyway
+(hookbus.bus.store.run_steps: one HSET a step is all that resuming a run costs). Lease
 renewal and stage notes go in one script per orchestrator every few seconds, for all its
-requests together; it also renews each request's steps key.
+requests together.
 """
 
 from __future__ import annotations
@@ -149,8 +149,9 @@ if first == 0 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 return written
 """
 
-# KEYS: journal, responses, requests, steps. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
-# item count, renew the TTL ("1" or "0"), batch entry (its last item terminal).
+# KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
+# item count, renew the TTL ("1" or "0"), batch entry (its last item terminal), then the
+# run's step fields (hookbus.bus.store.run_steps), blanked in the HSET that marks it done.
 # Idempotent: a retry after a lost reply only acks again. A journal that is gone (Redis
 # lost it): the terminal item is stored, the entry acked if Redis still has it, and a done
 # journal written in its place.
@@ -187,21 +188,24 @@ if j[3] ~= '1' then
   if ARGV[8] == '1' then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 end
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
-redis.call('HSET', KEYS[1], 'written', written, 'terminal', '1', 'finalized', '1',
-  'done', '1', 'stage', 'done')
+local done = {'written', written, 'terminal', '1', 'finalized', '1', 'done', '1', 'stage', 'done'}
+for i = 10, #ARGV do
+  done[#done + 1] = ARGV[i]
+  done[#done + 1] = ''
+end
+redis.call('HSET', KEYS[1], unpack(done))
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('UNLINK', KEYS[4])
 return written
 """
 
-# KEYS: requests, then (journal, cancel marker, steps) per request. ARGV: group, consumer, ttl,
+# KEYS: requests, then (journal, cancel marker) per request. ARGV: group, consumer, ttl,
 # then (entry, epoch, stage) per request. Returns {fenced entries, cancelled entries, lost
 # entries (their journal is gone), cancelled entries whose client stalled}.
 _RENEW = """
 local fenced, cancelled, lost, stalled = {}, {}, {}, {}
-local n = (#KEYS - 1) / 3
+local n = (#KEYS - 1) / 2
 for i = 1, n do
-  local journal, marker, steps = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  local journal, marker = KEYS[2 * i], KEYS[2 * i + 1]
   local base = 4 + (i - 1) * 3
   local entry, epoch, stage = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local j = redis.call('HMGET', journal, 'epoch', 'done')
@@ -212,7 +216,6 @@ for i = 1, n do
   elseif j[2] ~= '1' then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry, 'JUSTID')
     redis.call('EXPIRE', journal, ARGV[3])
-    redis.call('EXPIRE', steps, ARGV[3])
     if stage ~= '' then redis.call('HSET', journal, 'stage', stage) end
     local why = redis.call('GET', marker)
     if why then cancelled[#cancelled + 1] = entry end
@@ -297,8 +300,7 @@ class Leases:
             keys: list[str] = [self.keys.requests_shard(shard)]
             args: list[str | int] = [group, consumer, self.ttl]
             for lease in batch:
-                cid = lease.completion_id
-                keys += [self.keys.journal(cid), self.keys.cancel(cid), self.keys.steps(cid)]
+                keys += [self.keys.journal(lease.completion_id), self.keys.cancel(lease.completion_id)]
                 args += [lease.entry_id, lease.epoch, lease.stage]
             shard_fenced, shard_cancelled, shard_lost, shard_stalled = self._renew(keys=keys, args=args)
             by_entry = {lease.entry_id: lease for lease in batch}
@@ -390,6 +392,7 @@ class Journal:
         entry_id: str,
         first_seq: int = -1,
         renew_ttl: bool = True,
+        steps: Sequence[str] = (),
     ) -> int:
         """Store the last items as one batch entry (the terminal one last, unless a
         terminal item is already stored), ack the request entry and mark the journal
@@ -397,13 +400,14 @@ class Journal:
         is rewritten as done (see the module docstring: LOST).
 
         `renew_ttl=False` leaves the response stream's TTL as it is: only for a caller
-        that knows its first batch set it recently (hookbus.bus.store.response_stream)."""
+        that knows its first batch set it recently (hookbus.bus.store.response_stream).
+        `steps`: the run's step fields (hookbus.bus.store.run_steps), blanked."""
         return int(
             await self._finish(
-                keys=[self.key(completion_id), responses, requests, self.keys.steps(completion_id)],
+                keys=[self.key(completion_id), responses, requests],
                 args=[
                     epoch, ttl, first_seq, group, entry_id, self.done_ttl, len(items),
-                    int(renew_ttl), encode_response_batch(list(items)),
+                    int(renew_ttl), encode_response_batch(list(items)), *steps,
                 ],
             )
         )

@@ -1,27 +1,26 @@
 """A run's completed steps, kept so that a sibling that claims the request from a dead
 owner continues the run instead of failing it (docs/operations.md: "An orchestrator dies").
 
-`steps:{completion_id}` (hookbus.bus.keys.Keys.steps, in the slot of the request's
-journal) is a string of lines, one `StepRecord` as JSON each, appended as the run
-completes a step: one stage's hooks, one LLM call, one tool call. Its owner appends the
-line before the next step starts, so whatever a step did is on record before anything
-that follows it can happen. A string and APPEND: one command a step (the cost bench's
-budget: hookbus.bus.store.journal, "Cost"), the lines in the order the steps ended, and
-one key to delete at the end rather than field names to keep track of.
+Each step the run completes (one stage's hooks, one LLM call, one tool call) is a field
+of the request's journal (hookbus.bus.store.journal): `step:{n}:{epoch}` holds the n-th
+step (from 0) as its owner with that fencing epoch recorded it, a `StepRecord` as JSON.
+Its owner writes the field before the next step starts, so whatever a step did is on
+record before anything that follows it can happen. One HSET a step, nothing else: the
+journal's TTL, renewed with the lease, is the steps' too, and `finish` blanks the fields
+in the HSET it runs anyway (the field names the writer hands it); the cost bench's
+budget (hookbus.bus.store.journal, "Cost") has room for one command a step, not two.
 
-Fencing: each line carries its writer's epoch (hookbus.bus.store.journal). An owner that
-stalled and lost the request may append after its successor did; `replayable` drops
-every line whose epoch is below one read before it, so the successor's lines stand and
-the stalled owner's later ones are ignored. A run that resumed from nothing (its
-predecessor died before its first step ended) starts the key again with SET, which also
-drops whatever a stalled predecessor appended after the claim.
-
-Lifetime: JOURNAL_TTL from the first line, renewed with the lease (the journal's renewal
-script), deleted with the terminal item by the journal's `finish`.
+Fencing: an owner that stalled and lost the request may still write steps after its
+successor did; the epoch in the field's name keeps them apart (neither overwrites the
+other), and `replayable` takes, for each n, the record of the highest epoch, and stops at
+a record whose epoch is below one taken before it: the successor's steps stand, the
+stalled owner's later ones are ignored, and so are those of an owner whose run took
+another path than the record (hookbus.services.orchestrator.run_steps).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +29,14 @@ from pydantic import BaseModel
 
 from hookbus.bus.connection.values import text
 from hookbus.bus.keys import Keys
-from hookbus.bus.store.journal import JOURNAL_TTL
 from hookbus.bus.wire.envelopes import DecodeError, response_items
+
+STEP_FIELD = "step:"
+"""The journal fields of steps: `step:{n}:{epoch}`."""
+
+
+def step_field(n: int, epoch: int) -> str:
+    return f"{STEP_FIELD}{n}:{epoch}"
 
 
 class StepRecord(BaseModel):
@@ -54,53 +59,51 @@ class StepRecord(BaseModel):
     """`ctx.session.data` after the step, when the step changed it."""
 
 
-def replayable(raw: bytes | str | None) -> list[StepRecord]:
-    """The lines of a steps key that a new owner may go on from, in order: a line whose
-    epoch is below one read before it is a stalled owner's, written after it lost the
-    request (module docstring), and is dropped; so is a line that cannot be read (a write
-    cut off by a crash leaves at most the last one so)."""
+def replayable(journal: Mapping[str, str]) -> list[StepRecord]:
+    """The steps of a journal's fields that a new owner may go on from, in order (module
+    docstring: the highest epoch of each step, up to one whose epoch is below one taken
+    before it; a record that cannot be read ends them too)."""
+    by_step: dict[int, dict[int, str]] = {}
+    for name, value in journal.items():
+        if name.startswith(STEP_FIELD) and value:
+            n, _, owner = name.removeprefix(STEP_FIELD).partition(":")
+            if n.isdigit() and owner.isdigit():
+                by_step.setdefault(int(n), {})[int(owner)] = value
     records: list[StepRecord] = []
     newest = 0
-    for line in text(raw or b"").splitlines():
-        if not line:
-            continue
+    while (versions := by_step.get(len(records))) is not None:
+        epoch = max(versions)
+        if epoch < newest:
+            break
         try:
-            record = StepRecord.model_validate_json(line)
+            records.append(StepRecord.model_validate_json(versions[epoch]))
         except ValueError:
-            continue
-        if record.epoch < newest:
-            continue
-        newest = record.epoch
-        records.append(record)
+            break
+        newest = epoch
     return records
 
 
 class StepLog:
-    """The steps keys of requests, bound to one client and key layout."""
+    """The steps of requests, in their journals, through one client and key layout."""
 
-    def __init__(self, client: aredis.Redis, keys: Keys, *, ttl: int = JOURNAL_TTL) -> None:
+    def __init__(self, client: aredis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self.ttl = ttl
 
-    async def append(self, completion_id: str, record: StepRecord, *, first: bool) -> None:
-        """Put one step on record (one command). `first`: the run has no line yet (it
-        started, or resumed from nothing): SET with the TTL rather than APPEND."""
-        line = record.model_dump_json(exclude_none=True) + "\n"
-        key = self.keys.steps(completion_id)
-        if first:
-            await self.client.set(key, line, ex=self.ttl)
-        else:
-            await self.client.append(key, line)
-
-    async def read(self, completion_id: str) -> list[StepRecord]:
-        return replayable(await self.client.get(self.keys.steps(completion_id)))
+    async def append(self, completion_id: str, n: int, record: StepRecord) -> str:
+        """Put step `n` on record (one HSET); returns its field, for `finish` to blank."""
+        name = step_field(n, record.epoch)
+        await self.client.hset(self.keys.journal(completion_id), name, record.model_dump_json(exclude_none=True))
+        return name
 
     async def resumption(self, completion_id: str) -> Resumption:
         """What a request's lost owner left: its steps, and what its client was sent."""
+        raw = await self.client.hgetall(self.keys.journal(completion_id))
+        journal = {text(k): text(v) for k, v in raw.items()}
         return Resumption(
-            await self.read(completion_id),
+            replayable(journal),
             await stream_sent(self.client, self.keys.responses(completion_id)),
+            [name for name in journal if name.startswith(STEP_FIELD)],
         )
 
 
@@ -142,3 +145,5 @@ class Resumption:
 
     records: list[StepRecord]
     sent: StreamSent
+    fields: list[str]
+    """Every step field of the journal (blanked when the request ends)."""
