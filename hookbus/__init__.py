@@ -24,8 +24,8 @@ from hookbus.skills.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from hookbus.bus.client import HookbusClient
-    from hookbus.services.orchestrator.agent import Agent
-    from hookbus.services.orchestrator.compaction import CompactionPolicy
+    from hookbus.services.orchestrator.compaction.rules import CompactionPolicy
+    from hookbus.services.orchestrator.loop.agent import Agent
     from hookbus.skills import (
         AuthInfo,
         Context,
@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from hookbus.skills.compaction_outcome import Compaction
 
 _HOME = {
-    "Agent": "hookbus.services.orchestrator.agent",
+    "Agent": "hookbus.services.orchestrator.loop.agent",
     "AuthInfo": "hookbus.skills",
     "Compaction": "hookbus.skills.compaction_outcome",
-    "CompactionPolicy": "hookbus.services.orchestrator.compaction",
+    "CompactionPolicy": "hookbus.services.orchestrator.compaction.rules",
     "Context": "hookbus.skills",
     "HookData": "hookbus.skills",
     "HookError": "hookbus.skills",

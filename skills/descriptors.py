@@ -35,7 +35,7 @@ class HookDescriptor(BaseModel):
     (hookbus.skills.observing); never changes data, never aborts."""
     hold_back: int = 0
     """on_chunk only: characters of the model's text held back from the client until this
-    hook judged the text that follows them (hookbus.services.orchestrator.hold_back)."""
+    hook judged the text that follows them (hookbus.services.orchestrator.streaming.hold_back)."""
 
     @property
     def key(self) -> str:

@@ -12,6 +12,6 @@ from hookbus.bus.wire.stream_text import StreamText
 
 def chunks_in(pieces: Sequence[tuple[ChatCompletionChunk, str]], start: int = 0) -> list[ChunkIn]:
     """One stream's chunks (chunk, its text), sharing its text so far as the orchestrator's
-    do (hookbus.services.orchestrator.chunk_pipeline), the first at chunk_index `start`."""
+    do (hookbus.services.orchestrator.streaming.chunk_pipeline), the first at chunk_index `start`."""
     text = StreamText(start)
     return [ChunkIn(chunk, content, start + i, text, text.add(content)) for i, (chunk, content) in enumerate(pieces)]

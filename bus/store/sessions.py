@@ -5,7 +5,7 @@ key is built from the owner and the client's session id together (Keys.session),
 caller that sends another's session id gets a session of its own, empty.
 
 It also holds the server-side calls and results of a response that returned client tool
-calls, for the client's next request (hookbus.services.orchestrator.client_tools).
+calls, for the client's next request (hookbus.services.orchestrator.loop.client_tools).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from hookbus.bus import run_state
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.settings import get_settings
 from hookbus.services.orchestrator import Agent, Compaction
-from hookbus.services.orchestrator.compaction import AUTO_OFF, is_summary
-from hookbus.services.orchestrator.tokens import count_message, count_messages
+from hookbus.services.orchestrator.compaction.rules import AUTO_OFF, is_summary
+from hookbus.services.orchestrator.compaction.tokens import count_message, count_messages
 from hookbus.skills import HookbusError
 
 PROMPT = "you> "

@@ -87,7 +87,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     from hookbus.services.cli.specs import SpecError, load_agent
     from hookbus.services.observability.logs import configure_logging
     from hookbus.services.observability.tracing import configure_tracing
-    from hookbus.services.orchestrator.llm import NoEndpoint, require_endpoint
+    from hookbus.services.orchestrator.llm.client import NoEndpoint, require_endpoint
     from hookbus.services.orchestrator.service import OrchestratorService
 
     configure_logging()

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from hookbus.services.orchestrator.agent import Agent
+from hookbus.services.orchestrator.loop.agent import Agent
 from hookbus.skills import Skill
 
 

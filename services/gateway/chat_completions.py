@@ -13,7 +13,7 @@ stream.
   (`stream_options.include_usage`). An error after the first chunk arrives as
   `data: {"error": {...}}\\n\\n`, then `data: [DONE]\\n\\n`, and the stream ends cleanly.
 - The agent's own tool rounds never show as tool-call deltas (one assistant turn, see
-  hookbus.services.orchestrator.turn_stream); while a server-side tool runs, an SSE comment
+  hookbus.services.orchestrator.streaming.turn_stream); while a server-side tool runs, an SSE comment
   line `: hookbus: tool NAME running` (then `... done`) goes out, which SSE clients ignore.
 - A client that disconnects before its answer ended gets its request cancelled
   (hookbus.services.gateway.cancel).

@@ -6,7 +6,7 @@ OpenAI is: a known role, at least one message, tool messages that answer a prece
 assistant `tool_calls`, and the sampling fields in OpenAI's ranges (temperature 5 or n 0
 is OpenAI's 400; `n` > 1 is a 400 saying why).
 
-`tools` are the client's own tools (hookbus.services.orchestrator.client_tools); the
+`tools` are the client's own tools (hookbus.services.orchestrator.loop.client_tools); the
 sampling and format fields (hookbus.skills.model_settings) reach the LLM calls. An
 `allowed_tools` tool_choice is narrowed to the plain forms first
 (hookbus.services.gateway.allowed_tools).

@@ -37,8 +37,8 @@ from hookbus.bus.wire.envelopes import (
 )
 from hookbus.bus.wire.stream_text import ChunkText
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
-from hookbus.services.orchestrator.runtime import ChunkBatchResult
+from hookbus.services.orchestrator.loop.plan import PlannedHook, PlannedTool, Segment
+from hookbus.services.orchestrator.loop.runtime import ChunkBatchResult
 from hookbus.services.orchestrator.version_pins import VersionPins
 from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.compaction_outcome import BETWEEN_TURNS_PREFIX

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from hookbus.services.orchestrator.agent import Agent
+from hookbus.services.orchestrator.loop.agent import Agent
 from hookbus.skills import Skill, tool
 
 

@@ -90,8 +90,8 @@ from hookbus.bus.wire.envelopes import (
 from hookbus.services.console import request_link
 from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator.agent import Agent
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
+from hookbus.services.orchestrator.loop.agent import Agent
 from hookbus.services.orchestrator.recovery import Recovery
 from hookbus.services.orchestrator.run_mode import RunMode
 from hookbus.services.orchestrator.run_table import Running, RunTable

@@ -122,7 +122,7 @@ from hookbus.services.gateway.openai_wire import (
     StreamOptions,
     tool_pairing_problem,
 )
-from hookbus.services.orchestrator.compaction import SUMMARY_INSTRUCTION
+from hookbus.services.orchestrator.compaction.rules import SUMMARY_INSTRUCTION
 
 __all__ = [
     "DEFAULT_MODEL",

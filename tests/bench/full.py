@@ -136,7 +136,7 @@ async def on_bus(redis_url: str, procs: Processes, model_url: str) -> tuple[dict
 
 
 async def in_process(model_url: str) -> dict[int, Stats]:
-    from hookbus.services.orchestrator.llm import LLM
+    from hookbus.services.orchestrator.llm.client import LLM
 
     # the HTTP stack the orchestrator service runs on, so the baseline compares like with like
     agent = full_agent_inprocess(LLM(model_url, "bench", http="aiohttp"))

@@ -7,7 +7,7 @@ a second process in both cases.
 - hookbus: a real `hookbus worker` replica (FastStream, --concurrency 32) hosting
   tests.bench.skills:HopNoop; the orchestrator side is BusRuntime built as
   OrchestratorService builds it, driven through `BusRuntime.hop(segment, data, ctx)` +
-  `record_stage` (what Agent._stage does per remote segment), with a realistic HopEvent:
+  `record_stage` (what the loop's stage runner does per remote segment), with a realistic HopEvent:
   `on_chunk` (a ChatCompletionChunk, ~1.1 kB event) and `before_llm_call` (a 20-message
   conversation and two tools, ~6.7 kB event);
 - hookbus router: the same hops through `ReplyRouter.call` with a prebuilt HopEvent
@@ -54,7 +54,7 @@ from tests.bench.common import (
 from tests.bench.floor import FloorCaller
 
 if TYPE_CHECKING:
-    from hookbus.services.orchestrator.plan import HookPlan
+    from hookbus.services.orchestrator.loop.plan import HookPlan
 
 GROUP = "hop"
 TS_GROUP = "hop-ts"
@@ -79,7 +79,7 @@ async def noop_group(
     """A `hookbus worker` replica hosting HopNoop (--concurrency 32), the orchestrator side
     that calls it (registry read), the plan of its hooks, the worker's process, and the
     TypeScript worker's (None when it cannot run here)."""
-    from hookbus.services.orchestrator.plan import HookPlan
+    from hookbus.services.orchestrator.loop.plan import HookPlan
 
     worker = procs.worker(redis_url, prefix, GROUP, ["tests.bench.skills:HopNoop"], concurrency=32)
     ts = ts_worker(procs, redis_url, prefix)

@@ -3,7 +3,7 @@
 - `hookbus.skills.runner.run_hooks` with N no-op hooks (per hook = time / N), over an on_chunk and
   over a 20-message before_llm_call (run_hooks snapshots the messages before each hook,
   so the data's size shows);
-- `Agent._stage` with 3 local no-op hooks in one segment (plan lookup, run_hooks,
+- one stage (`loop.stage_runner.stage`) with 3 local no-op hooks in one segment (plan lookup, run_hooks,
   record_stage);
 - `Agent.run` with no hooks against the built-in offline model (real HTTP on loopback:
   dominated by the HTTP round trips, 1 LLM call) and against an in-memory stub LLM (the
@@ -20,7 +20,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.bench import payloads
 from tests.bench.common import Row, atimeit_us, print_rows, quiet_logs, run_load, scaled
 
@@ -68,6 +68,8 @@ def noop_skill(count: int, lifecycles: list[str]):  # type: ignore[no-untyped-de
 async def measure() -> list[Row]:
     quiet_logs()
     from hookbus.services.orchestrator import Agent
+    from hookbus.services.orchestrator.loop.request_run import begin
+    from hookbus.services.orchestrator.loop.stage_runner import stage
     from hookbus.skills.runner import run_hooks
 
     rows: list[Row] = []
@@ -83,17 +85,17 @@ async def measure() -> list[Row]:
                 rows.append(Row("in-process", f"local hook call ({kind})", us / count, "us", target="<20",
                                 note="run_hooks, 10 no-op hooks / 10"))
 
-    # Agent._stage: one segment of 3 local hooks
+    # one stage: one segment of 3 local hooks
     agent = Agent("bench-inproc", llm=StubLLM(), skills=[noop_skill(3, ["on_chunk"])])
-    state = await agent._begin("hi", None, None, None, None, stream=True)
+    state = await begin(agent, "hi", None, None, None, None, stream=True)
     data = payloads.on_chunk_data()
-    stage_us = await atimeit_us(lambda: agent._stage(state, data, "on_chunk#7"))
-    print(f"  Agent._stage, 3 local no-op hooks (on_chunk)       {stage_us:8.2f} us  = {stage_us / 3:6.2f} us per hook")
+    stage_us = await atimeit_us(lambda: stage(agent, state, data, "on_chunk#7"))
+    print(f"  stage, 3 local no-op hooks (on_chunk)              {stage_us:8.2f} us  = {stage_us / 3:6.2f} us per hook")
     rows.append(Row("in-process", "Agent._stage, 3 local hooks", stage_us, "us", note=f"{stage_us / 3:.1f} us per hook"))
     empty = Agent("bench-inproc-empty", llm=StubLLM())
-    state = await empty._begin("hi", None, None, None, None, stream=True)
-    empty_us = await atimeit_us(lambda: empty._stage(state, data, "on_chunk#7"))
-    print(f"  Agent._stage, no hooks                             {empty_us:8.2f} us")
+    state = await begin(empty, "hi", None, None, None, None, stream=True)
+    empty_us = await atimeit_us(lambda: stage(empty, state, data, "on_chunk#7"))
+    print(f"  stage, no hooks                                    {empty_us:8.2f} us")
 
     # The whole loop, no hooks: stub LLM vs the offline model over HTTP
     stub_plain = Agent("bench-loop", llm=StubLLM())

@@ -89,7 +89,7 @@ async def hookbus_chains(
     `routed`, as the orchestrator's stage runs it (BusRuntime.hop_segments: each worker
     sends the stage on to the next group) on the same workers, the two taking turns in
     rounds, so the machine's drift hits both."""
-    from hookbus.services.orchestrator.plan import HookPlan
+    from hookbus.services.orchestrator.loop.plan import HookPlan
 
     for group, skills in groups.items():
         procs.worker(redis_url, prefix, group, skills, concurrency=32)

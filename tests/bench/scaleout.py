@@ -61,7 +61,7 @@ async def measure(redis_url: str, steps: Sequence[int] = STEPS, label: str = "ho
         side = await bus_side(redis_url, prefix)
         runtime = side.runtime
         server = redis_pid(redis_url)
-        from hookbus.services.orchestrator.plan import HookPlan
+        from hookbus.services.orchestrator.loop.plan import HookPlan
 
         try:
             running = 0

@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from hookbus import Agent
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from hookbus.skills import Context, HookData, Skill, hook, tool
 from hookbus.skills.lifecycle import LIFECYCLES
 

@@ -29,7 +29,7 @@ WORDS = ["stream", "hook", "redis", "agent", "worker", "replica", "orchestrator"
 
 
 def conversation(seed: int = 7) -> list[dict[str, Any]]:
-    from hookbus.services.orchestrator.tokens import count_messages
+    from hookbus.services.orchestrator.compaction.tokens import count_messages
 
     rng = random.Random(seed)
 
@@ -59,7 +59,7 @@ def conversation(seed: int = 7) -> list[dict[str, Any]]:
 
 
 def clear_cache() -> None:
-    from hookbus.services.orchestrator import tokens
+    from hookbus.services.orchestrator.compaction import tokens
 
     with tokens._lock:
         tokens._cache.clear()
@@ -89,9 +89,9 @@ async def abest_ms(fn: Any, repeat: int = 5, cold: bool = False) -> float:
 
 async def measure() -> list[Row]:
     quiet_logs()
-    from hookbus.services.orchestrator import compaction
-    from hookbus.services.orchestrator.compaction import CompactionPolicy
-    from hookbus.services.orchestrator.tokens import count_messages, is_exact
+    from hookbus.services.orchestrator.compaction import rules
+    from hookbus.services.orchestrator.compaction.rules import CompactionPolicy
+    from hookbus.services.orchestrator.compaction.tokens import count_messages, is_exact
 
     messages = conversation()
     total = count_messages(messages)
@@ -105,13 +105,13 @@ async def measure() -> list[Row]:
         return "Summary: the user and the assistant talked about streams."
 
     policy = CompactionPolicy()
-    decision = lambda: compaction.compact_if_needed(messages, 500, policy, 128_000, summarize)  # noqa: E731
+    decision = lambda: rules.compact_if_needed(messages, 500, policy, 128_000, summarize)  # noqa: E731
     outcome = await decision()
     assert outcome.stage == "none", outcome.stage
     decide_cold = await abest_ms(decision, cold=True)
     decide_warm = await abest_ms(decision, repeat=20)
     small = CompactionPolicy(window=100_000)
-    compact = lambda: compaction.compact_if_needed(messages, 500, small, 100_000, summarize)  # noqa: E731
+    compact = lambda: rules.compact_if_needed(messages, 500, small, 100_000, summarize)  # noqa: E731
     done = await compact()
     compact_warm = await abest_ms(compact)
     print(f"  count_messages cold {cold:8.2f} ms   warm {warm:8.3f} ms")

@@ -2,7 +2,7 @@
 
 The hop bench's operation (tests/bench/hop.py: `BusRuntime.hop` + `record_stage` on a
 realistic `on_chunk` or `before_llm_call` HopEvent, a real `hookbus worker` hosting a
-no-op hook), wrapped in the stage span `Agent._stage` opens, three ways, taking turns:
+no-op hook), wrapped in the stage span `stage_runner.run_stage` opens, three ways, taking turns:
 
 - off: tracing off in this (orchestrator) process, worker group `hop` without OTEL_*;
 - off, worker on: tracing off here, worker group `hoptraced` set up to export (its hops
@@ -73,7 +73,7 @@ def off_path_us() -> float:
 
 
 def _ops(runtime, tracer, by_group, kind: str, concurrency: int):  # type: ignore[no-untyped-def]
-    """One operation per variant: what Agent._stage does for one remote segment."""
+    """One operation per variant: what the loop's stage runner does for one remote segment."""
     from hookbus.services.observability import tracing
 
     contexts = [payloads.context() for _ in range(concurrency)]
@@ -101,7 +101,7 @@ def _ops(runtime, tracer, by_group, kind: str, concurrency: int):  # type: ignor
 
 async def measure(redis_url: str) -> list[Row]:
     from hookbus.services.observability import tracing
-    from hookbus.services.orchestrator.plan import HookPlan
+    from hookbus.services.orchestrator.loop.plan import HookPlan
 
     quiet_logs()
     rows = [Row("tracing", "off: tracing calls of one hop", off_path_us(), "us", note="timed in a loop")]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from hookbus import Agent, Context, HookData, Skill, hook, tool
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat.upstream import RecordingUpstream
 from tests.gateway.server import RunningGateway, running_gateway
 from tests.integration.stack import running_stack

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from hookbus import Agent
-from hookbus.services.orchestrator.compaction import SUMMARY_INSTRUCTION
-from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.tokens import count_messages
+from hookbus.services.orchestrator.compaction.rules import SUMMARY_INSTRUCTION
+from hookbus.services.orchestrator.compaction.tokens import count_messages
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat.upstream import RecordingUpstream
 
 LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}

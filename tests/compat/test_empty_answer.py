@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from hookbus import Agent, Context, HookData, Skill, hook
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat import upstream as up
 from tests.compat.conftest import UPSTREAM_MODEL, Calc
 from tests.gateway.server import RunningGateway, running_gateway

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from hookbus import Agent, Context, HookData, HookError, PaymentRequired, Skill, hook, tool
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat.upstream import RecordingUpstream, Reply, Seen, completion
 from tests.gateway.server import running_gateway
 from tests.integration.stack import running_stack

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hookbus.services.orchestrator.llm import LLM, HttpStack
+from hookbus.services.orchestrator.llm.client import LLM, HttpStack
 from tests.compat.upstream import completion, text_stream
 from tests.waiting import wait_for
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from hookbus.services.orchestrator.agent import Agent
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
+from hookbus.services.orchestrator.loop.agent import Agent
 from hookbus.skills.errors import UpstreamError
 from tests.compat import upstream as up
 from tests.compat.upstream import RecordingUpstream

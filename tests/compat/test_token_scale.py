@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 
 from hookbus import Agent, Skill, tool
-from hookbus.services.orchestrator.compaction import SUMMARY_INSTRUCTION
-from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.token_scale import (
+from hookbus.services.orchestrator.compaction.rules import SUMMARY_INSTRUCTION
+from hookbus.services.orchestrator.compaction.token_scale import (
     MIN_COUNTED,
     SAMPLE_TEXT,
     UNKNOWN_MODEL_MARGIN,
     TokenScale,
 )
-from hookbus.services.orchestrator.tokens import count_messages, count_text
+from hookbus.services.orchestrator.compaction.tokens import count_messages, count_text
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat.upstream import RecordingUpstream, Reply, completion, text_stream
 
 LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1}

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from hookbus import Agent
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat import upstream as up
 from tests.compat.conftest import AGENT_RULES, UPSTREAM_MODEL, Calc, function_tool
 

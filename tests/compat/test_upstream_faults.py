@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from hookbus import Agent, Context, HookData, Skill, hook
-from hookbus.services.orchestrator.llm import LLM
+from hookbus.services.orchestrator.llm.client import LLM
 from tests.compat import upstream as up
 from tests.compat.conftest import UPSTREAM_MODEL, function_tool
 from tests.compat.upstream import RecordingUpstream
@@ -151,7 +151,7 @@ GARBAGE = {
     "a line that is not JSON mid-stream": (True, _sse(_FIRST_CHUNK, b"{not json")),
     "a JSON array for a chunk": (True, _sse(_FIRST_CHUNK, b"[1, 2, 3]")),
     "a JSON object that is no chunk": (True, _sse(_FIRST_CHUNK, b'{"choices": "many"}')),
-    # an empty stream is asked again unstreamed (hookbus.services.orchestrator.llm): HTML both times
+    # an empty stream is asked again unstreamed (hookbus.services.orchestrator.llm.client): HTML both times
     "HTML for a stream": (True, [up.Raw(b"<html><body>Bad gateway</body></html>", "text/html")] * 2),
     "HTML for an answer": (False, up.Raw(b"<html><body>Bad gateway</body></html>", "text/html")),
     "HTML labelled JSON": (False, up.Raw(b"<html><body>Bad gateway</body></html>")),

@@ -253,7 +253,7 @@ def test_every_api_keys_secret_is_one_the_gateway_accepts(directory):
 
 @overlays
 def test_the_orchestrator_gets_an_llm_endpoint_or_asks_for_the_offline_model_by_name(directory):
-    """The orchestrator refuses to start with neither (hookbus.services.orchestrator.llm.require_endpoint)."""
+    """The orchestrator refuses to start with neither (hookbus.services.orchestrator.llm.client.require_endpoint)."""
     config = by_kind(rendered(directory), "ConfigMap")["hookbus-config"]["data"]
     assert config.get("OPENAI_BASE_URL") or config.get("HOOKBUS_MODEL") == "offline", config
 

@@ -15,10 +15,14 @@ import pytest
 from pydantic import ValidationError
 
 from hookbus import Agent, Compaction, CompactionPolicy
-from hookbus.services.orchestrator.compaction import SUMMARY_HEADER, SUMMARY_INSTRUCTION, is_summary
-from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.tokens import count_messages
-from hookbus.services.orchestrator.user_quotes import QUOTES_HEADER
+from hookbus.services.orchestrator.compaction.rules import (
+    SUMMARY_HEADER,
+    SUMMARY_INSTRUCTION,
+    is_summary,
+)
+from hookbus.services.orchestrator.compaction.tokens import count_messages
+from hookbus.services.orchestrator.compaction.user_quotes import QUOTES_HEADER
+from hookbus.services.orchestrator.llm.client import LLM
 from hookbus.skills import ContextTooLong, Skill, hook, tool
 from tests.conversations import SYSTEM, conversation
 

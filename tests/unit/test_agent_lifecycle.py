@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from hookbus import Agent
-from hookbus.services.orchestrator.agent import ROUND_CAP_NOTE
-from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.runtime import LocalRuntime
+from hookbus.services.orchestrator.llm.client import LLM
+from hookbus.services.orchestrator.loop.llm_round import ROUND_CAP_NOTE
+from hookbus.services.orchestrator.loop.runtime import LocalRuntime
 from hookbus.services.testing.offline_server import OfflineModelServer
 from hookbus.skills import (
     Context,

@@ -18,7 +18,7 @@ import redis.asyncio as aredis
 
 from hookbus import Agent, Compaction
 from hookbus.services.cli.chat import _main, chat
-from hookbus.services.orchestrator.compaction import SUMMARY_HEADER
+from hookbus.services.orchestrator.compaction.rules import SUMMARY_HEADER
 from hookbus.skills import PaymentRequired, Skill, hook
 from tests.integration.stack import running_stack
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hookbus.services.orchestrator.compaction import (
+from hookbus.services.orchestrator.compaction.rules import (
     SUMMARY_HEADER,
     SUMMARY_INSTRUCTION,
     Compaction,
@@ -24,13 +24,13 @@ from hookbus.services.orchestrator.compaction import (
     compact_in_run,
     is_summary,
 )
-from hookbus.services.orchestrator.tokens import (
+from hookbus.services.orchestrator.compaction.tokens import (
     count_content,
     count_message,
     count_messages,
     count_text,
 )
-from hookbus.services.orchestrator.user_quotes import Entry, clip, split_summary
+from hookbus.services.orchestrator.compaction.user_quotes import Entry, clip, split_summary
 
 Message = dict[str, Any]
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent."}

@@ -7,7 +7,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from hookbus import Agent
-from hookbus.services.orchestrator.hold_back import HoldBack
+from hookbus.services.orchestrator.streaming.hold_back import HoldBack
 from hookbus.skills import Context, HookData, HookError, Skill, hook
 
 

@@ -83,8 +83,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_covers_the_package() -> None:
     graph = import_graph()
-    assert "hookbus.services.orchestrator.agent" in graph
-    assert "hookbus.skills.runner" in graph["hookbus.services.orchestrator.agent"]
+    assert "hookbus.services.orchestrator.loop.stage_runner" in graph
+    assert "hookbus.skills.runner" in graph["hookbus.services.orchestrator.loop.stage_runner"]
     assert "hookbus.bus.keys" in graph["hookbus.services.orchestrator.service"]
 
 

@@ -522,7 +522,7 @@ async def test_summary_from_system_marker(client: AsyncOpenAI) -> None:
 
 
 async def test_the_compaction_prompt_is_a_summary_request_without_any_directive(client: AsyncOpenAI) -> None:
-    from hookbus.services.orchestrator.compaction import summary_request
+    from hookbus.services.orchestrator.compaction.rules import summary_request
 
     conversation = [
         {"role": "user", "content": "Plan a trip to Lisbon [[words:3]]"},

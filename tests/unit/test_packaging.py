@@ -19,7 +19,7 @@ PUBLIC = [
 
 def test_the_public_api_is_one_import_away() -> None:
     from hookbus.bus.client import HookbusClient
-    from hookbus.services.orchestrator.agent import Agent
+    from hookbus.services.orchestrator.loop.agent import Agent
     from hookbus.skills import Skill
 
     assert sorted(hookbus.__all__) == sorted(PUBLIC)
@@ -60,7 +60,7 @@ def test_no_module_imports_the_old_top_level_names() -> None:
 
 
 def test_settings_are_read_when_an_llm_is_built(monkeypatch) -> None:
-    from hookbus.services.orchestrator.llm import LLM
+    from hookbus.services.orchestrator.llm.client import LLM
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
     assert LLM().base_url == "http://127.0.0.1:1/v1"

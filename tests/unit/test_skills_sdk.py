@@ -150,7 +150,7 @@ def test_hook_rejects_a_non_positive_timeout():
 
 def test_one_descriptor_type_from_the_decorator_through_the_announcement_to_the_plan():
     from hookbus.bus.groups.registry import GroupAnnouncement
-    from hookbus.services.orchestrator.plan import HookPlan, PlannedHook, PlannedTool
+    from hookbus.services.orchestrator.loop.plan import HookPlan, PlannedHook, PlannedTool
     from hookbus.services.worker.host import GroupHost
     from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 

@@ -16,8 +16,8 @@ import pytest
 import tiktoken
 from structlog.testing import capture_logs
 
-from hookbus.services.orchestrator import tokens
-from hookbus.services.orchestrator.tokens import (
+from hookbus.services.orchestrator.compaction import tokens
+from hookbus.services.orchestrator.compaction.tokens import (
     MESSAGE_OVERHEAD,
     context_window,
     count_content,
@@ -173,7 +173,7 @@ def test_counts_offline_from_the_packaged_file(tmp_path: Path) -> None:
 
         socket.socket.connect = no_network
         socket.create_connection = no_network
-        from hookbus.services.orchestrator import tokens
+        from hookbus.services.orchestrator.compaction import tokens
         print(json.dumps({"exact": tokens.is_exact(), "count": tokens.count_text("hello world")}))
         """
     )
@@ -266,7 +266,7 @@ def test_the_offline_models_windows_come_from_the_offline_model_not_the_producti
     model: str, window: int
 ) -> None:
     from hookbus import Agent
-    from hookbus.services.orchestrator.llm import LLM
+    from hookbus.services.orchestrator.llm.client import LLM
 
     assert context_window(model) == 8_192  # the production table knows no offline model
     assert context_window(model, LLM().context_windows()) == window

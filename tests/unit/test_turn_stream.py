@@ -6,7 +6,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionChunk
 
-from hookbus.services.orchestrator.turn_stream import TurnStream
+from hookbus.services.orchestrator.streaming.turn_stream import TurnStream
 
 
 def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> ChatCompletionChunk:

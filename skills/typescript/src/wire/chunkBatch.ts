@@ -11,7 +11,7 @@
  * unchanged.
  *
  * With a hold-back window the first chunk carries `held`, the text the orchestrator holds
- * back from the client (hookbus.services.orchestrator.hold_back); `HeldText` follows it
+ * back from the client (hookbus.services.orchestrator.streaming.hold_back); `HeldText` follows it
  * through the batch.
  */
 

@@ -1,6 +1,6 @@
 """How many of the model's own tokens one of hookbus's tokens is, per model.
 
-hookbus counts with tiktoken's cl100k (hookbus.services.orchestrator.tokens): exact enough
+hookbus counts with tiktoken's cl100k (hookbus.services.orchestrator.compaction.tokens): exact enough
 for OpenAI's models, but a local model's tokenizer can count far more for the same text
 (Gemma 3 counted 1.56x on one conversation with tools offered), so a conversation hookbus
 thought fit a 2048-token window did not, the summary request was refused, and compaction fell

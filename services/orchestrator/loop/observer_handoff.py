@@ -31,7 +31,7 @@ from pydantic_core import to_json
 
 from hookbus.bus.wire.chunk_batch import ChunkIn
 from hookbus.bus.wire.observations import BatchWriter
-from hookbus.services.orchestrator.plan import PlannedHook
+from hookbus.services.orchestrator.loop.plan import PlannedHook
 from hookbus.skills import Context, HookData
 from hookbus.skills.context import HookCall, Session
 from hookbus.skills.lifecycle import Lifecycle

@@ -17,7 +17,7 @@ Bounds, so quotes stay a small part of a summary whatever the conversation:
 * a summary of a summary takes the earlier quotes over as they are (already clipped) and
   re-chooses under the same budget, so repeated compactions never grow them.
 
-Counts use the compaction's token counter (hookbus.services.orchestrator.tokens).
+Counts use the compaction's token counter (hookbus.services.orchestrator.compaction.tokens).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from hookbus.services.orchestrator.tokens import count_text, truncate_text
+from hookbus.services.orchestrator.compaction.tokens import count_text, truncate_text
 
 QUOTES_HEADER = "The user's own earlier messages, quoted (oldest first; long ones clipped):"
 CLIP_TOKENS = 48

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import structlog
 
 from hookbus.bus.wire.chunk_batch import ChunkIn
-from hookbus.services.orchestrator.plan import PlannedHook, PlannedTool, Segment
+from hookbus.services.orchestrator.loop.plan import PlannedHook, PlannedTool, Segment
 from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.outcome import Outcome
@@ -69,7 +69,7 @@ class Runtime(Protocol):
 
     async def hold_tool_results(self, key: str, record: dict[str, Any]) -> None:
         """Keep a mixed response's server calls and results for the client's next request
-        (hookbus.services.orchestrator.client_tools)."""
+        (hookbus.services.orchestrator.loop.client_tools)."""
 
     async def held_tool_results(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
         """The records held under `keys` (None where there is none), in order."""
@@ -98,7 +98,7 @@ class Runtime(Protocol):
         self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
     ) -> None:
         """A record of what the in-process observers of one stage did (hookbus.services.
-        orchestrator.observations), like `record_stage`'s."""
+        orchestrator.loop.observer_handoff), like `record_stage`'s."""
 
 
 class LocalRuntime:

@@ -10,14 +10,14 @@ from typing import Any
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion
 
-from hookbus.services.orchestrator.observations import RequestObservations
-from hookbus.services.orchestrator.plan import HookPlan
+from hookbus.services.orchestrator.loop.observer_handoff import RequestObservations
+from hookbus.services.orchestrator.loop.plan import HookPlan
 from hookbus.skills import Context, HookbusError
 from hookbus.skills.model_settings import ModelSettings
 
 
 @dataclass
-class RunState:
+class RequestState:
     """Everything one run of the loop reads and writes; built by the agent per request."""
 
     ctx: Context

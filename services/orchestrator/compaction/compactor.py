@@ -1,7 +1,7 @@
 """An agent's compaction: its policy, the summary call, the in-run safety stop, the retry
 after a "context too long" refusal, and telling the skills that listen.
 
-The rules of compacting live in hookbus.services.orchestrator.compaction (pure functions of
+The rules of compacting live in hookbus.services.orchestrator.compaction.rules (pure functions of
 messages and a policy); this module binds them to one agent's model, LLM and skills. The
 summary is one plain LLM call (`policy.model` or the agent's model): no hooks, not streamed,
 not a tool round, and its usage is not added to the request's. Each compaction that
@@ -19,11 +19,11 @@ import structlog
 
 from hookbus.bus.settings import get_settings
 from hookbus.services.observability import tracing
-from hookbus.services.orchestrator import compaction
-from hookbus.services.orchestrator.compaction import Compaction, CompactionPolicy, Summarizer
-from hookbus.services.orchestrator.llm import LLM
-from hookbus.services.orchestrator.token_scale import UNKNOWN_MODEL_MARGIN
-from hookbus.services.orchestrator.tokens import context_window, count_messages
+from hookbus.services.orchestrator.compaction import rules
+from hookbus.services.orchestrator.compaction.rules import Compaction, CompactionPolicy, Summarizer
+from hookbus.services.orchestrator.compaction.token_scale import UNKNOWN_MODEL_MARGIN
+from hookbus.services.orchestrator.compaction.tokens import context_window, count_messages
+from hookbus.services.orchestrator.llm.client import LLM
 from hookbus.skills import Context, ContextTooLong
 from hookbus.skills.compaction_outcome import between_turns_id
 
@@ -87,7 +87,7 @@ class Compactor:
     @property
     def budget(self) -> int:
         """The window as hookbus counts (tiktoken), what compaction works against: divided by
-        the model's token scale (hookbus.services.orchestrator.token_scale), so that what
+        the model's token scale (hookbus.services.orchestrator.compaction.token_scale), so that what
         fits by hookbus's count fits by the model's."""
         return max(1, int(self.window / self._llm.token_scale.of(self._model)))
 
@@ -131,7 +131,7 @@ class Compactor:
         await self.learn_model(count_messages(messages) + tokens_of_next_message)
         policy = self._policy
         with tracing.compaction_span("between_turns") as span:
-            outcome = await compaction.compact_if_needed(
+            outcome = await rules.compact_if_needed(
                 _plain(messages), tokens_of_next_message, policy, self.budget, self._summarizer(policy)
             )
             span.outcome(outcome)
@@ -144,7 +144,7 @@ class Compactor:
         await self.learn_model()
         policy = self._policy
         with tracing.compaction_span("requested") as span:
-            outcome = await compaction.compact(
+            outcome = await rules.compact(
                 _plain(messages), policy, self.budget, self._summarizer(policy), focus=focus
             )
             span.outcome(outcome)
@@ -169,7 +169,7 @@ class Compactor:
         None when nothing changed."""
         policy = policy or self._policy
         with tracing.compaction_span("in_run") as span:
-            outcome = await compaction.compact_in_run(
+            outcome = await rules.compact_in_run(
                 messages, policy, window or self.budget, self._summarizer(policy), _turn_start(messages)
             )
             span.outcome(outcome)

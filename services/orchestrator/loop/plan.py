@@ -8,7 +8,7 @@ travels as one hop.
 
 Observers (`observe=True`) are planned apart, in the same order: they are never in a
 segment (no hop, no wait); the agent hands each stage's end to them
-(hookbus.services.orchestrator.observations).
+(hookbus.services.orchestrator.loop.observer_handoff).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class HookPlan:
     def windowed(self) -> HookPlan:
         """This plan with only the on_chunk hooks that ask for a hold-back window, and no
         on_chunk observer: what judges a non-streamed answer (hookbus.services.orchestrator.
-        agent), where the other on_chunk hooks and observers never ran."""
+        loop.chunk_stage), where the other on_chunk hooks and observers never ran."""
         if self._windowed is None:
             guards = tuple(h for h in self.by_lifecycle[Lifecycle.ON_CHUNK] if h.descriptor.hold_back)
             self._windowed = HookPlan(

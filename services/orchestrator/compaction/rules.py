@@ -24,7 +24,7 @@ target (``settle`` = 0.75 x ``at``, so the next turn does not compact again):
    (including an earlier summary, which is rolled in) into one ``system``
    message right after the system prompt. Under the model's summary it quotes
    the user's own messages from that part, bounded
-   (hookbus.services.orchestrator.user_quotes): a model that summarizes badly
+   (hookbus.services.orchestrator.compaction.user_quotes): a model that summarizes badly
    cannot lose what the user asked. When the summary fails (the call raises or answers
    nothing usable), the message holds the quotes alone.
 3. *dropped*: when the summary fails and there is nothing of the user's to quote, the
@@ -51,8 +51,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from hookbus.services.orchestrator import user_quotes
-from hookbus.services.orchestrator.tokens import (
+from hookbus.services.orchestrator.compaction import user_quotes
+from hookbus.services.orchestrator.compaction.tokens import (
     count_content,
     count_message,
     count_messages,
@@ -545,7 +545,7 @@ async def _summarize(
     False, or nothing of theirs to quote).
 
     The message holds the model's summary and, after it, the user's own earlier messages
-    quoted (hookbus.services.orchestrator.user_quotes), all within ``limit`` tokens: the
+    quoted (hookbus.services.orchestrator.compaction.user_quotes), all within ``limit`` tokens: the
     model's part gets what the quotes leave, and the quotes stand alone when it failed."""
     quotes = user_quotes.quote_block(_user_entries(run.body[:start]), limit)
     own_limit = limit - count_text(quotes)

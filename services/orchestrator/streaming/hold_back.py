@@ -27,7 +27,7 @@ import collections
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.wire.chunk_batch import chunk_text
-from hookbus.services.orchestrator.llm import completion_chunks
+from hookbus.services.orchestrator.llm.answers import completion_chunks
 
 
 class HoldBack:

@@ -11,7 +11,7 @@ speculative. A HookError on a chunk ends the stream there: the chunks before it 
 the client, the rest are dropped. In-process hooks, or a chain over several segments
 (whose hooks of different places would interleave per chunk), run one chunk at a time.
 
-What passed the hooks goes through the hold-back window (hookbus.services.orchestrator.hold_back)
+What passed the hooks goes through the hold-back window (hookbus.services.orchestrator.streaming.hold_back)
 before the client and the call's assembled completion see it: with a window, the hooks
 see the held text (`data.held`) and may rewrite it. A batch is held whole before it is
 released, so a chunk's hooks in the worker see the window and the batch's earlier chunks
@@ -31,9 +31,9 @@ from openai.types.chat import ChatCompletionChunk
 
 from hookbus.bus.wire.chunk_batch import ChunkIn, chunk_text
 from hookbus.bus.wire.stream_text import StreamText
-from hookbus.services.orchestrator.assemble import ChunkAssembler
-from hookbus.services.orchestrator.hold_back import HoldBack
-from hookbus.services.orchestrator.run_state import RunState
+from hookbus.services.orchestrator.loop.request_state import RequestState
+from hookbus.services.orchestrator.streaming.assemble import ChunkAssembler
+from hookbus.services.orchestrator.streaming.hold_back import HoldBack
 from hookbus.skills import HookbusError
 from hookbus.skills.lifecycle import Lifecycle
 
@@ -48,17 +48,17 @@ class Judged:
     """The held text as the hooks left it (None: no window, or not given back)."""
 
 
-OnChunk = Callable[[RunState, ChunkIn], Awaitable[Judged]]
+OnChunk = Callable[[RequestState, ChunkIn], Awaitable[Judged]]
 """Runs one chunk through the on_chunk stage."""
 
 
-OnChunks = Callable[[RunState, Sequence[ChunkIn]], Awaitable[tuple[list[Judged], HookbusError | None]]]
+OnChunks = Callable[[RequestState, Sequence[ChunkIn]], Awaitable[tuple[list[Judged], HookbusError | None]]]
 """Runs several chunks through a one-segment remote on_chunk stage in one hop: the
 result of each chunk before the HookError that stopped the chain, and that error."""
 
 
 async def stream_chunks(
-    state: RunState,
+    state: RequestState,
     source: AsyncGenerator[ChatCompletionChunk, None],
     model: str,
     on_chunk: OnChunk,
@@ -123,7 +123,7 @@ class _Assembly:
 
 
 async def _sequential(
-    state: RunState,
+    state: RequestState,
     source: AsyncGenerator[ChatCompletionChunk, None],
     assembly: _Assembly,
     on_chunk: OnChunk | None,
@@ -142,7 +142,7 @@ async def _sequential(
 
 
 async def _batched(
-    state: RunState,
+    state: RequestState,
     source: AsyncGenerator[ChatCompletionChunk, None],
     assembly: _Assembly,
     on_chunks: OnChunks,
