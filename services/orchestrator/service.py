@@ -15,9 +15,11 @@ Reliability (see bus/journal.py and services/orchestrator/recovery.py):
   renewal run on a thread of their own (bus/liveness.py), so a busy event loop is not
   taken for a dead process;
 - a request another orchestrator left pending (it died, or it stalled for longer than
-  `claim_idle`) is claimed: if it had started, only finalize_connection runs, with a 503
-  `orchestrator_lost` error and `ctx.recovery = True`, and the client gets that error; if
-  it had not, it simply runs;
+  `claim_idle`) is claimed: if it had started, the run goes on from the last step its
+  journal records (each step is put on record as it ends: hookbus.bus.store.run_steps),
+  with `ctx.recovery = True`; a stream whose client already got text cannot go on
+  unnoticed, so only finalize_connection runs for it, with a 503 `orchestrator_lost`
+  error, and the client gets that error; if it had not started, it simply runs;
 - a request that cannot be read is dead-lettered; if its completion id is readable the
   client gets a 400 (or a 413 for one over its size limits: hookbus.bus.limits, the
   same limits the gateway applies, plus room for the envelope's own fields);
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import re
 import time
@@ -46,6 +49,7 @@ import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisStreamMessage, StreamSub
 from openai.types.chat import ChatCompletionChunk
+from pydantic_core import PydanticSerializationError
 from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.cluster import forget_topology, in_order, keys_for, ready
@@ -76,6 +80,7 @@ from hookbus.bus.settings import get_settings
 from hookbus.bus.store.events import EventWriter
 from hookbus.bus.store.journal import Begun, Journal
 from hookbus.bus.store.response_stream import RESPONSE_TTL, Ack, Fence, ResponseWriter
+from hookbus.bus.store.run_steps import Resumption, StepLog, StepRecord
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.envelopes import (
     FIELD,
@@ -92,6 +97,7 @@ from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.bus_runtime import BusRuntime
 from hookbus.services.orchestrator.loop.agent import Agent
+from hookbus.services.orchestrator.loop.run_steps import RUN_STEPS, RunSteps, streamed_text
 from hookbus.services.orchestrator.recovery import Recovery
 from hookbus.services.orchestrator.run_mode import RunMode
 from hookbus.services.orchestrator.run_table import Running, RunTable
@@ -196,6 +202,7 @@ class OrchestratorService(BusApp):
         self._client: aredis.Redis | None = None
         self.runtime: BusRuntime | None = None
         self.journal: Journal | None = None
+        self.steps: StepLog | None = None
         self.recovery = Recovery(self)
         self._tasks: list[asyncio.Task[Any]] = []
         self.runs = RunTable()
@@ -260,6 +267,7 @@ class OrchestratorService(BusApp):
         runtime.stopped_by = self.runs.stop_error
         self.runtime = runtime
         self.journal = Journal(client, self.keys)
+        self.steps = StepLog(client, self.keys)
         await router.start()
         await registry.start()
         await events.start()
@@ -459,26 +467,30 @@ class OrchestratorService(BusApp):
         *,
         first_seq: int = 0,
         error: HookbusError | None = None,
+        resume: Resumption | None = None,
     ) -> bool:
-        """Run (`RUN`), finalize only (`RECOVER`), or only end (`END`) one request with the
-        epoch in `run`, then store its terminal item and ack it. False if fenced out or
-        left pending because Redis stayed unreachable. Once it ended here, the request no
-        longer counts as served by the worker versions it was pinned to."""
+        """Run (`RUN`), run on from `resume` (`RESUME`), finalize only (`RECOVER`), or only
+        end (`END`) one request with the epoch in `run`, then store its terminal item and
+        ack it. False if fenced out or left pending because Redis stayed unreachable. Once
+        it ended here, the request no longer counts as served by the worker versions it was
+        pinned to."""
         assert self.runtime is not None
         try:
             with self.agent.serving_on(self.runtime):
-                return await self._execute(run, request, mode, first_seq=first_seq, error=error)
+                return await self._execute(run, request, mode, first_seq=first_seq, error=error, resume=resume)
         finally:  # fenced: its new owner runs it on and releases it
             self.runtime.pins.release(request.completion_id, ended=not run.fenced)
 
     async def _execute(
-        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int, error: HookbusError | None
+        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int,
+        error: HookbusError | None, resume: Resumption | None,
     ) -> bool:
-        assert self.journal is not None and self.runtime is not None
+        assert self.journal is not None and self.steps is not None and self.runtime is not None
         cid = request.completion_id
+        fence = Fence(self.journal, cid, run.epoch, steps=list(resume.fields) if resume is not None else [])
         writer = ResponseWriter(
             self.client, self.keys.responses(cid),
-            fence=Fence(self.journal, cid, run.epoch),
+            fence=fence,
             on_fenced=lambda: self.runs.fence_out(run),
             on_lost=lambda: self.runs.lose(run),
             first_seq=first_seq,
@@ -486,16 +498,21 @@ class OrchestratorService(BusApp):
         run.writer = writer
         if run.cancel_reason is not None and mode == RunMode.RUN:
             mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
-        if mode == RunMode.RUN:  # so that a running request shows its model and caller (the console)
+        if mode.runs:  # so that a running request shows its model and caller (the console)
             self.runtime.events.emit(
                 MonitorRecord(
                     completion_id=cid, lifecycle=REQUEST_START, replica=self.instance,
                     model=self.agent.model, caller=request.auth.peer_user_id,
                 )
             )
+        steps = RunSteps(
+            resume.records if resume is not None else (), functools.partial(self._record_step, fence),
+            epoch=run.epoch, by=self.instance, resumed=resume is not None,
+            role_sent=resume is not None and resume.sent.role,
+        )
         task = asyncio.create_task(
             self._produce(request, writer, mode, error), name=f"request-{cid}",
-            context=_with_run(run),  # its hooks' tasks see which run they belong to
+            context=_with_run(run, steps),  # its hooks' tasks see which run they belong to
         )
         run.task = task
         try:
@@ -582,6 +599,28 @@ class OrchestratorService(BusApp):
             return False
         return True
 
+    async def _record_step(self, fence: Fence, n: int, record: StepRecord) -> bool:
+        """One step of a run on record (hookbus.services.orchestrator.loop.run_steps); False if
+        it could not be (Redis unreachable or refusing, or an in-process hook left a value
+        JSON cannot carry in `ctx.state`): the run goes on, and a takeover replays less."""
+        assert self.steps is not None
+        try:
+            fence.steps.append(await self.steps.append(fence.completion_id, n, record))
+        except (*RECONNECT_ERRORS, ResponseError, PydanticSerializationError) as exc:
+            log.warning("step_not_recorded", completion_id=fence.completion_id, step=record.key, error=str(exc))
+            return False
+        return True
+
+    async def resumption(self, request: RequestEnvelope) -> Resumption | None:
+        """Where a lost orchestrator left a request it had started, to run on from; None
+        when it cannot go on unnoticed: a stream whose client already got text (a new LLM
+        call would not continue that text, and the client must not get it twice)."""
+        assert self.steps is not None
+        found = await self.steps.resumption(request.completion_id)
+        if request.stream and (found.sent.text or streamed_text(found.records)):
+            return None
+        return found
+
     async def _produce(
         self, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode, error: HookbusError | None
     ) -> ResponseItem:
@@ -599,7 +638,7 @@ class OrchestratorService(BusApp):
     ) -> ResponseItem:
         cid = request.completion_id
         try:
-            if mode == RunMode.RUN:
+            if mode.runs:
                 return await self._run_until_deadline(request, writer)
             assert error is not None
             if mode in (RunMode.RECOVER, RunMode.CANCELLED):
@@ -694,9 +733,10 @@ class OrchestratorService(BusApp):
 _current_run: contextvars.ContextVar[Running | None] = contextvars.ContextVar("hookbus_run", default=None)
 
 
-def _with_run(run: Running) -> contextvars.Context:
+def _with_run(run: Running, steps: RunSteps) -> contextvars.Context:
     context = contextvars.copy_context()
     context.run(_current_run.set, run)
+    context.run(RUN_STEPS.set, steps)
     return context
 
 
