@@ -1,8 +1,9 @@
 """Names a package exports but imports on first use, each from its own module.
 
-`hookbus`, `hookbus.skills` and `hookbus.services.gateway` export names whose modules are
-heavy (the agent, the openai client's types, Starlette); a process that needs one light
-name of the package (a command line call, a health probe) must not pay for the others.
+`hookbus`, `hookbus.skills`, `hookbus.services.gateway` and
+`hookbus.services.orchestrator.serving` export names whose modules are heavy (the agent,
+the openai client's types, Starlette, the broker); a process that needs one light name of
+the package (a command line call, a health probe) must not pay for the others.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ An orchestrator pins a request to a version of each group when the request start
 (`choose_version`), sends every hop of that request to the pinned version's stream while
 a replica of it lives, and counts the request in `serving:{group}@{version}` (completion
 id -> when it was last stamped) until it ends, publishing the count every
-`PUBLISH_EVERY` seconds (hookbus.services.orchestrator.version_pins): that count is what
+`PUBLISH_EVERY` seconds (hookbus.services.orchestrator.serving.version_pins): that count is what
 `hookbus status` shows per version, and what the last replica of a version waits for
 before it leaves (hookbus.services.worker.drain).
 

@@ -81,7 +81,7 @@ class HopUnsent(HopTimeout):
 
 class HopLost(HopTimeout):
     """Every replica that could answer the hop is gone (its version has no live replica
-    left: hookbus.services.orchestrator.version_pins); no reply will come, so its wait ends
+    left: hookbus.services.orchestrator.serving.version_pins); no reply will come, so its wait ends
     now, not at its deadline."""
 
 

@@ -339,7 +339,7 @@ class Journal:
     ) -> Begun:
         """Create the journal for a first run (and read the cancel marker); if one
         exists, say whose it is instead. `fields`: more fields of the new journal (the
-        request's version pins: hookbus.services.orchestrator.version_pins)."""
+        request's version pins: hookbus.services.orchestrator.serving.version_pins)."""
         keys = [self.key(completion_id), self.keys.cancel(completion_id)]
         extra = [x for pair in (fields or {}).items() for x in pair]
         raw = await self._begin(keys=keys, args=[owner, entry_id, self.ttl, repr(now), *extra])

@@ -88,7 +88,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     from hookbus.services.observability.logs import configure_logging
     from hookbus.services.observability.tracing import configure_tracing
     from hookbus.services.orchestrator.llm.client import NoEndpoint, require_endpoint
-    from hookbus.services.orchestrator.service import OrchestratorService
+    from hookbus.services.orchestrator.serving import OrchestratorService
 
     configure_logging()
     use_context_window(args.context_window)

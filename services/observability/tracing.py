@@ -46,7 +46,7 @@ from hookbus.bus.wire.tracecontext import TraceCarrier, incoming
 from hookbus.skills.lifecycle import Lifecycle
 
 if TYPE_CHECKING:  # the orchestrator imports this module
-    from hookbus.services.orchestrator.run_mode import RunMode
+    from hookbus.services.orchestrator.serving.run_mode import RunMode
 
 log = structlog.get_logger("hookbus.tracing")
 

@@ -7,7 +7,8 @@
     compaction/  keeping a conversation inside the context window: the rules, the
                  agent's compactor, token counting
     llm/         the LLM adapter: the client, answer checks, endpoint facts, error mapping
-    service.py and the modules beside it: the orchestrator service over Redis
+    serving/     the orchestrator service over Redis: reading, admitting and running
+                 requests, the bus runtime, version pins, recovery
     demo.py      the demo agent of `make run` and the deploy files
 
 Exports `Agent`, `CompactionPolicy` and `Compaction`.

@@ -71,7 +71,7 @@ def asyncapi_document(
 ) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of the bus, for keys under `prefix`."""
     from hookbus.services.orchestrator import Agent
-    from hookbus.services.orchestrator.service import OrchestratorService
+    from hookbus.services.orchestrator.serving import OrchestratorService
     from hookbus.services.worker.host import GroupHost
     from hookbus.services.worker.replica import WorkerReplica
 

@@ -10,7 +10,7 @@ while another version takes them (hookbus.bus.groups.versions.choose_version). T
   `serving:` count is zero), so that no request changes version mid-way; when another
   version takes new requests, it first waits `PIN_SETTLE` seconds, the time every
   orchestrator needs to see it draining (a registry refresh) and to publish the pins it
-  took before that (hookbus.services.orchestrator.version_pins), so that a request pinned
+  took before that (hookbus.services.orchestrator.serving.version_pins), so that a request pinned
   by an orchestrator that had not seen it yet is waited for too.
 
 Either way it waits at most `limit` seconds; what it holds then is finished (replies

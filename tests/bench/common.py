@@ -540,7 +540,7 @@ async def bus_side(redis_url: str, prefix: str, instance: str | None = None) -> 
     from hookbus.bus.hops.reply_router import ReplyRouter
     from hookbus.bus.store.events import EventWriter
     from hookbus.bus.store.sessions import SessionStore
-    from hookbus.services.orchestrator.bus_runtime import BusRuntime
+    from hookbus.services.orchestrator.serving import BusRuntime
 
     keys = keys_for(redis_url, prefix)
     instance = instance or f"bench-orch-{uuid.uuid4().hex[:6]}"

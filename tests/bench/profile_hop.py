@@ -47,7 +47,7 @@ WORKER_PARTS = [
 ]
 
 ORCHESTRATOR_PARTS = [
-    ("BusRuntime.hop (all)", ["BusRuntime.hop (hookbus/services/orchestrator/bus_runtime.py)"]),
+    ("BusRuntime.hop (all)", ["BusRuntime.hop (hookbus/services/orchestrator/serving/bus_runtime.py)"]),
     ("  HookData/Context model_dump", ["BaseModel.model_dump (pydantic"]),
     ("  HopEvent build + encode", ["encode (hookbus/bus/wire/envelopes.py)", "encode_hop (tests/bench", "BaseModel.__init__ (pydantic"]),
     ("  XADD of the hop (redis-py)", ["execute_command (redis/asyncio/client.py)"]),

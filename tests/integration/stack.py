@@ -11,7 +11,7 @@ from typing import Any
 
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
-from hookbus.services.orchestrator.service import OrchestratorService
+from hookbus.services.orchestrator.serving import OrchestratorService
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 from hookbus.skills import Context, HookData, Skill, hook, tool

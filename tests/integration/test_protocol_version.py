@@ -27,7 +27,7 @@ from hookbus.bus.groups.registry import (
 )
 from hookbus.bus.wire.protocol_version import PROTOCOL, refusal
 from hookbus.services.cli.monitor import format_status, read_status
-from hookbus.services.orchestrator.service import OrchestratorService
+from hookbus.services.orchestrator.serving import OrchestratorService
 from hookbus.skills import Context, HookData, HookError, Skill, hook
 from hookbus.skills.descriptors import HookDescriptor, ToolDescriptor
 from tests.faults.test_timeouts import stage_events

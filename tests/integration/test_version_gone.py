@@ -1,5 +1,5 @@
 """The rule when every replica of a request's pinned version is gone without draining
-(hookbus.services.orchestrator.version_pins): the request moves to the newest version at
+(hookbus.services.orchestrator.serving.version_pins): the request moves to the newest version at
 its next hop to the group, recorded in its journal, and still ends well."""
 
 from __future__ import annotations

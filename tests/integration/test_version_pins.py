@@ -19,7 +19,7 @@ from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.groups.versions import PIN_STALE, RESTAMP_EVERY, serving_counts
 from hookbus.bus.keys import Keys
 from hookbus.bus.store.journal import Journal
-from hookbus.services.orchestrator.version_pins import VersionPins
+from hookbus.services.orchestrator.serving import VersionPins
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.replica import WorkerReplica
 from tests.conversations import conversation

@@ -69,9 +69,10 @@ def walk_steps() -> list[tuple[str, str, list[str]]]:
 def test_the_walk_covers_the_request_from_the_gateway_to_the_worker_and_back() -> None:
     files = {path for _, paths, _ in walk_steps() for path in paths.split(", ")}
     assert {
-        "services/gateway/chat_completions.py", "bus/client.py", "services/orchestrator/service.py",
+        "services/gateway/chat_completions.py", "bus/client.py", "services/orchestrator/serving/service.py",
+        "services/orchestrator/serving/admission.py", "services/orchestrator/serving/execution.py",
         "services/orchestrator/loop/agent.py", "services/orchestrator/streaming/turn_stream.py",
-        "services/orchestrator/streaming/chunk_pipeline.py", "services/orchestrator/bus_runtime.py",
+        "services/orchestrator/streaming/chunk_pipeline.py", "services/orchestrator/serving/bus_runtime.py",
         "bus/hops/reply_router.py", "services/worker/replica.py", "services/worker/host.py",
         "skills/runner.py", "bus/store/response_stream.py", "services/gateway/sse.py",
     } <= files

@@ -85,7 +85,7 @@ def test_the_graph_covers_the_package() -> None:
     graph = import_graph()
     assert "hookbus.services.orchestrator.loop.stage_runner" in graph
     assert "hookbus.skills.runner" in graph["hookbus.services.orchestrator.loop.stage_runner"]
-    assert "hookbus.bus.keys" in graph["hookbus.services.orchestrator.service"]
+    assert "hookbus.bus.keys" in graph["hookbus.services.orchestrator.serving.service"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

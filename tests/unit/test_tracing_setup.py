@@ -11,7 +11,7 @@ from hookbus.bus.wire import tracecontext
 from hookbus.bus.wire.envelopes import HopEvent, RequestEnvelope, encode, encode_hop
 from hookbus.services.observability import tracing
 from hookbus.services.observability.tracing import TracingSettings, configure_tracing
-from hookbus.services.orchestrator.run_mode import RunMode
+from hookbus.services.orchestrator.serving import RunMode
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 

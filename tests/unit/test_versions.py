@@ -16,7 +16,7 @@ from hookbus.bus.groups.versions import (
     version_states,
 )
 from hookbus.bus.keys import Keys
-from hookbus.services.orchestrator.version_pins import VersionPins
+from hookbus.services.orchestrator.serving import VersionPins
 from hookbus.services.worker.host import GroupHost
 from hookbus.services.worker.versioning import hooks_fingerprint, replica_version
 from hookbus.skills import Context, HookData, Skill, hook
@@ -105,7 +105,7 @@ def _states(**replicas: tuple[str, bool]) -> dict[str, VersionState]:
 
 
 def test_a_hop_in_flight_is_lost_once_its_version_is_gone_but_not_after_a_drain():
-    """hookbus.services.orchestrator.version_pins.VersionPins.lost_hops, called after each
+    """hookbus.services.orchestrator.serving.version_pins.VersionPins.lost_hops, called after each
     look at the replicas (no Redis command: the client is never used)."""
     registry = RegistryView(aredis.Redis(), Keys("t:"))
     pins = VersionPins(registry.client, Keys("t:"), registry)

@@ -119,7 +119,7 @@ async def llm_call(
     `tool_choice: "auto"` (nothing of it reached the client: the adapter held its chunks)
     is asked once more with "none", as `_asked_again` says. A call a predecessor finished
     is not made again: its answer is replayed (a resumed stream's client got none of its
-    text: hookbus.services.orchestrator.service, `resumption`)."""
+    text: hookbus.services.orchestrator.serving.execution, `resumption`)."""
     key, conversation = f"llm_call#{iteration}", state.conversation
     if (done := state.steps.replay(key, state.ctx)) is not None and _replayed_answer(state, key, done):
         return

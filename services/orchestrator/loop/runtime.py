@@ -2,7 +2,7 @@
 
 The agent loop is the same in-process and on the bus; only the runtime differs. The
 in-process runtime has no remote hooks and keeps sessions in memory; the bus runtime
-(hookbus.services.orchestrator.bus_runtime) sends hops to worker groups and keeps sessions in
+(hookbus.services.orchestrator.serving.bus_runtime) sends hops to worker groups and keeps sessions in
 Redis.
 """
 

@@ -15,7 +15,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.groups.registry import REPLICA_TTL, GroupAnnouncement
 from hookbus.bus.keys import Keys
 from hookbus.bus.wire.envelopes import DecodeError, MonitorRecord, monitor_records
-from hookbus.services.orchestrator.service import OrchestratorService
+from hookbus.services.orchestrator.serving import OrchestratorService
 from hookbus.services.protocol.conformance.skills import GROUP, REFERENCE_GROUP, Recorder
 from hookbus.services.protocol.conformance.worker_process import WorkerProcess
 from hookbus.skills import HookError

@@ -23,7 +23,7 @@ from hookbus import Agent
 from hookbus.bus.connection.embedded import EmbeddedRedis
 from hookbus.services.observability.logs import configure_logging
 from hookbus.services.orchestrator.llm.client import LLM
-from hookbus.services.orchestrator.service import OrchestratorService
+from hookbus.services.orchestrator.serving import OrchestratorService
 from hookbus.services.protocol.conformance.checks import CHECKS, KILL_CHECK
 from hookbus.services.protocol.conformance.harness import Check, CheckFailed, Harness, until_served
 from hookbus.services.protocol.conformance.skills import (

@@ -3,14 +3,14 @@ renewing the lease on the requests this one runs, and the `requests` janitor.
 
 The loops are the ones every consumer-group member runs (hookbus.bus.groups.member, shared
 with the worker replicas); the heartbeat and the lease renewal run on the member's
-liveness thread (bus/liveness.py) instead of the event loop. What an orchestrator does in
+liveness thread (bus/groups/liveness.py) instead of the event loop. What an orchestrator does in
 them:
 
 - **heartbeat**: its instance's score in `orchestrators` is the time of its last beat.
 
 - **claims** (every `claim_idle / 2` s): pending `requests` entries whose orchestrator is
   dead (no heartbeat for `claim_idle` s), or idle far too long, are claimed (see
-  bus/claims.py). For each, the journal decides (bus/journal.py `claim`, which bumps
+  bus/groups/claims.py). For each, the journal decides (bus/store/journal.py `claim`, which bumps
   the fencing epoch):
   - `fresh`: nobody started it (it sat in the dead one's prefetch buffer): run it;
   - `claimed`: it had started: the run goes on from the last step its journal records
@@ -25,14 +25,14 @@ them:
   - `duplicate`: another entry owns that completion id: dead-letter it.
   An entry delivered more than `max_deliveries` times (it keeps killing orchestrators)
   gets a 500 `request_failed` terminal item without another finalize, and a dead letter.
-- **leases** (every `claim_idle / 3` s, on the liveness thread, bus/liveness.py): one
+- **leases** (every `claim_idle / 3` s, on the liveness thread, bus/groups/liveness.py): one
   script renews the claim of every request this process runs (XCLAIM JUSTID) if the
   journal's epoch is still ours, refreshes their journals' TTL and stage, and reports
   those fenced out (stopped at once), those with a cancel marker (cancelled), and those
   whose journal is gone (Redis lost its data: ended at once with a 503
   `request_state_lost`, finalized here, since no other orchestrator knows of them).
 - **janitor** (every `trim_every` s): trims `requests` up to what was acked, deletes the
-  reply streams of orchestrators gone for long and forgets them (bus/trim.py).
+  reply streams of orchestrators gone for long and forgets them (bus/groups/trim.py).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
 from hookbus.bus.store.run_steps import Resumption
 from hookbus.bus.wire.envelopes import RequestEnvelope
-from hookbus.services.orchestrator.run_mode import RunMode
-from hookbus.services.orchestrator.run_table import Running, RunTable
+from hookbus.services.orchestrator.serving.run_mode import RunMode
+from hookbus.services.orchestrator.serving.run_table import Running, RunTable
 from hookbus.skills import DuplicateCompletionId, HookbusError, OrchestratorLost, ServiceError
 
 log = structlog.get_logger("hookbus.recovery")
@@ -223,11 +223,11 @@ class Recovery:
     # ------------------------------------------------------ heartbeat, leases
 
     def beat(self, client: redis.Redis) -> None:
-        """On the liveness thread (bus/liveness.py), so a busy loop is not taken for dead."""
+        """On the liveness thread (bus/groups/liveness.py), so a busy loop is not taken for dead."""
         client.zadd(self.service.keys.orchestrators, {self.service.instance: time.time()})
 
     def renew_once(self, client: redis.Redis) -> None:
-        """On the liveness thread (bus/liveness.py): a busy event loop does not stop it.
+        """On the liveness thread (bus/groups/liveness.py): a busy event loop does not stop it.
         What it finds (fenced out, cancelled) is handed to the loop."""
         service = self.service
         runs = [r for r in service.runs.running() if r.epoch and not r.fenced]

@@ -7,7 +7,6 @@ failure rules in hookbus.skills.runner (`fail_unanswered`).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, TypeVar
@@ -16,7 +15,6 @@ import pydantic_core
 import structlog
 from pydantic import ValidationError
 
-from hookbus.bus.connection.retrying import retryable
 from hookbus.bus.groups.registry import RegistryView
 from hookbus.bus.hops.reply_router import HopLost, HopTimeout, ReplyRouter
 from hookbus.bus.keys import Keys
@@ -39,7 +37,8 @@ from hookbus.bus.wire.stream_text import ChunkText
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.loop.plan import PlannedHook, PlannedTool, Segment
 from hookbus.services.orchestrator.loop.runtime import ChunkBatchResult
-from hookbus.services.orchestrator.version_pins import VersionPins
+from hookbus.services.orchestrator.serving.observation_outbox import ObservationOutbox
+from hookbus.services.orchestrator.serving.version_pins import VersionPins
 from hookbus.skills import Context, HookbusError, HookData
 from hookbus.skills.compaction_outcome import BETWEEN_TURNS_PREFIX
 from hookbus.skills.lifecycle import Lifecycle
@@ -50,8 +49,6 @@ log = structlog.get_logger("hookbus.bus_runtime")
 R = TypeVar("R")
 
 DEFAULT_HOP_TIMEOUT = 30.0
-OBSERVATIONS_RETRY_FOR = 30.0
-"""Seconds a request's observations are sent again while Redis cannot take them (a restart)."""
 HOP_GRACE = 0.25
 """Extra wait for a hop's reply beyond its hooks' timeouts: the worker enforces each hook's
 timeout itself and answers with the other hooks' results, which needs transport time."""
@@ -91,11 +88,7 @@ class BusRuntime:
         self.pins = VersionPins(registry.client, keys, registry)
         registry.on_refresh.append(self._end_lost_hops)
         self._remote_cache: tuple[int, tuple[PlannedHook, ...], tuple[PlannedTool, ...]] | None = None
-        self._observing: set[asyncio.Task[None]] = set()
-        """Observation entries being appended (the request's ack and shutdown wait for them)."""
-        self._sending: dict[str, asyncio.Task[None]] = {}
-        """Each request's observation entries being appended, by completion id."""
-        self.observations_sent = 0
+        self.observations = ObservationOutbox(keys, router)
         self.texts_resent = 0
         """Batched on_chunk hops sent again with their stream's text (a replica lacked it)."""
 
@@ -135,7 +128,7 @@ class BusRuntime:
         self, segments: Sequence[Segment], data: HookData, ctx: Context, stage_key: str
     ) -> AsyncGenerator[ChainResult, None]:
         """Consecutive remote segments of one stage, in turn, each on the data the one
-        before left (hookbus.services.orchestrator.runtime.Runtime.hop_segments). A hop lists the
+        before left (hookbus.services.orchestrator.loop.runtime.Runtime.hop_segments). A hop lists the
         live segments after it as its route (hookbus.bus.hops.send_on); where its worker sent the
         stage on, the next segment's reply is waited for, not sent for. Not while tracing:
         each hop's span is the orchestrator's, from its send to its reply."""
@@ -163,7 +156,7 @@ class BusRuntime:
         """The segments after `segment`'s hop that its worker may send the stage on to:
         those up to the first one in-process or in a group with no live replica (the
         stage then comes back here first); each to the stream of the version the request
-        is pinned to in that group (hookbus.services.orchestrator.version_pins). The hop's
+        is pinned to in that group (hookbus.services.orchestrator.serving.version_pins). The hop's
         own group and the route's are pinned together, in one round trip."""
         if not self.send_on or tracing.enabled():
             return []
@@ -342,7 +335,7 @@ class BusRuntime:
 
     def _end_lost_hops(self) -> None:
         """After each look at the replicas: the hops waiting for a version that is gone end
-        their wait now (hookbus.services.orchestrator.version_pins)."""
+        their wait now (hookbus.services.orchestrator.serving.version_pins)."""
         for hop_id, why in self.pins.lost_hops():
             self.router.lost(hop_id, why)
 
@@ -405,59 +398,9 @@ class BusRuntime:
     # -------------------------------------------------------------- observations
 
     def send_observations(self, completion_id: str, entries: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
-        """Each group's entry goes out with the next pipeline of hops (ReplyRouter.append);
-        no stage waits for it (`observations_stored`: the request's ack does). One that Redis
-        could not take (a restart: refused, or a pooled connection the restart closed) is
-        sent again with backoff for up to OBSERVATIONS_RETRY_FOR seconds; only one Redis
-        refused for good, or past that, is lost, and logged (at least once holds from the
-        entry on). Before, the first failure lost it: a RequestLogger's finalize line
-        (make deploy-check, a request answered right after a Redis restart)."""
-        if not entries:
-            return
-        appended = []
-        for group, fields in entries:
-            stream = self.keys.observe_for(group, completion_id)
-            appended.append((stream, fields, self.router.append(stream, fields)))
-        task = asyncio.ensure_future(self._observations_appended(completion_id, appended))
-        self._observing.add(task)
-        self._sending[completion_id] = task
-
-        def done(_: asyncio.Task[None]) -> None:
-            self._observing.discard(task)
-            self._sending.pop(completion_id, None)
-
-        task.add_done_callback(done)
-
-    async def observations_stored(self, completion_id: str, timeout: float) -> None:
-        """Wait (up to `timeout` s) until the request's observation entries are stored. The
-        request is acked after them: an orchestrator that dies in between leaves it pending,
-        and the one that recovers it publishes its finalize_connection's observation again,
-        so that one is delivered at least once. They went out with the request's last
-        appends, so this is at most the rest of that round trip."""
-        sending = self._sending.get(completion_id)
-        if sending is not None:
-            await asyncio.wait({sending}, timeout=timeout)
-
-    async def _observations_appended(
-        self, completion_id: str, appended: list[tuple[str, dict[bytes, bytes], asyncio.Future[None]]]
-    ) -> None:
-        """Wait for a request's entries, in one task (not one per entry), sending again
-        what Redis could not take for now."""
-        give_up = time.monotonic() + OBSERVATIONS_RETRY_FOR
-        for stream, fields, future in appended:
-            backoff = 0.05
-            while True:
-                try:
-                    await future
-                    self.observations_sent += 1
-                    break
-                except Exception as exc:  # noqa: BLE001 - an observer never fails a request
-                    if not retryable(exc) or time.monotonic() + backoff > give_up:
-                        log.warning("observations_not_sent", stream=stream, completion_id=completion_id, error=str(exc))
-                        break
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                future = self.router.append(stream, fields)
+        """Off the request's path (hookbus.services.orchestrator.serving.observation_outbox):
+        no stage waits for them; the request's ack does (`observations.stored`)."""
+        self.observations.send(completion_id, entries)
 
     def record_observed(
         self, completion_id: str, lifecycle: Lifecycle, outcomes: Sequence[HookOutcome], duration_ms: float
@@ -468,12 +411,6 @@ class BusRuntime:
             MonitorRecord.of_outcomes("observe", completion_id, lifecycle, outcomes, duration_ms,
                                       group=None, replica=self.instance)
         )
-
-    async def observations_flushed(self, timeout: float) -> None:
-        """Wait (up to `timeout` s) for the observation entries still being appended: a
-        stopping orchestrator sends them before it closes its connection."""
-        if self._observing:
-            await asyncio.wait(set(self._observing), timeout=timeout)
 
     # ------------------------------------------------------------ sessions, events
 
