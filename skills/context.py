@@ -43,10 +43,13 @@ class Session(BaseModel):
 
 
 class HookCall(BaseModel):
-    """Which hook is running now: lets a hook make its side effects idempotent.
+    """Which hook or tool call is running now: lets it make its side effects idempotent.
 
-    `idempotency_key` is stable across redeliveries (completion id, stage, hook);
-    `attempt` counts deliveries from 1. An observer also learns when its stage ran.
+    In a hook, `idempotency_key` is stable across redeliveries (completion id, stage,
+    hook); inside a tool it is the tool call's own (completion id, round, call id:
+    `for_tool`), the same when an orchestrator that took the request over from a dead one
+    runs a call again that had started and not finished. `attempt` counts a hook's
+    deliveries from 1. An observer also learns when its stage ran.
     """
 
     idempotency_key: str = ""
@@ -56,6 +59,12 @@ class HookCall(BaseModel):
     stage began; None for a hook on the request's path (the time is now)."""
     stage_ended: float | None = None
     """For an observer: the unix time the stage ended (what the next step started from)."""
+
+    @classmethod
+    def for_tool(cls, completion_id: str, tool_round: int, call_id: str) -> HookCall:
+        """What a tool sees while it runs call `call_id` of the agent's round `tool_round`
+        (from 0) in request `completion_id`."""
+        return cls(idempotency_key=f"{completion_id}:tool#{tool_round}:{call_id}")
 
 
 class Context(BaseModel):
@@ -67,7 +76,10 @@ class Context(BaseModel):
     state: dict[str, Any] = Field(default_factory=dict)
     recovery: bool = Field(
         default=False,
-        description="True when another orchestrator finalizes a request whose owner died.",
+        description=(
+            "True when another orchestrator took the request over from one that died: it runs "
+            "the rest of the run from its journal, or only finalizes it."
+        ),
     )
     call: HookCall = Field(default_factory=HookCall)
 

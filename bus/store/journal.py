@@ -58,8 +58,10 @@ round trips a request used to end with (the last response write and the XACK) by
 each chunk batch is one round trip, whose script runs HMGET (the fence), one XADD and, for
 the first batch only, the stream's EXPIRE. `finish` sets
 that TTL again only when asked (the writer does not when its own first batch set it less
-than half a TTL ago). Lease renewal and stage notes go in one script per orchestrator
-every few seconds, for all its requests together.
+than half a TTL ago), and blanks the run's step fields in the HSET it runs anyway
+(hookbus.bus.store.run_steps: one HSET a step is all that resuming a run costs). Lease
+renewal and stage notes go in one script per orchestrator every few seconds, for all its
+requests together.
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ return written
 """
 
 # KEYS: journal, responses, requests. ARGV: epoch, ttl, first_seq, group, entry, done_ttl,
-# item count, renew the TTL ("1" or "0"), batch entry (its last item terminal).
+# item count, renew the TTL ("1" or "0"), batch entry (its last item terminal), then the
+# run's step fields (hookbus.bus.store.run_steps), blanked in the HSET that marks it done.
 # Idempotent: a retry after a lost reply only acks again. A journal that is gone (Redis
 # lost it): the terminal item is stored, the entry acked if Redis still has it, and a done
 # journal written in its place.
@@ -185,8 +188,12 @@ if j[3] ~= '1' then
   if ARGV[8] == '1' then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 end
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
-redis.call('HSET', KEYS[1], 'written', written, 'terminal', '1', 'finalized', '1',
-  'done', '1', 'stage', 'done')
+local done = {'written', written, 'terminal', '1', 'finalized', '1', 'done', '1', 'stage', 'done'}
+for i = 10, #ARGV do
+  done[#done + 1] = ARGV[i]
+  done[#done + 1] = ''
+end
+redis.call('HSET', KEYS[1], unpack(done))
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 return written
 """
@@ -389,6 +396,7 @@ class Journal:
         entry_id: str,
         first_seq: int = -1,
         renew_ttl: bool = True,
+        steps: Sequence[str] = (),
     ) -> int:
         """Store the last items as one batch entry (the terminal one last, unless a
         terminal item is already stored), ack the request entry and mark the journal
@@ -396,13 +404,14 @@ class Journal:
         is rewritten as done (see the module docstring: LOST).
 
         `renew_ttl=False` leaves the response stream's TTL as it is: only for a caller
-        that knows its first batch set it recently (hookbus.bus.store.response_stream)."""
+        that knows its first batch set it recently (hookbus.bus.store.response_stream).
+        `steps`: the run's step fields (hookbus.bus.store.run_steps), blanked."""
         return int(
             await self._finish(
                 keys=[self.key(completion_id), responses, requests],
                 args=[
                     epoch, ttl, first_seq, group, entry_id, self.done_ttl, len(items),
-                    int(renew_ttl), encode_response_batch(list(items)),
+                    int(renew_ttl), encode_response_batch(list(items)), *steps,
                 ],
             )
         )

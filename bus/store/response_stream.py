@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aredis
 import structlog
@@ -71,6 +71,8 @@ class Fence:
     journal: Journal
     completion_id: str
     epoch: int
+    steps: list[str] = field(default_factory=list)
+    """The run's step fields in the journal (hookbus.bus.store.run_steps), blanked by `finish`."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ class ResponseWriter:
         result = await fence.journal.finish(
             fence.completion_id, self.stream, fence.epoch, batch,
             ttl=self._ttl, requests=ack.requests, group=ack.group, entry_id=ack.entry_id,
-            first_seq=self._seq, renew_ttl=self._ttl_is_stale(),
+            first_seq=self._seq, renew_ttl=self._ttl_is_stale(), steps=fence.steps,
         )
         if result == FENCED:
             self._fenced_out()

@@ -146,6 +146,13 @@ class GatewayMetrics:
             "hookbus_agent_requests", "Requests the orchestrators finished, by outcome.",
             ["outcome"], registry=r,
         )
+        self.takeovers = Counter(
+            "hookbus_agent_takeovers",
+            "Requests an orchestrator took over from one that died, by how they ended there "
+            "(resumed: the run went on from its journal; lost: a stream whose client had text "
+            "already, ended with 503 orchestrator_lost).",
+            ["how"], registry=r,
+        )
         self.llm_retries = Counter(
             "hookbus_llm_retries",
             "LLM calls whose answer was not taken and which were asked again, by reason "
@@ -225,6 +232,8 @@ class GatewayMetrics:
         elif record.kind == "request":
             self.agent_latency.labels(record.outcome).observe(seconds)
             self.agent_requests.labels(record.outcome).inc()
+            if (how := TAKEOVERS.get(record.lifecycle)) is not None:
+                self.takeovers.labels(how).inc()
 
     async def scrape(self, client: aredis.Redis, keys: Keys) -> bytes:
         """The exposition text, with queue gauges refreshed from Redis first."""
@@ -296,6 +305,11 @@ class GatewayMetrics:
             for version, state in states.items():
                 self.version_replicas.labels(group, version).set(len(state.replicas))
                 self.version_serving.labels(group, version).set(serving[version])
+
+
+TAKEOVERS = {"request:resume": "resumed", "request:recover": "lost"}
+"""The request records of a takeover (an orchestrator's run mode: `request:{mode}`), as the
+takeover counter's label."""
 
 
 def llm_retry_reason(record: MonitorRecord) -> str:

@@ -7,7 +7,8 @@ instance name (set by tests/integration/processes.py).
 
 Directives in the last user message steer them: `hold=SECONDS` (Slow sleeps in
 on_connection), `holdfirst` (only on the first delivery), `poison` (Poison kills its
-process with os._exit(1) on every delivery).
+process with os._exit(1) on every delivery), `payhold=SECONDS` (how long the tool `pay`
+holds after its side effect; 0.3 s without it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from hookbus import Agent
-from hookbus.skills import Context, HookData, Skill, hook
+from hookbus.skills import Context, HookData, Skill, hook, tool
 
 NAME = os.environ.get("HOOKBUS_TEST_NAME", f"pid{os.getpid()}")
 _clients: dict[int, aredis.Redis] = {}
@@ -172,8 +173,54 @@ class Stamp(Skill):
         return data
 
 
+class Payments(Skill):
+    """In the orchestrator: a tool with a side effect, done once per idempotency key.
+
+    Each call is logged (`test:pay-calls:{cid}`: who ran it, with which key); the side
+    effect (`test:pay-effects:{cid}`, one key per payment made) happens only for a key
+    not seen before, as a payment provider honouring idempotency keys would. A tool call
+    run again with its own key makes no second payment; one run again under a new key
+    (a repeated LLM call's new call id, or a key that is not the call's) makes one."""
+
+    name = "payments"
+
+    @tool
+    async def pay(self, n: int, ctx: Context) -> str:
+        """Pay installment n."""
+        client = redis_client()
+        key = ctx.call.idempotency_key
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.rpush(fault_key("pay-calls", ctx.completion_id), json.dumps({"by": NAME, "key": key}))
+            pipe.set(fault_key("paid", key), NAME, nx=True)
+            _, first = await pipe.execute()
+        if first:
+            await client.rpush(fault_key("pay-effects", ctx.completion_id), key)
+        await asyncio.sleep(param(ctx.state.get("user_text", ""), "payhold", 0.3))
+        return f"paid {n}"
+
+
+class UserText(Skill):
+    """In the orchestrator: keeps the request's user text in `ctx.state` for its tools."""
+
+    name = "user-text"
+
+    @hook("on_connection", 1)
+    async def keep(self, data: HookData, ctx: Context) -> HookData:
+        ctx.state["user_text"] = user_text(data.messages)
+        return data
+
+
+RESUME_ROUNDS = 3
+"""Tool rounds of `resume_agent`: a `[[loop:pay]]` request pays three times, then answers."""
+
+
 def make_agent() -> Agent:
     return Agent("faults", skills=[LocalLedger()])
+
+
+def resume_agent() -> Agent:
+    """The agent of the resumed-run tests: a paying tool, finalize counted in-process."""
+    return Agent("faults", skills=[LocalLedger(), UserText(), Payments()], max_tool_rounds=RESUME_ROUNDS)
 
 
 agent = make_agent

@@ -16,7 +16,8 @@ import redis.asyncio as aredis
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.groups.periodic import cancel_and_wait
 from hookbus.bus.groups.versions import ReplicaInfo
-from hookbus.bus.keys import Keys
+from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
+from hookbus.bus.store.journal import Journal
 from hookbus.bus.store.response_stream import TERMINAL_KINDS
 from hookbus.bus.wire.envelopes import (
     DecodeError,
@@ -26,6 +27,7 @@ from hookbus.bus.wire.envelopes import (
     response_items,
 )
 from tests.faults.fault_skills import fault_key
+from tests.integration.processes import Proc, Processes
 
 
 @dataclass
@@ -185,3 +187,22 @@ async def recording(redis_url: str, stream: str) -> AsyncIterator[list[dict[byte
     finally:
         await cancel_and_wait(task)
         await client.aclose()
+
+
+async def taken_over(client: aredis.Redis, keys: Keys, completion_id: str, survivor: str, victim: str) -> dict[str, str]:
+    """The journal of a request `survivor` took over from `victim` (epoch 2) and ended,
+    checked: nothing left pending, one terminal item."""
+    after = await Journal(client, keys).read(completion_id)
+    assert after["owner"] == survivor and after["previous_owner"] == victim, after
+    assert after["epoch"] == "2" and after["done"] == "1" and after["recovered"] == "1", after
+    assert await pending(client, keys.requests, ORCHESTRATOR_GROUP) == 0
+    assert await terminal_count(client, keys, completion_id) == 1
+    return after
+
+
+async def two_orchestrators(procs: Processes, agent: str, *extra: Proc) -> tuple[Proc, Proc]:
+    """`orch-1` and `orch-2` serving `agent` (claim idle 1 s), ready with `extra`."""
+    one = procs.orchestrator(agent, instance="orch-1", claim_idle=1)
+    two = procs.orchestrator(agent, instance="orch-2", claim_idle=1)
+    await procs.wait_ready(*extra, one, two)
+    return one, two

@@ -5,6 +5,11 @@ threshold are compacted (the turn in progress stays whole) and the compacted con
 replaces the run's own, so later rounds do not grow back. An endpoint that still answers
 "context too long" gets one compaction and one retry. The last round allowed
 (`max_tool_rounds`) is told so and offered no tools.
+
+Each of the three steps is put on record as it ends (hookbus.services.orchestrator.loop.
+run_steps); in a run that took the request over from a dead orchestrator, a step its
+predecessor completed is replayed from the record instead: its hooks do not run again
+and a finished LLM call is not made again.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import structlog
-from openai.types.chat import ChatCompletionChunk
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hookbus.bus.wire.envelopes import LLM_RETRY
 from hookbus.services.orchestrator.llm.answers import EmptyAnswer
@@ -24,7 +30,8 @@ from hookbus.services.orchestrator.loop import client_tools
 from hookbus.services.orchestrator.loop.chunk_stage import guarded_answer, streamed_llm_call
 from hookbus.services.orchestrator.loop.host import LoopHost
 from hookbus.services.orchestrator.loop.request_state import RequestState
-from hookbus.services.orchestrator.loop.stage_runner import stage
+from hookbus.services.orchestrator.loop.run_steps import changes
+from hookbus.services.orchestrator.loop.stage_runner import in_process, stage
 from hookbus.services.orchestrator.streaming.assemble import add_usage
 from hookbus.skills import HookData
 from hookbus.skills.compaction_outcome import Compaction
@@ -50,21 +57,52 @@ async def before_llm_call(
     if not final_round:
         own = state.plan.tool_schemas(state.ctx.auth.scopes)
         tools = client_tools.offered_tools(own, state.client_tools) or None
+    key, conversation = f"before_llm_call#{iteration}", state.conversation
+    if (done := state.steps.replay(key, state.ctx)) is not None:
+        replayed = _replayed_llm_input(state, key, done, messages, tools)
+        if replayed is not None:
+            return replayed
     settings = state.settings.model_copy(deep=True)
     if iteration > 0 and settings.forces_tool:
         settings.tool_choice = "auto"  # forcing every round would loop to the round cap
+    base = state.steps.start(messages, in_process(state, Lifecycle.BEFORE_LLM_CALL))
     data = HookData.model_construct(
         lifecycle=Lifecycle.BEFORE_LLM_CALL, messages=messages, tools=tools, iteration=iteration,
         model_settings=settings,
     )
-    data = await stage(host, state, data, f"before_llm_call#{iteration}")
+    data = await stage(host, state, data, key)
     settings = data.model_settings or ModelSettings()
     messages = list(data.messages or [])
     if await host.compactor.past_hard(messages):  # the in-run safety stop
         outcome = await host.compactor.in_run(messages, state.ctx)
         if outcome is not None:
             messages = _adopt(state, outcome, final_round)
+    record: dict[str, Any] = {
+        "messages": changes(base, messages), "settings": settings.model_dump(mode="json", exclude_none=True),
+    }
+    if data.tools != tools:
+        record["tools"] = data.tools
+    if state.conversation is not conversation:  # compacted
+        record["conversation"] = changes(conversation, state.conversation)
+    await state.steps.done(key, record, state.ctx)
     return messages, data.tools or None, settings
+
+
+def _replayed_llm_input(
+    state: RequestState, key: str, done: dict[str, Any], messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, ModelSettings] | None:
+    """What a recorded before_llm_call (and the compaction after it) gave the LLM call;
+    None when the record does not fit this run (the rest of it runs)."""
+    replayed = state.steps.messages(key, messages, done["messages"])
+    if replayed is None:
+        return None
+    if "conversation" in done:
+        compacted = state.steps.messages(key, state.conversation, done["conversation"])
+        if compacted is None:
+            return None
+        state.conversation = compacted
+    return replayed, done.get("tools", tools) or None, ModelSettings.model_validate(done["settings"])
 
 
 async def llm_call(
@@ -74,11 +112,17 @@ async def llm_call(
     tools: list[dict[str, Any]] | None,
     settings: ModelSettings,
     final_round: bool,
+    iteration: int,
 ) -> AsyncGenerator[ChatCompletionChunk, None]:
     """One LLM call (streamed or not); a "context too long" refusal that comes before any
     chunk gets one compaction and one retry, else the error stands. An empty answer under
     `tool_choice: "auto"` (nothing of it reached the client: the adapter held its chunks)
-    is asked once more with "none", as `_asked_again` says."""
+    is asked once more with "none", as `_asked_again` says. A call a predecessor finished
+    is not made again: its answer is replayed (a resumed stream's client got none of its
+    text: hookbus.services.orchestrator.serving.execution, `resumption`)."""
+    key, conversation = f"llm_call#{iteration}", state.conversation
+    if (done := state.steps.replay(key, state.ctx)) is not None and _replayed_answer(state, key, done):
+        return
     retried = False
     while True:
         chunks_before = state.chunks_seen
@@ -96,6 +140,7 @@ async def llm_call(
                     state.last_response = answer
                     if state.plan.hold_back(state.ctx.auth.scopes):
                         state.last_response = await guarded_answer(host, state, answer)
+            await state.steps.done(key, _answer_record(state, conversation), state.ctx)
             return
         except ContextTooLong as refusal:
             if retried or state.chunks_seen != chunks_before:
@@ -109,6 +154,31 @@ async def llm_call(
             if not empty.under_auto:
                 raise
             settings = _asked_again(state, empty, settings)
+
+
+def _answer_record(state: RequestState, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+    """What an LLM call gave the run: its answer, the usage so far (an answer asked again
+    counts), the conversation if a refusal made it compact."""
+    assert state.last_response is not None
+    record: dict[str, Any] = {
+        "response": state.last_response.model_dump(mode="json"),
+        "usage": state.usage.model_dump(mode="json") if state.usage else None,
+    }
+    if state.conversation is not conversation:
+        record["conversation"] = changes(conversation, state.conversation)
+    return record
+
+
+def _replayed_answer(state: RequestState, key: str, done: dict[str, Any]) -> bool:
+    """Take a recorded LLM call's answer; False when the record does not fit this run."""
+    if "conversation" in done:
+        compacted = state.steps.messages(key, state.conversation, done["conversation"])
+        if compacted is None:
+            return False
+        state.conversation = compacted
+    state.last_response = ChatCompletion.model_validate(done["response"])
+    state.usage = CompletionUsage.model_validate(done["usage"]) if done.get("usage") else None
+    return True
 
 
 @contextlib.contextmanager
@@ -134,11 +204,19 @@ async def after_llm_call(host: LoopHost, state: RequestState, iteration: int) ->
     response = state.last_response
     assert response is not None
     state.usage = add_usage(state.usage, response.usage)
-    data = HookData.model_construct(
-        lifecycle=Lifecycle.AFTER_LLM_CALL, response=response, usage=response.usage, iteration=iteration
-    )
-    data = await stage(host, state, data, f"after_llm_call#{iteration}")
-    state.last_response = data.response or response
+    key = f"after_llm_call#{iteration}"
+    if (done := state.steps.replay(key, state.ctx)) is not None:
+        changed = done.get("response")
+        state.last_response = response if changed is None else ChatCompletion.model_validate(changed)
+    else:
+        data = HookData.model_construct(
+            lifecycle=Lifecycle.AFTER_LLM_CALL, response=response, usage=response.usage, iteration=iteration
+        )
+        before = response.model_dump(mode="json") if state.steps.recording else None
+        data = await stage(host, state, data, key)
+        state.last_response = data.response or response
+        after = state.last_response.model_dump(mode="json") if state.steps.recording else None
+        await state.steps.done(key, {"response": None if after == before else after}, state.ctx)
     message = client_tools.conversation_message(state.last_response.choices[0].message)
     state.conversation.append(message)
     return message

@@ -35,7 +35,8 @@ from hookbus.services.orchestrator.loop.instructions import with_instructions
 from hookbus.services.orchestrator.loop.llm_round import after_llm_call, before_llm_call, llm_call
 from hookbus.services.orchestrator.loop.observer_handoff import RequestObservations
 from hookbus.services.orchestrator.loop.request_state import RequestState
-from hookbus.services.orchestrator.loop.stage_runner import stage
+from hookbus.services.orchestrator.loop.run_steps import RUN_STEPS, RunSteps, changes
+from hookbus.services.orchestrator.loop.stage_runner import in_process, stage
 from hookbus.services.orchestrator.loop.tool_round import tool_round
 from hookbus.services.orchestrator.streaming.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
@@ -78,7 +79,8 @@ async def begin(
         session=Session(id=session_id),
     )
     conversation = await off_loop(is_large(messages), _conversation, host.instructions, messages)  # a deep copy
-    state = RequestState(ctx, host.plan(), conversation, stream)
+    state = RequestState(ctx, host.plan(), conversation, stream, steps=RUN_STEPS.get() or RunSteps())
+    ctx.recovery = state.steps.resumed
     if state.plan.observes(ctx.auth.scopes):
         state.observations = RequestObservations(ctx, host.local_observers, host.runtime)
     return state
@@ -121,11 +123,13 @@ async def lifecycle(host: LoopHost, state: RequestState) -> AsyncGenerator[ChatC
         )
         await _on_connection(host, state)
         turn = TurnStream(state.completion_id, state.ctx.metadata.model) if state.stream else None
+        if turn is not None:
+            turn.role_sent = state.steps.role_sent  # a resumed stream's client has it
         rounds = 0
         while True:
             final_round = rounds >= host.max_tool_rounds
             messages, tools, settings = await before_llm_call(host, state, rounds, final_round)
-            async with contextlib.aclosing(llm_call(host, state, messages, tools, settings, final_round)) as chunks:
+            async with contextlib.aclosing(llm_call(host, state, messages, tools, settings, final_round, rounds)) as chunks:
                 async for chunk in chunks:
                     shown = turn.visible(chunk) if turn is not None else chunk
                     if shown is not None:
@@ -133,7 +137,7 @@ async def lifecycle(host: LoopHost, state: RequestState) -> AsyncGenerator[ChatC
             message = await after_llm_call(host, state, rounds)
             if final_round or not message.get("tool_calls"):
                 break
-            state.client_calls = await tool_round(host, state, message)
+            state.client_calls = await tool_round(host, state, message, rounds)
             if state.client_calls:
                 break
             rounds += 1
@@ -166,15 +170,28 @@ async def _on_connection(host: LoopHost, state: RequestState) -> None:
     data = HookData.model_construct(
         lifecycle=Lifecycle.ON_CONNECTION, messages=state.conversation, stream=state.stream
     )
-    data = await stage(host, state, data)
-    state.conversation = list(data.messages or [])
+    await _conversation_stage(host, state, data)
 
 
 async def _on_message(host: LoopHost, state: RequestState) -> None:
     data = HookData.model_construct(lifecycle=Lifecycle.ON_MESSAGE, messages=state.conversation)
+    await _conversation_stage(host, state, data)
+    state.result = final_completion(state, state.ctx.metadata.model)
+
+
+async def _conversation_stage(host: LoopHost, state: RequestState, data: HookData) -> None:
+    """A stage whose hooks may change the conversation (on_connection, on_message): run,
+    its change put on record; or, when a predecessor ran it, that change replayed."""
+    key = data.lifecycle
+    done = state.steps.replay(key, state.ctx)
+    replayed = None if done is None else state.steps.messages(key, state.conversation, done["messages"])
+    if replayed is not None:
+        state.conversation = replayed
+        return
+    before = state.steps.start(state.conversation, in_process(state, key))
     data = await stage(host, state, data)
     state.conversation = list(data.messages or [])
-    state.result = final_completion(state, state.ctx.metadata.model)
+    await state.steps.done(key, {"messages": changes(before, state.conversation)}, state.ctx)
 
 
 def _conversation(instructions: str | None, messages: Sequence[dict[str, Any]] | str) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from openai.types.chat import ChatCompletion
 
 from hookbus.services.orchestrator.loop.observer_handoff import RequestObservations
 from hookbus.services.orchestrator.loop.plan import HookPlan
+from hookbus.services.orchestrator.loop.run_steps import RunSteps
 from hookbus.skills import Context, HookbusError
 from hookbus.skills.model_settings import ModelSettings
 
@@ -37,6 +38,8 @@ class RequestState:
     started: float = field(default_factory=time.perf_counter)
     observations: RequestObservations | None = None
     """Set when any stage has observers for this caller."""
+    steps: RunSteps = field(default_factory=RunSteps)
+    """The steps a predecessor completed (replayed) and those this run completes (recorded)."""
 
     @property
     def completion_id(self) -> str:

@@ -28,6 +28,11 @@ from hookbus.skills.runner import ChainResult, run_hooks, stage_goes_on
 log = structlog.get_logger("hookbus.agent")
 
 
+def in_process(state: RequestState, lifecycle: Lifecycle) -> bool:
+    """Whether in-process hooks run at this stage for this caller."""
+    return any(segment.group is None for segment in state.plan.segments(lifecycle, state.ctx.auth.scopes))
+
+
 async def stage(host: LoopHost, state: RequestState, data: HookData, stage_key: str = "") -> HookData:
     """Run the stage's hooks (`run_stage`), then hand its end to its observers, if it has
     any (hookbus.services.orchestrator.loop.observer_handoff: they run off the request's path)."""

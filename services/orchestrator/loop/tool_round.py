@@ -3,7 +3,8 @@
 A server tool runs here between before_toolcall and after_toolcall; a client tool goes
 through before_toolcall and is returned to the client, which runs it (the server's
 results of the same round are held for its next request: hookbus.services.orchestrator.
-loop.client_tools).
+loop.client_tools). Each hook stage and each tool call is put on record as it ends, and
+replayed instead of run again after a takeover (hookbus.services.orchestrator.loop.run_steps).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from hookbus.services.orchestrator.loop.host import LoopHost
 from hookbus.services.orchestrator.loop.request_state import RequestState
 from hookbus.services.orchestrator.loop.stage_runner import stage
 from hookbus.skills import HookData
+from hookbus.skills.context import HookCall
 from hookbus.skills.lifecycle import Lifecycle
 from hookbus.skills.toolcall import ToolProblem, invoke_tool, parse_arguments
 
 
-async def tool_round(host: LoopHost, state: RequestState, message: dict[str, Any]) -> list[dict[str, Any]]:
+async def tool_round(
+    host: LoopHost, state: RequestState, message: dict[str, Any], iteration: int
+) -> list[dict[str, Any]]:
     """Every tool call of one response, in the model's order: the server's run (with
     their hooks), the client's go through before_toolcall and are returned. Returns the
     calls for the client; the server's results are held for its next request."""
@@ -31,12 +35,12 @@ async def tool_round(host: LoopHost, state: RequestState, message: dict[str, Any
     results_at = len(state.conversation)
     for position, tool_call in enumerate(message["tool_calls"]):
         if client_tools.call_name(tool_call) in names:
-            passed = await _client_tool_call(host, state, tool_call)
+            passed = await _client_tool_call(host, state, tool_call, iteration)
             if passed is not None:
                 message["tool_calls"][position] = passed
                 returned.append(passed)
         else:
-            await _server_tool_call(host, state, tool_call)
+            await _server_tool_call(host, state, tool_call, iteration)
     if returned:
         await client_tools.hold_results(
             host.runtime, state.ctx.auth.peer_user_id, message, returned,
@@ -45,50 +49,71 @@ async def tool_round(host: LoopHost, state: RequestState, message: dict[str, Any
     return returned
 
 
-async def _client_tool_call(host: LoopHost, state: RequestState, tool_call: dict[str, Any]) -> dict[str, Any] | None:
+async def _client_tool_call(
+    host: LoopHost, state: RequestState, tool_call: dict[str, Any], iteration: int
+) -> dict[str, Any] | None:
     """before_toolcall for a call the client will run: the (maybe rewritten) call to
     return, or None when a hook blocked or skipped it (then it is answered here, as a
     server call would be, and after_toolcall runs)."""
     tool_id = str(tool_call.get("id", ""))
-    before = await _before_toolcall(host, state, tool_call, tool_id, client=True)
+    before = await _before_toolcall(host, state, tool_call, tool_id, iteration, client=True)
     if not before.tool_skipped:
         return before.tool_call or tool_call
-    await _after_toolcall(host, state, before, tool_id, before.tool_result or "")
+    await _after_toolcall(host, state, before, tool_id, iteration, before.tool_result or "")
     return None
 
 
 async def _before_toolcall(
-    host: LoopHost, state: RequestState, tool_call: dict[str, Any], tool_id: str, *, client: bool
+    host: LoopHost, state: RequestState, tool_call: dict[str, Any], tool_id: str, iteration: int, *, client: bool
 ) -> HookData:
+    key = f"before_toolcall#{iteration}:{tool_id}"
+    if (done := state.steps.replay(key, state.ctx)) is not None:
+        return HookData.model_construct(lifecycle=Lifecycle.BEFORE_TOOLCALL, tool_id=tool_id, client_tool=client, **done)
     before = HookData.model_construct(
         lifecycle=Lifecycle.BEFORE_TOOLCALL, tool_call=copy.deepcopy(tool_call), tool_id=tool_id,
         tool_skipped=False, client_tool=client,
     )
-    return await stage(host, state, before, f"before_toolcall#{tool_id}")
+    before = await stage(host, state, before, f"before_toolcall#{tool_id}")
+    record = {"tool_call": before.tool_call, "tool_skipped": before.tool_skipped, "tool_result": before.tool_result}
+    await state.steps.done(key, record, state.ctx)
+    return before
 
 
-async def _server_tool_call(host: LoopHost, state: RequestState, tool_call: dict[str, Any]) -> None:
+async def _server_tool_call(host: LoopHost, state: RequestState, tool_call: dict[str, Any], iteration: int) -> None:
+    """A server tool's call: the tool runs with the call's own idempotency key (completion
+    id, round, call id), so a call run again after a takeover carries the key it had."""
     tool_id = str(tool_call.get("id", ""))
-    before = await _before_toolcall(host, state, tool_call, tool_id, client=False)
+    before = await _before_toolcall(host, state, tool_call, tool_id, iteration, client=False)
+    key = f"tool#{iteration}:{tool_id}"
     if before.tool_skipped:
         result = before.tool_result or ""
+    elif (done := state.steps.replay(key, state.ctx)) is not None:
+        result = str(done["result"])
     else:
         name = client_tools.call_name(before.tool_call or tool_call)
         _progress(state, f"hookbus: tool {name} running")
+        state.ctx.call = HookCall.for_tool(state.completion_id, iteration, tool_id)
         result = await _run_tool(host, state, before.tool_call or tool_call)
         _progress(state, f"hookbus: tool {name} done")
-    await _after_toolcall(host, state, before, tool_id, result)
+        await state.steps.done(key, {"result": result}, state.ctx)
+    await _after_toolcall(host, state, before, tool_id, iteration, result)
 
 
-async def _after_toolcall(host: LoopHost, state: RequestState, before: HookData, tool_id: str, result: str) -> None:
-    after = HookData.model_construct(
-        lifecycle=Lifecycle.AFTER_TOOLCALL, tool_call=before.tool_call, tool_id=tool_id,
-        tool_result=result, tool_skipped=before.tool_skipped, client_tool=before.client_tool,
-    )
-    after = await stage(host, state, after, f"after_toolcall#{tool_id}")
-    state.conversation.append(
-        {"role": "tool", "tool_call_id": tool_id, "content": after.tool_result or ""}
-    )
+async def _after_toolcall(
+    host: LoopHost, state: RequestState, before: HookData, tool_id: str, iteration: int, result: str
+) -> None:
+    key = f"after_toolcall#{iteration}:{tool_id}"
+    if (done := state.steps.replay(key, state.ctx)) is not None:
+        result = str(done["tool_result"])
+    else:
+        after = HookData.model_construct(
+            lifecycle=Lifecycle.AFTER_TOOLCALL, tool_call=before.tool_call, tool_id=tool_id,
+            tool_result=result, tool_skipped=before.tool_skipped, client_tool=before.client_tool,
+        )
+        after = await stage(host, state, after, f"after_toolcall#{tool_id}")
+        result = after.tool_result or ""
+        await state.steps.done(key, {"tool_result": result}, state.ctx)
+    state.conversation.append({"role": "tool", "tool_call_id": tool_id, "content": result})
 
 
 def _progress(state: RequestState, line: str) -> None:

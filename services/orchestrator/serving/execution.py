@@ -6,6 +6,10 @@ ran and its answer is stored).
 Every response write checks the journal's epoch: a run whose request another orchestrator
 claimed stops without writing again (fenced out), and a run asks before finalize_connection
 whether it still owns its request (`Execution.still_owner`).
+
+Each step a run completes is put on record in its journal (hookbus.bus.store.run_steps,
+`_record_step`), so that an orchestrator that takes the request over when this one dies
+runs it on from there (`RESUME`, with the steps to replay: `resumption`).
 """
 
 from __future__ import annotations
@@ -13,22 +17,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import time
 from typing import Any, Protocol
 
 import redis.asyncio as aredis
 import structlog
 from openai.types.chat import ChatCompletionChunk
+from pydantic_core import PydanticSerializationError
+from redis.exceptions import ResponseError
 
 from hookbus.bus.connection.retrying import RECONNECT_ERRORS
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal
 from hookbus.bus.store.response_stream import Ack, Fence, ResponseWriter
+from hookbus.bus.store.run_steps import Resumption, StepLog, StepRecord
 from hookbus.bus.wire.envelopes import REQUEST_START, MonitorRecord, RequestEnvelope, ResponseItem
 from hookbus.services.console import request_link
 from hookbus.services.gateway.cancel import CLIENT_STALLED
 from hookbus.services.observability import tracing
 from hookbus.services.orchestrator.loop.agent import Agent
+from hookbus.services.orchestrator.loop.run_steps import RUN_STEPS, RunSteps, streamed_text
 from hookbus.services.orchestrator.serving.bus_runtime import BusRuntime
 from hookbus.services.orchestrator.serving.run_mode import RunMode
 from hookbus.services.orchestrator.serving.run_table import Running, RunTable
@@ -74,6 +83,24 @@ class Execution:
         self.service = service
         self.served = 0
         self.fenced = 0
+        self._steps: StepLog | None = None
+
+    @property
+    def steps(self) -> StepLog:
+        """The journals' step fields, on the service's client (built at start-up)."""
+        if self._steps is None:
+            assert self.service.journal is not None, "the service is not started"
+            self._steps = StepLog(self.service.client, self.service.keys)
+        return self._steps
+
+    async def resumption(self, request: RequestEnvelope) -> Resumption | None:
+        """Where a lost orchestrator left a request it had started, to run on from; None
+        when it cannot go on unnoticed: a stream whose client already got text (a new LLM
+        call would not continue that text, and the client must not get it twice)."""
+        found = await self.steps.resumption(request.completion_id)
+        if request.stream and (found.sent.text or streamed_text(found.records)):
+            return None
+        return found
 
     async def execute(
         self,
@@ -83,28 +110,32 @@ class Execution:
         *,
         first_seq: int = 0,
         error: HookbusError | None = None,
+        resume: Resumption | None = None,
     ) -> bool:
-        """Run (`RUN`), finalize only (`RECOVER`), or only end (`END`) one request with the
-        epoch in `run`, then store its terminal item and ack it. False if fenced out or
-        left pending because Redis stayed unreachable. Once it ended here, the request no
-        longer counts as served by the worker versions it was pinned to."""
+        """Run (`RUN`), run on from `resume` (`RESUME`), finalize only (`RECOVER`), or only
+        end (`END`) one request with the epoch in `run`, then store its terminal item and
+        ack it. False if fenced out or left pending because Redis stayed unreachable. Once
+        it ended here, the request no longer counts as served by the worker versions it was
+        pinned to."""
         runtime = self.service.runtime
         assert runtime is not None
         try:
             with self.service.agent_for(request).serving_on(runtime):
-                return await self._execute(run, request, mode, first_seq=first_seq, error=error)
+                return await self._execute(run, request, mode, first_seq=first_seq, error=error, resume=resume)
         finally:  # fenced: its new owner runs it on and releases it
             runtime.pins.release(request.completion_id, ended=not run.fenced)
 
     async def _execute(
-        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int, error: HookbusError | None
+        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int,
+        error: HookbusError | None, resume: Resumption | None,
     ) -> bool:
         service = self.service
         assert service.journal is not None and service.runtime is not None
         cid = request.completion_id
+        fence = Fence(service.journal, cid, run.epoch, steps=list(resume.fields) if resume is not None else [])
         writer = ResponseWriter(
             service.client, service.keys.responses(cid),
-            fence=Fence(service.journal, cid, run.epoch),
+            fence=fence,
             on_fenced=lambda: service.runs.fence_out(run),
             on_lost=lambda: service.runs.lose(run),
             first_seq=first_seq,
@@ -112,7 +143,7 @@ class Execution:
         run.writer = writer
         if run.cancel_reason is not None and mode == RunMode.RUN:
             mode, error = RunMode.CANCELLED, Cancelled(f"the request was {run.cancel_reason}")
-        if mode == RunMode.RUN:  # so that a running request shows its model and caller (the console)
+        if mode.runs:  # so that a running request shows its model and caller (the console)
             service.runtime.events.emit(
                 MonitorRecord(
                     completion_id=cid, lifecycle=REQUEST_START, replica=service.instance,
@@ -120,19 +151,25 @@ class Execution:
                     agent=service.agent_for(request).name,
                 )
             )
-        terminal = await self._terminal_of_task(run, request, writer, mode, error)
+        steps = RunSteps(
+            resume.records if resume is not None else (), functools.partial(self._record_step, fence),
+            epoch=run.epoch, by=service.instance, resumed=resume is not None,
+            role_sent=resume is not None and resume.sent.role,
+        )
+        terminal = await self._terminal_of_task(run, request, writer, mode, error, steps)
         if terminal is None or not await self._store(run, writer, terminal):
             return False
         await self._ended(run, request, writer, mode, terminal)
         return True
 
     async def _terminal_of_task(
-        self, run: Running, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode, error: HookbusError | None
+        self, run: Running, request: RequestEnvelope, writer: ResponseWriter, mode: RunMode,
+        error: HookbusError | None, steps: RunSteps,
     ) -> ResponseItem | None:
         """The run in a task of its own, waited for; its terminal item, or None once fenced out."""
         task = asyncio.create_task(
             self._produce(request, writer, mode, error), name=f"request-{request.completion_id}",
-            context=_with_run(run),  # its hooks' tasks see which run they belong to
+            context=_with_run(run, steps),  # its hooks' tasks see which run (and steps) they belong to
         )
         run.task = task
         try:
@@ -169,6 +206,17 @@ class Execution:
         if not stored:
             self._fenced_out(run)
         return stored
+
+    async def _record_step(self, fence: Fence, n: int, record: StepRecord) -> bool:
+        """One step of a run on record (hookbus.services.orchestrator.loop.run_steps); False
+        if it could not be (Redis unreachable or refusing, or an in-process hook left a
+        value JSON cannot carry in `ctx.state`): the run goes on, and a takeover replays less."""
+        try:
+            fence.steps.append(await self.steps.append(fence.completion_id, n, record))
+        except (*RECONNECT_ERRORS, ResponseError, PydanticSerializationError) as exc:
+            log.warning("step_not_recorded", completion_id=fence.completion_id, step=record.key, error=str(exc))
+            return False
+        return True
 
     def _fenced_out(self, run: Running) -> None:
         self.fenced += 1
@@ -250,7 +298,7 @@ class Execution:
     ) -> ResponseItem:
         cid = request.completion_id
         try:
-            if mode == RunMode.RUN:
+            if mode.runs:
                 return await self._run_until_deadline(request, writer)
             assert error is not None
             if mode in (RunMode.RECOVER, RunMode.CANCELLED):
@@ -310,9 +358,10 @@ class Execution:
 _current_run: contextvars.ContextVar[Running | None] = contextvars.ContextVar("hookbus_run", default=None)
 
 
-def _with_run(run: Running) -> contextvars.Context:
+def _with_run(run: Running, steps: RunSteps) -> contextvars.Context:
     context = contextvars.copy_context()
     context.run(_current_run.set, run)
+    context.run(RUN_STEPS.set, steps)
     return context
 
 

@@ -13,9 +13,14 @@ them:
   bus/groups/claims.py). For each, the journal decides (bus/store/journal.py `claim`, which bumps
   the fencing epoch):
   - `fresh`: nobody started it (it sat in the dead one's prefetch buffer): run it;
-  - `claimed`: it had started: run only finalize_connection, with `data.error` a 503
-    `orchestrator_lost` and `ctx.recovery = True`, then store that error as the terminal
-    item (unless one is stored already) and ack, in one fenced step;
+  - `claimed`: it had started: the run goes on from the last step its journal records
+    (hookbus.bus.store.run_steps; finished LLM calls, tool calls and stages are not run
+    again, a tool call that had started runs again with its own idempotency key), with
+    `ctx.recovery = True`; its answer is stored and the entry acked as any run's. A
+    stream whose client already got text cannot go on unnoticed: for it, only
+    finalize_connection runs, with `data.error` a 503 `orchestrator_lost`, then that
+    error is stored as the terminal item (unless one is stored already) and the entry
+    acked, in one fenced step;
   - `done`: it was finished and acked already: nothing to do but ack;
   - `duplicate`: another entry owns that completion id: dead-letter it.
   An entry delivered more than `max_deliveries` times (it keeps killing orchestrators)
@@ -50,6 +55,7 @@ from hookbus.bus.groups.served_agents import forget_stale
 from hookbus.bus.groups.trim import FORGET_AFTER, prune_consumers, trim_acked
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal, Lease, Leases
+from hookbus.bus.store.run_steps import Resumption
 from hookbus.bus.wire.envelopes import RequestEnvelope
 from hookbus.services.orchestrator.serving.run_mode import RunMode
 from hookbus.services.orchestrator.serving.run_table import Running, RunTable
@@ -86,8 +92,17 @@ class RecoveryHost(Protocol):
     ) -> None: ...
 
     async def execute(
-        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int = 0, error: HookbusError | None = None
+        self,
+        run: Running,
+        request: RequestEnvelope,
+        mode: RunMode,
+        *,
+        first_seq: int = 0,
+        error: HookbusError | None = None,
+        resume: Resumption | None = None,
     ) -> bool: ...
+
+    async def resumption(self, request: RequestEnvelope) -> Resumption | None: ...
 
 
 class Recovery:
@@ -111,7 +126,11 @@ class Recovery:
             ),
         )
         self.recovered = 0
+        """Requests claimed after they started that ended with `orchestrator_lost`."""
+        self.continued = 0
+        """Requests claimed after they started that ran on from their journal."""
         self.resumed = 0
+        """Requests claimed before they started, run from the start."""
         self.trimmed = 0
 
     @property
@@ -166,6 +185,17 @@ class Recovery:
                 log.info("request_resumed", completion_id=cid, previous_owner=entry.previous_owner)
                 if await service.execute(run, request, RunMode.RUN):
                     self.resumed += 1
+                return
+            resume = None if outcome.finalized else await service.resumption(request)
+            if resume is not None:
+                log.warning(
+                    "request_resuming", completion_id=cid, previous_owner=entry.previous_owner,
+                    stage=outcome.stage, epoch=outcome.epoch, steps=len(resume.records),
+                )
+                if await service.execute(
+                    run, request, RunMode.RESUME, first_seq=resume.sent.items, resume=resume
+                ):
+                    self.continued += 1
                 return
             mode = RunMode.END if outcome.finalized else RunMode.RECOVER
             log.warning(

@@ -19,9 +19,11 @@ Reliability (see bus/store/journal.py and services/orchestrator/serving/recovery
   renewal run on a thread of their own (bus/groups/liveness.py), so a busy event loop is not
   taken for a dead process;
 - a request another orchestrator left pending (it died, or it stalled for longer than
-  `claim_idle`) is claimed: if it had started, only finalize_connection runs, with a 503
-  `orchestrator_lost` error and `ctx.recovery = True`, and the client gets that error; if
-  it had not, it simply runs;
+  `claim_idle`) is claimed: if it had started, the run goes on from the last step its
+  journal records (each step is put on record as it ends: hookbus.bus.store.run_steps),
+  with `ctx.recovery = True`; a stream whose client already got text cannot go on
+  unnoticed, so only finalize_connection runs for it, with a 503 `orchestrator_lost`
+  error, and the client gets that error; if it had not started, it simply runs;
 - a request that cannot be read is dead-lettered; if its completion id is readable the
   client gets a 400 (or a 413 for one over its size limits: hookbus.bus.limits, the
   same limits the gateway applies, plus room for the envelope's own fields);
@@ -75,6 +77,7 @@ from hookbus.bus.limits import RequestLimits
 from hookbus.bus.settings import get_settings
 from hookbus.bus.store.events import EventWriter
 from hookbus.bus.store.journal import Journal
+from hookbus.bus.store.run_steps import Resumption
 from hookbus.bus.store.sessions import SessionStore
 from hookbus.bus.wire.envelopes import RequestEnvelope
 from hookbus.services.orchestrator.loop.agent import Agent
@@ -413,10 +416,15 @@ class OrchestratorService(BusApp):
         await self.admission.refuse(stream, entry_id, fields, completion_id, error)
 
     async def execute(
-        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int = 0, error: HookbusError | None = None
+        self, run: Running, request: RequestEnvelope, mode: RunMode, *, first_seq: int = 0,
+        error: HookbusError | None = None, resume: Resumption | None = None,
     ) -> bool:
         """`Execution.execute`, on the service for recovery (RecoveryHost) as for its own entries."""
-        return await self.execution.execute(run, request, mode, first_seq=first_seq, error=error)
+        return await self.execution.execute(run, request, mode, first_seq=first_seq, error=error, resume=resume)
+
+    async def resumption(self, request: RequestEnvelope) -> Resumption | None:
+        """`Execution.resumption`, for recovery (RecoveryHost)."""
+        return await self.execution.resumption(request)
 
     @property
     def served(self) -> int:

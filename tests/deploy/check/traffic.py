@@ -30,6 +30,7 @@ class Outcome(BaseModel):
     error_code: str | None = None
     finish_reason: str | None = None
     content: str = ""
+    """The answer's text; of a stream that ended in an error, the text it got before."""
     seconds: float = 0.0
     ended: float = 0.0
     """time.monotonic() when the client had its answer (or gave up)."""
@@ -71,16 +72,15 @@ async def ask(api: Api, text: str, *, stream: bool, tag: str = "check") -> Outco
     outcome = Outcome(session_id=session_id, stream=stream, terminal="cut")
     try:
         if stream:
-            parts = []
             chunks = await api.client.chat.completions.create(
                 model=api.model, messages=messages, stream=True, extra_headers=headers
             )
             async for chunk in chunks:
                 for choice in chunk.choices:
-                    parts.append(choice.delta.content or "")
+                    # as it comes: a stream that ends in an error keeps the text before it
+                    outcome.content += choice.delta.content or ""
                     if choice.finish_reason:
                         outcome.finish_reason = choice.finish_reason
-            outcome.content = "".join(parts)
         else:
             completion = await api.client.chat.completions.create(
                 model=api.model, messages=messages, extra_headers=headers

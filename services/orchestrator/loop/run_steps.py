@@ -1,0 +1,167 @@
+"""A run's steps as the loop sees them: those a dead predecessor completed, handed back in
+order instead of run again, then those this run completes, put on record
+(hookbus.bus.store.run_steps) before the next one starts.
+
+The loop is deterministic given what its steps returned: replaying the records in order
+brings it to the step its predecessor was in when it died, with the same conversation,
+`ctx.state` and session data; that step and those after it run for real. A step is one
+stage's hooks, one LLM call or one tool call; its key says which (`StepRecord.key`). A
+record whose key is not the step the loop reached (the run took another path) ends the
+replay there: the rest runs.
+
+Messages are recorded as a change to the list the step started from (`changes`): the
+messages kept from its start, then the rest, so an unchanged conversation costs a few
+bytes a step, not its size.
+
+The orchestrator service sets `RUN_STEPS` for each run it executes; a run without it
+(an agent used in-process) records nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+import structlog
+
+from hookbus.bus.store.run_steps import StepRecord
+from hookbus.skills import Context
+
+log = structlog.get_logger("hookbus.agent")
+
+Recorder = Callable[[int, StepRecord], Awaitable[bool]]
+"""Puts the run's n-th step (from 0) on record; False when it could not (Redis
+unreachable or refusing)."""
+
+
+class RunSteps:
+    """The steps of one run: replayed first, then recorded."""
+
+    def __init__(
+        self,
+        replayed: Sequence[StepRecord] = (),
+        record: Recorder | None = None,
+        *,
+        epoch: int = 0,
+        by: str = "",
+        resumed: bool = False,
+        role_sent: bool = False,
+    ) -> None:
+        """`resumed`: this run took the request over from a lost owner (with or without
+        steps to replay)."""
+        self._replay = deque(replayed)
+        self._record = record
+        self.epoch = epoch
+        self.by = by
+        self.role_sent = role_sent
+        """A resumed stream's client already got the role delta (it is sent once a turn)."""
+        self.resumed = resumed
+        self.replayed = 0
+        self.recorded = 0
+        self._state = "{}"
+        self._session = "{}"
+
+    @property
+    def recording(self) -> bool:
+        """Whether steps are put on record (in the orchestrator service, not in-process)."""
+        return self._record is not None
+
+    def replay(self, key: str, ctx: Context) -> dict[str, Any] | None:
+        """The output of step `key` if a predecessor completed it (with `ctx.state` and the
+        session data as they were after it), else None: run it."""
+        if not self._replay:
+            return None
+        record = self._replay[0]
+        if record.key != key:
+            self.diverged(key, record.key)
+            return None
+        self._replay.popleft()
+        if record.state is not None:
+            ctx.state = record.state
+            self._state = _dumped(record.state)
+        if record.session is not None:
+            ctx.session.data = record.session
+            self._session = _dumped(record.session)
+        self.replayed += 1
+        return record.output
+
+    def diverged(self, key: str, recorded: str) -> None:
+        """The run reached `key` where the record says `recorded`: run the rest."""
+        log.warning("resume_diverged", step=key, recorded=recorded, replayed=self.replayed)
+        self._replay.clear()
+
+    def start(self, messages: list[dict[str, Any]], in_process: bool) -> list[dict[str, Any]]:
+        """The messages a stage starts from, to record its change to them: a copy when
+        in-process hooks run at it (they may change the messages in place), else the list
+        (a worker's changes come back as new objects)."""
+        if self._record is None:
+            return messages
+        return copy.deepcopy(messages) if in_process else list(messages)
+
+    def messages(self, key: str, base: list[dict[str, Any]], change: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """`base` changed as recorded; None (and the replay ends) when the record was made
+        from another list."""
+        messages = applied(base, change)
+        if messages is None:
+            self.diverged(key, "a change to another list of messages")
+        return messages
+
+    async def done(self, key: str, output: dict[str, Any], ctx: Context) -> None:
+        """Put step `key` on record: its output, and `ctx.state` and the session data if it
+        changed them. One command; the next step starts once it is stored."""
+        if self._record is None:
+            return
+        state, session = _dumped(ctx.state), _dumped(ctx.session.data)
+        record = StepRecord(
+            key=key, epoch=self.epoch, by=self.by, output=output,
+            state=ctx.state if state != self._state else None,
+            session=ctx.session.data if session != self._session else None,
+        )
+        self._state, self._session = state, session
+        if not await self._record(self.replayed + self.recorded, record):
+            # a step not on record costs only a takeover's replay; what follows would not
+            # fit the record, so none is kept
+            self._record = None
+            return
+        self.recorded += 1
+
+
+def streamed_text(records: Sequence[StepRecord]) -> bool:
+    """Whether a recorded LLM call answered with text: in a stream, its client got it (or
+    was about to), so a run going on after it would not be unnoticed."""
+    for record in records:
+        if record.key.startswith("llm_call#"):
+            choices = record.output.get("response", {}).get("choices") or [{}]
+            if (choices[0].get("message") or {}).get("content"):
+                return True
+    return False
+
+
+def changes(base: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`after` as a change to `base`: how many of its messages it starts with, then the rest."""
+    keep = 0
+    for before, now in zip(base, after, strict=False):
+        if before is not now and before != now:
+            break
+        keep += 1
+    return {"of": len(base), "keep": keep, "tail": list(after[keep:])}
+
+
+def applied(base: Sequence[dict[str, Any]], change: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The list `changes` recorded, rebuilt from the same `base`; None if `base` is not
+    the list it was recorded from (another length)."""
+    if change.get("of") != len(base):
+        return None
+    return [*base[: change["keep"]], *change["tail"]]
+
+
+def _dumped(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+RUN_STEPS: ContextVar[RunSteps | None] = ContextVar("hookbus_run_steps", default=None)
+"""The steps of the run the current task belongs to (set by the orchestrator service)."""
