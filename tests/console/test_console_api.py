@@ -155,10 +155,17 @@ async def test_a_request_waterfall_holds_every_stage_in_order_with_its_hops(gate
     completion_id, status = await send(gateway, USER_KEY, TOOL_PROMPT)
     assert status == 200 and completion_id
 
+    hooked = {stage for stage in STAGE_ORDER if stage not in ("llm_call", "tool_call")}  # audit hooks all others
+
     async def ended() -> dict[str, Any] | None:
+        """The whole waterfall: the orchestrator's records and the replicas' hop records
+        arrive on each process's own flush, so the request can end before its hops show."""
         response = await get(gateway, f"/console/api/requests/{completion_id}")
         body = response.json() if response.status_code == 200 else None
-        return body if body and body["request"]["outcome"] != "running" else None
+        if not body or body["request"]["outcome"] == "running":
+            return None
+        hopped = {s["lifecycle"] for s in body["steps"] if s["kind"] == "hop"}
+        return body if hopped >= hooked else None
 
     waterfall = await wait_for(ended, timeout=15, every=0.3)
     assert waterfall is not None
