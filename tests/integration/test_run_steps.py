@@ -11,10 +11,19 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aredis
 
+from hookbus import Agent
 from hookbus.bus.keys import ORCHESTRATOR_GROUP, Keys
 from hookbus.bus.store.journal import Journal
-from hookbus.bus.store.run_steps import StepLog, StepRecord, replayable, step_field, stream_sent
+from hookbus.bus.store.run_steps import (
+    STEP_FIELD,
+    StepLog,
+    StepRecord,
+    replayable,
+    step_field,
+    stream_sent,
+)
 from hookbus.bus.wire.envelopes import ResponseItem
+from tests.integration.stack import Notes, running_stack
 
 
 @pytest.fixture
@@ -98,3 +107,25 @@ async def test_what_a_stream_sent_is_read_from_its_items(client, prefix):
     await journal.write(cid, keys.responses(cid), 1, [chunk({"content": "w0"})], ttl=60, first_seq=2)
     sent = await stream_sent(client, keys.responses(cid))
     assert (sent.items, sent.role, sent.text) == (3, True, True)
+
+
+async def test_a_stream_records_no_step_after_its_first_text(redis_url, prefix):
+    """The same request with one tool round, whole and streamed: the stream's record ends
+    with the LLM call whose text its client got (a takeover after it ends the stream
+    `orchestrator_lost` whatever is on record), so after_llm_call and on_message cost it
+    no HSET; the whole answer records every step."""
+    prompt = '[[tool:remember {"note": "milk"}]]'
+    async with running_stack(redis_url, prefix, Agent("steps"), {"notes": [Notes()]}) as (client, _, _):
+        whole = await client.complete(prompt)
+        chunks = [chunk async for chunk in client.stream(prompt)]
+        journal = Journal(client.redis, client.keys)
+        recorded = {
+            cid: sorted(int(name.split(":")[1]) for name in await journal.read(cid) if name.startswith(STEP_FIELD))
+            for cid in (whole.id, chunks[0].id)
+        }
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and "noted (1)" in text
+    # on_connection, then per round before_llm_call, llm_call, after_llm_call, the tool's
+    # three steps in round 0, and on_message
+    assert recorded[whole.id] == list(range(11)), recorded
+    assert recorded[chunks[0].id] == list(range(9)), recorded

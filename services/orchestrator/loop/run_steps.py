@@ -13,6 +13,10 @@ Messages are recorded as a change to the list the step started from (`changes`):
 messages kept from its start, then the rest, so an unchanged conversation costs a few
 bytes a step, not its size.
 
+A stream records up to its first LLM call that answered with text and no further: from
+there a takeover ends it `orchestrator_lost` anyway (its client has text a new call would
+not continue), so its later steps would cost a command each for nothing.
+
 The orchestrator service sets `RUN_STEPS` for each run it executes; a run without it
 (an agent used in-process) records nothing.
 """
@@ -50,11 +54,14 @@ class RunSteps:
         by: str = "",
         resumed: bool = False,
         role_sent: bool = False,
+        streamed: bool = False,
     ) -> None:
         """`resumed`: this run took the request over from a lost owner (with or without
-        steps to replay)."""
+        steps to replay). `streamed`: the client reads a stream, so recording ends with the
+        first LLM call that answered with text (`done`)."""
         self._replay = deque(replayed)
         self._record = record
+        self.streamed = streamed
         self.epoch = epoch
         self.by = by
         self.role_sent = role_sent
@@ -128,6 +135,11 @@ class RunSteps:
             self._record = None
             return
         self.recorded += 1
+        if self.streamed and streamed_text([record]):
+            # a stream whose client got text cannot go on unnoticed: a takeover from here
+            # ends it `orchestrator_lost` whatever the record holds (serving.execution,
+            # `resumption`), so the steps after this one are not worth a command each
+            self._record = None
 
 
 def streamed_text(records: Sequence[StepRecord]) -> bool:

@@ -154,7 +154,7 @@ class Execution:
         steps = RunSteps(
             resume.records if resume is not None else (), functools.partial(self._record_step, fence),
             epoch=run.epoch, by=service.instance, resumed=resume is not None,
-            role_sent=resume is not None and resume.sent.role,
+            role_sent=resume is not None and resume.sent.role, streamed=request.stream,
         )
         terminal = await self._terminal_of_task(run, request, writer, mode, error, steps)
         if terminal is None or not await self._store(run, writer, terminal):
