@@ -64,13 +64,14 @@ end
 """A Lua function `trim_acked(key)` -> (entries removed, MINID or ""): the trim of
 `trim_acked` below, for the scripts that trim more (hookbus.bus.groups.observer_backlog)."""
 
-_TRIM = TRIM_ACKED_LUA + """
+TRIM_LUA = TRIM_ACKED_LUA + """
 local removed, minid = trim_acked(KEYS[1])
 return {removed, minid}
 """
+"""KEYS[1] a stream -> {entries removed, MINID or ""}. Every worker runs this one text
+(the protocol spec's `constants.scripts`: the TypeScript worker reads it from there)."""
 
-# KEYS[1] stream; ARGV: group, then consumer names to forget if they hold nothing.
-_PRUNE = """
+PRUNE_LUA = """
 local consumers = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 local pending = {}
 for _, c in ipairs(consumers) do
@@ -87,12 +88,14 @@ for i = 2, #ARGV do
 end
 return removed
 """
+"""KEYS[1] a stream; ARGV: its group, then consumers to forget if they hold nothing ->
+how many were forgotten (in the spec beside TRIM_LUA)."""
 
 
 async def trim_acked(client: aredis.Redis, stream: str) -> tuple[int, str]:
     """Trim what every consumer group of `stream` has acknowledged; (entries removed,
     the MINID used or "" when nothing could be trimmed)."""
-    removed, minid = await client.eval(_TRIM, 1, stream)
+    removed, minid = await client.eval(TRIM_LUA, 1, stream)
     return int(removed), text(minid)
 
 
@@ -100,7 +103,7 @@ async def delete_consumer_if_idle(client: aredis.Redis, stream: str, group: str,
     """XGROUP DELCONSUMER `consumer`, atomically only if it holds no pending entry (a
     replica leaving after its drain: nothing of it is left for a lease to expire)."""
     try:
-        return int(await client.eval(_PRUNE, 1, stream, group, consumer)) == 1
+        return int(await client.eval(PRUNE_LUA, 1, stream, group, consumer)) == 1
     except aredis.ResponseError:
         return False  # no such stream or group
 
@@ -127,6 +130,6 @@ async def prune_consumers(
     gone = [n for n, s in zip(names, scores, strict=True) if s is None or float(s) < cutoff]
     removed = 0
     if gone:
-        removed = int(await client.eval(_PRUNE, 1, stream, group, *gone))
+        removed = int(await client.eval(PRUNE_LUA, 1, stream, group, *gone))
     await client.zremrangebyscore(heartbeats, "-inf", cutoff)
     return removed

@@ -1,5 +1,6 @@
 """What every worker must agree on besides the messages: timings, size limits, the version
-rule and key names, as the spec's `protocol.json` states them under `constants`.
+rule, key names and the Lua scripts they run, as the spec's `protocol.json` states them
+under `constants`.
 
 They are read here from the Python modules that use them, so the spec says what the Python
 worker does; the TypeScript package reads them from the committed spec when it is built
@@ -15,7 +16,7 @@ from pydantic import BaseModel, Field
 from hookbus.bus.connection.shards import DEFAULT_CLUSTER_SHARDS
 from hookbus.bus.groups.claims import MIN_LONG_IDLE, RETRY_CAP, heartbeat_every
 from hookbus.bus.groups.registry import HEARTBEAT_EVERY, REFRESH_EVERY, REPLICA_TTL
-from hookbus.bus.groups.trim import FORGET_AFTER, TRIM_EVERY
+from hookbus.bus.groups.trim import FORGET_AFTER, PRUNE_LUA, TRIM_EVERY, TRIM_LUA
 from hookbus.bus.groups.versions import PIN_STALE, PUBLISH_EVERY, VERSION_PATTERN, VERSION_RULE
 from hookbus.bus.keys import Keys
 from hookbus.bus.settings import Settings
@@ -79,11 +80,20 @@ class KeyNames(BaseModel):
     cluster_shards: int = Field(description="Shards of each sharded stream on a Redis Cluster when HOOKBUS_SHARDS is unset.")
 
 
+class Scripts(BaseModel):
+    """The Lua scripts every worker runs as they are: one text, so the workers cannot trim
+    or forget differently."""
+
+    trim_acked: str = Field(description="KEYS[1] a stream -> {entries removed, MINID or ''}: trims what every consumer group of the stream acknowledged, up to the oldest entry one still needs.")
+    prune_consumers: str = Field(description="KEYS[1] a stream; ARGV its group, then consumer names -> how many of them were deleted: each only if it holds no pending entry.")
+
+
 class ProtocolConstants(BaseModel):
     timings: Timings
     limits: SizeLimits
     version: VersionStrings
     keys: KeyNames
+    scripts: Scripts
 
 
 def _key_names(keys: Keys) -> dict[str, str]:
@@ -133,4 +143,5 @@ def protocol_constants() -> ProtocolConstants:
             plain=_key_names(Keys("<prefix>:")), cluster=_key_names(Keys("<prefix>:", cluster=True)),
             cluster_shards=DEFAULT_CLUSTER_SHARDS,
         ),
+        scripts=Scripts(trim_acked=TRIM_LUA, prune_consumers=PRUNE_LUA),
     )

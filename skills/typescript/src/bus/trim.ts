@@ -1,7 +1,8 @@
 /**
  * Keeping the group's stream bounded without losing an unacknowledged entry
- * (hookbus.bus.trim): one Lua script trims up to the oldest entry some consumer group
- * still needs, atomically; consumers gone for long that hold nothing are forgotten.
+ * (hookbus.bus.groups.trim): one Lua script trims up to the oldest entry some consumer
+ * group still needs, atomically; consumers gone for long that hold nothing are forgotten.
+ * Both scripts come from the protocol spec, the Python worker's own text.
  */
 
 import type { Redis } from 'ioredis';
@@ -10,51 +11,9 @@ import { CONSTANTS } from '../generated/protocol.js';
 export const TRIM_EVERY = CONSTANTS.timings.trim_every;
 const FORGET_AFTER = CONSTANTS.timings.forget_after;
 
-const TRIM = `
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups == 0 then return {0, ''} end
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-local best_ms, best_seq = nil, nil
-for _, g in ipairs(groups) do
-  local info = {}
-  for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-  local ms, seq
-  if tonumber(info['pending']) > 0 then
-    local summary = redis.call('XPENDING', KEYS[1], info['name'])
-    ms, seq = parse(summary[2])
-  else
-    ms, seq = parse(info['last-delivered-id'])
-    seq = seq + 1
-  end
-  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
-    best_ms, best_seq = ms, seq
-  end
-end
-local minid = string.format('%d-%d', best_ms, best_seq)
-return {redis.call('XTRIM', KEYS[1], 'MINID', minid), minid}
-`;
-
-const PRUNE = `
-local consumers = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
-local pending = {}
-for _, c in ipairs(consumers) do
-  local info = {}
-  for k = 1, #c, 2 do info[c[k]] = c[k + 1] end
-  pending[info['name']] = tonumber(info['pending'])
-end
-local removed = 0
-for i = 2, #ARGV do
-  if pending[ARGV[i]] == 0 then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
-    removed = removed + 1
-  end
-end
-return removed
-`;
+/** The scripts every worker runs as they are (the spec's `constants.scripts`). */
+const TRIM = CONSTANTS.scripts.trim_acked;
+const PRUNE = CONSTANTS.scripts.prune_consumers;
 
 export async function trimAcked(client: Redis, stream: string): Promise<number> {
   const [removed] = (await client.eval(TRIM, 1, stream)) as [number, string];
