@@ -59,7 +59,8 @@ each chunk batch is one round trip, whose script runs HMGET (the fence), one XAD
 the first batch only, the stream's EXPIRE. `finish` sets
 that TTL again only when asked (the writer does not when its own first batch set it less
 than half a TTL ago), and blanks the run's step fields in the HSET it runs anyway
-(hookbus.bus.store.run_steps: one HSET a step is all that resuming a run costs). Lease
+(hookbus.bus.store.run_steps: one HSET for each LLM call, each tool call and the stages
+before each is all that resuming a run costs). Lease
 renewal and stage notes go in one script per orchestrator every few seconds, for all its
 requests together.
 """

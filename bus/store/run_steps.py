@@ -4,11 +4,14 @@ owner continues the run instead of failing it (docs/operations.md: "An orchestra
 Each step the run completes (one stage's hooks, one LLM call, one tool call) is a field
 of the request's journal (hookbus.bus.store.journal): `step:{n}:{epoch}` holds the n-th
 step (from 0) as its owner with that fencing epoch recorded it, a `StepRecord` as JSON.
-Its owner writes the field before the next step starts, so whatever a step did is on
-record before anything that follows it can happen. One HSET a step, nothing else: the
-journal's TTL, renewed with the lease, is the steps' too, and `finish` blanks the fields
-in the HSET it runs anyway (the field names the writer hands it); the cost bench's
-budget (hookbus.bus.store.journal, "Cost") has room for one command a step, not two.
+Its owner writes an LLM call's or a tool call's field as soon as the call ends, and the
+stages' fields waiting since the last write in one HSET before the next call (or
+finalize) starts: what costs money or has effects outside is on record before anything
+that follows it, and the stages between two calls cost one command together
+(hookbus.services.orchestrator.loop.run_steps). Nothing else: the journal's TTL, renewed
+with the lease, is the steps' too, and `finish` blanks the fields in the HSET it runs
+anyway (the field names the writer hands it); the cost bench's budget
+(hookbus.bus.store.journal, "Cost") has no room for a command a step.
 
 Fencing: an owner that stalled and lost the request may still write steps after its
 successor did; the epoch in the field's name keeps them apart (neither overwrites the
@@ -20,12 +23,13 @@ another path than the record (hookbus.services.orchestrator.run_steps).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
 from pydantic import BaseModel
+from redis.typing import EncodableT, FieldT
 
 from hookbus.bus.connection.values import text
 from hookbus.bus.keys import Keys
@@ -90,11 +94,15 @@ class StepLog:
         self.client = client
         self.keys = keys
 
-    async def append(self, completion_id: str, n: int, record: StepRecord) -> str:
-        """Put step `n` on record (one HSET); returns its field, for `finish` to blank."""
-        name = step_field(n, record.epoch)
-        await self.client.hset(self.keys.journal(completion_id), name, record.model_dump_json(exclude_none=True))
-        return name
+    async def append(self, completion_id: str, steps: Sequence[tuple[int, StepRecord]]) -> list[str]:
+        """Put steps on record, each under its number n (one HSET); returns their fields,
+        for `finish` to blank."""
+        names = [step_field(n, record.epoch) for n, record in steps]
+        fields: dict[FieldT, EncodableT] = {
+            name: record.model_dump_json(exclude_none=True) for name, (_, record) in zip(names, steps, strict=True)
+        }
+        await self.client.hset(self.keys.journal(completion_id), mapping=fields)
+        return names
 
     async def resumption(self, completion_id: str) -> Resumption:
         """What a request's lost owner left: its steps, and what its client was sent."""

@@ -1,6 +1,6 @@
-"""A run's steps on record (hookbus.bus.store.run_steps): one HSET a step in the request's
-journal, read back in order, a stalled owner's steps after its successor's ignored,
-blanked with the request's terminal item."""
+"""A run's steps on record (hookbus.bus.store.run_steps): fields of the request's journal,
+read back in order, a stalled owner's steps after its successor's ignored, blanked with the
+request's terminal item."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ async def test_steps_are_read_back_in_order_and_blanked_at_the_end(client, prefi
     journal, cid, entry = await begun(client, keys)
     log = StepLog(client, keys)
     fields = [
-        await log.append(cid, 0, step("on_connection", 1)),
-        await log.append(cid, 1, step("llm_call#0", 1, answer="hi")),
+        *await log.append(cid, [(0, step("on_connection", 1))]),
+        *await log.append(cid, [(1, step("llm_call#0", 1, answer="hi"))]),
     ]
     found = await log.resumption(cid)
     assert [(r.key, r.output) for r in found.records] == [("on_connection", {}), ("llm_call#0", {"answer": "hi"})]
@@ -109,11 +109,12 @@ async def test_what_a_stream_sent_is_read_from_its_items(client, prefix):
     assert (sent.items, sent.role, sent.text) == (3, True, True)
 
 
-async def test_a_stream_records_no_step_after_its_first_text(redis_url, prefix):
+async def test_a_stream_records_no_step_from_its_first_text_on(redis_url, prefix):
     """The same request with one tool round, whole and streamed: the stream's record ends
-    with the LLM call whose text its client got (a takeover after it ends the stream
-    `orchestrator_lost` whatever is on record), so after_llm_call and on_message cost it
-    no HSET; the whole answer records every step."""
+    before the LLM call whose text its client gets (a takeover from there ends the stream
+    `orchestrator_lost` if text reached the client, and else runs that call again), so that
+    call, after_llm_call and on_message cost it nothing; the whole answer records every
+    step."""
     prompt = '[[tool:remember {"note": "milk"}]]'
     async with running_stack(redis_url, prefix, Agent("steps"), {"notes": [Notes()]}) as (client, _, _):
         whole = await client.complete(prompt)
@@ -128,4 +129,4 @@ async def test_a_stream_records_no_step_after_its_first_text(redis_url, prefix):
     # on_connection, then per round before_llm_call, llm_call, after_llm_call, the tool's
     # three steps in round 0, and on_message
     assert recorded[whole.id] == list(range(11)), recorded
-    assert recorded[chunks[0].id] == list(range(9)), recorded
+    assert recorded[chunks[0].id] == list(range(8)), recorded

@@ -53,6 +53,7 @@ async def _finalize(host: LoopHost, state: RequestState) -> None:
     if not await _still_ours(host, state):
         log.warning("finalize_skipped_lost_request", completion_id=state.completion_id)
         return
+    await state.steps.calling()  # a takeover during finalize runs no stage again
     data = HookData.model_construct(
         lifecycle=Lifecycle.FINALIZE_CONNECTION,
         messages=state.conversation,

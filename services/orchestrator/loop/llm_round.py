@@ -123,6 +123,7 @@ async def llm_call(
     key, conversation = f"llm_call#{iteration}", state.conversation
     if (done := state.steps.replay(key, state.ctx)) is not None and _replayed_answer(state, key, done):
         return
+    await state.steps.calling()
     retried = False
     while True:
         chunks_before = state.chunks_seen

@@ -13,9 +13,10 @@ Messages are recorded as a change to the list the step started from (`changes`):
 messages kept from its start, then the rest, so an unchanged conversation costs a few
 bytes a step, not its size.
 
-A stream records up to its first LLM call that answered with text and no further: from
-there a takeover ends it `orchestrator_lost` anyway (its client has text a new call would
-not continue), so its later steps would cost a command each for nothing.
+A stream records up to the LLM call that first answers with text, that call not included:
+a takeover from there ends it `orchestrator_lost` if text reached its client (a new call
+would not continue it) and otherwise makes that call again, its client having got none of
+it; a record of it or of a later step would change neither, at a command each.
 
 The orchestrator service sets `RUN_STEPS` for each run it executes; a run without it
 (an agent used in-process) records nothing.
@@ -37,9 +38,13 @@ from hookbus.skills import Context
 
 log = structlog.get_logger("hookbus.agent")
 
-Recorder = Callable[[int, StepRecord], Awaitable[bool]]
-"""Puts the run's n-th step (from 0) on record; False when it could not (Redis
-unreachable or refusing)."""
+Recorder = Callable[[Sequence[tuple[int, StepRecord]]], Awaitable[bool]]
+"""Puts steps of the run on record, each with its number n (from 0), in one command; False
+when it could not (Redis unreachable or refusing)."""
+
+CALLS = ("llm_call#", "tool#")
+"""The keys of the steps that call out (an LLM call, a tool call): on record as soon as they
+end, with the stage records still waiting."""
 
 
 class RunSteps:
@@ -61,6 +66,7 @@ class RunSteps:
         first LLM call that answered with text (`done`)."""
         self._replay = deque(replayed)
         self._record = record
+        self._waiting: list[tuple[int, StepRecord]] = []
         self.streamed = streamed
         self.epoch = epoch
         self.by = by
@@ -119,7 +125,9 @@ class RunSteps:
 
     async def done(self, key: str, output: dict[str, Any], ctx: Context) -> None:
         """Put step `key` on record: its output, and `ctx.state` and the session data if it
-        changed them. One command; the next step starts once it is stored."""
+        changed them. An LLM call or a tool call is stored before the next step starts; a
+        stage's hooks wait for the next store (`calling`, a call's end), so the stages
+        between two calls cost one command together."""
         if self._record is None:
             return
         state, session = _dumped(ctx.state), _dumped(ctx.session.data)
@@ -129,16 +137,27 @@ class RunSteps:
             session=ctx.session.data if session != self._session else None,
         )
         self._state, self._session = state, session
-        if not await self._record(self.replayed + self.recorded, record):
-            # a step not on record costs only a takeover's replay; what follows would not
-            # fit the record, so none is kept
+        if self.streamed and streamed_text([record]):
+            # its client has this text, or gets it now: a takeover from here ends the
+            # stream `orchestrator_lost` if any reached it (serving.execution, `resumption`)
+            # and else makes this call again, the client having got none of it; so neither
+            # this step nor those after it are worth a command
             self._record = None
             return
+        self._waiting.append((self.replayed + self.recorded, record))
         self.recorded += 1
-        if self.streamed and streamed_text([record]):
-            # a stream whose client got text cannot go on unnoticed: a takeover from here
-            # ends it `orchestrator_lost` whatever the record holds (serving.execution,
-            # `resumption`), so the steps after this one are not worth a command each
+        if key.startswith(CALLS):
+            await self.calling()
+
+    async def calling(self) -> None:
+        """Store the stage records waiting, before an LLM call, a tool call or finalize
+        starts: a takeover during a call then runs no stage before it again."""
+        if self._record is None or not self._waiting:
+            return
+        waiting, self._waiting = self._waiting, []
+        if not await self._record(waiting):
+            # a step not on record costs only a takeover's replay; what follows would not
+            # fit the record, so none is kept
             self._record = None
 
 

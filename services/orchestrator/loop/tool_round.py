@@ -93,6 +93,7 @@ async def _server_tool_call(host: LoopHost, state: RequestState, tool_call: dict
         name = client_tools.call_name(before.tool_call or tool_call)
         _progress(state, f"hookbus: tool {name} running")
         state.ctx.call = HookCall.for_tool(state.completion_id, iteration, tool_id)
+        await state.steps.calling()
         result = await _run_tool(host, state, before.tool_call or tool_call)
         _progress(state, f"hookbus: tool {name} done")
         await state.steps.done(key, {"result": result}, state.ctx)

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import functools
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import redis.asyncio as aredis
@@ -207,14 +208,15 @@ class Execution:
             self._fenced_out(run)
         return stored
 
-    async def _record_step(self, fence: Fence, n: int, record: StepRecord) -> bool:
-        """One step of a run on record (hookbus.services.orchestrator.loop.run_steps); False
+    async def _record_step(self, fence: Fence, steps: Sequence[tuple[int, StepRecord]]) -> bool:
+        """Steps of a run on record (hookbus.services.orchestrator.loop.run_steps); False
         if it could not be (Redis unreachable or refusing, or an in-process hook left a
         value JSON cannot carry in `ctx.state`): the run goes on, and a takeover replays less."""
         try:
-            fence.steps.append(await self.steps.append(fence.completion_id, n, record))
+            fence.steps.extend(await self.steps.append(fence.completion_id, steps))
         except (*RECONNECT_ERRORS, ResponseError, PydanticSerializationError) as exc:
-            log.warning("step_not_recorded", completion_id=fence.completion_id, step=record.key, error=str(exc))
+            keys = [record.key for _, record in steps]
+            log.warning("step_not_recorded", completion_id=fence.completion_id, steps=keys, error=str(exc))
             return False
         return True
 
