@@ -21,7 +21,7 @@ SLOW = "[[delay:150]] [[words:12]] a slow answer"
 FINALIZE_TIMEOUT = 90.0
 RECOVERY_TIMEOUT = 120.0
 SERVICES = {
-    "redis": 1, "model": 1, "orchestrator": 2, "worker-guard": 1, "worker-telemetry": 1,
+    "redis": 1, "model": 1, "orchestrator": 2, "orchestrator-support": 2, "worker-guard": 1, "worker-telemetry": 1,
     "worker-billing": 1, "gateway": 1,
 }
 
