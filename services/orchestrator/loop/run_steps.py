@@ -62,8 +62,8 @@ class RunSteps:
         streamed: bool = False,
     ) -> None:
         """`resumed`: this run took the request over from a lost owner (with or without
-        steps to replay). `streamed`: the client reads a stream, so recording ends with the
-        first LLM call that answered with text (`done`)."""
+        steps to replay). `streamed`: the client reads a stream, so recording ends before the
+        LLM call that first answers with text (`done`)."""
         self._replay = deque(replayed)
         self._record = record
         self._waiting: list[tuple[int, StepRecord]] = []
@@ -150,8 +150,9 @@ class RunSteps:
             await self.calling()
 
     async def calling(self) -> None:
-        """Store the stage records waiting, before an LLM call, a tool call or finalize
-        starts: a takeover during a call then runs no stage before it again."""
+        """Store the records waiting: a call's own as it ends (from `done`), the stages'
+        before an LLM call, a tool call or finalize starts, so a takeover during a call runs
+        no stage before it again."""
         if self._record is None or not self._waiting:
             return
         waiting, self._waiting = self._waiting, []
@@ -163,7 +164,8 @@ class RunSteps:
 
 def streamed_text(records: Sequence[StepRecord]) -> bool:
     """Whether a recorded LLM call answered with text: in a stream, its client got it (or
-    was about to), so a run going on after it would not be unnoticed."""
+    was about to), so a run going on after it would not be unnoticed. A stream's own run no
+    longer records such a call (`RunSteps.done`); an orchestrator of an earlier version did."""
     for record in records:
         if record.key.startswith("llm_call#"):
             choices = record.output.get("response", {}).get("choices") or [{}]
