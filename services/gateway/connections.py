@@ -3,16 +3,16 @@ costs one log line per episode, not a traceback per failed accept.
 
 - uvicorn has a keep-alive timeout but no timeout for a request's headers: a client that
   sends one header byte every few seconds (slowloris) holds its connection forever.
-  `HeaderTimeoutH11` (uvicorn's h11 protocol plus one timer) answers 408 and closes a
+  `EdgeHttp` (uvicorn's httptools protocol plus one timer) answers 408 and closes a
   connection whose request headers are not complete `header_timeout` seconds after the
   connection opened or its previous response ended. The body has its own timeout
   (hookbus.services.gateway.request_body).
 - A connection closed with data its client does not take (a streamed answer ended because
   its client stopped reading: hookbus.services.gateway.sse) would stay open as long as
-  the client wishes, asyncio's close() waiting to flush: `HeaderTimeoutH11` aborts it
+  the client wishes, asyncio's close() waiting to flush: `EdgeHttp` aborts it
   when its buffer has not drained `ABORT_AFTER` seconds after the close.
 - One client address holds at most `max_connections_per_address` connections at once
-  (`HeaderTimeoutH11`): one more is answered 503 and closed at once, so a flood from one
+  (`EdgeHttp`): one more is answered 503 and closed at once, so a flood from one
   address leaves the rest of `--max-connections` to other callers.
 - With every descriptor in use, asyncio reports each failed `accept()` to the loop's
   exception handler, with a traceback, and schedules one retry per failure (up to the
@@ -29,9 +29,8 @@ import time
 from collections import Counter
 from typing import Any
 
-import h11
 import structlog
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hookbus.services.gateway.edge_options import HEADER_TIMEOUT
 
@@ -80,21 +79,31 @@ class _AbortingClose:
             self._transport.abort()
 
 
-def header_timeout_protocol(header_timeout: float, per_address: int = 0) -> type[H11Protocol]:
+def edge_protocol(header_timeout: float, per_address: int = 0) -> type[EdgeHttp]:
     """uvicorn's `http` protocol class with this header timeout and bound on connections per
     client address (0: none), counted over the connections of this class."""
     return type(
-        "HeaderTimeoutH11", (HeaderTimeoutH11,),
+        "EdgeHttp", (EdgeHttp,),
         {"header_timeout": header_timeout, "per_address": per_address, "open_by_address": Counter()},
     )
 
 
-class HeaderTimeoutH11(H11Protocol):
+class EdgeHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol, whose parser is C (llhttp): h11's pure-Python parser
+    cost the gateway 7-17 % more CPU a request (docs/performance.md). A connection's
+    header timer runs while no request of it has its headers in and unanswered: from the
+    connection's start and from each response's end, unless the next (pipelined)
+    request's headers came before it."""
+
     header_timeout: float = HEADER_TIMEOUT
     per_address: int = 0
     open_by_address: Counter[str] = Counter()
     _header_timer: asyncio.TimerHandle | None = None
     _counted: str | None = None
+    _headers_in = 0
+    """Requests of this connection whose headers are complete."""
+    _answered = 0
+    """Requests of this connection whose responses are complete."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_AbortingClose(transport, self.loop))  # type: ignore[arg-type]
@@ -108,14 +117,15 @@ class HeaderTimeoutH11(H11Protocol):
             self._counted = address
         self._arm()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
-            self._disarm()
+    def on_headers_complete(self) -> None:
+        self._headers_in += 1
+        self._disarm()
+        super().on_headers_complete()
 
     def on_response_complete(self) -> None:
+        self._answered += 1
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if not self.transport.is_closing() and self._headers_in == self._answered:
             self._arm()  # the next request on this connection gets the same time
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -138,7 +148,7 @@ class HeaderTimeoutH11(H11Protocol):
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+        if self.transport.is_closing() or self._headers_in > self._answered:
             return
         self.transport.write(_TIMEOUT_RESPONSE)
         self.transport.close()

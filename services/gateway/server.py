@@ -30,7 +30,7 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.limits import RequestLimits
 from hookbus.services.gateway.app import create_app
 from hookbus.services.gateway.auth import load_api_keys
-from hookbus.services.gateway.connections import AcceptErrorLog, header_timeout_protocol
+from hookbus.services.gateway.connections import AcceptErrorLog, edge_protocol
 from hookbus.services.gateway.edge_options import EdgeOptions
 
 log = structlog.get_logger("hookbus.gateway")
@@ -96,7 +96,7 @@ async def _serve(
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SECONDS,
             proxy_headers=True,
-            http=header_timeout_protocol(edge.header_timeout, edge.max_connections_per_address),
+            http=edge_protocol(edge.header_timeout, edge.max_connections_per_address),
             limit_concurrency=edge.max_connections,
         )
         log.info("gateway_listening", host=host, port=port, url=f"http://{host}:{port}/v1")

@@ -20,7 +20,7 @@ import uvicorn
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.limits import RequestLimits
 from hookbus.services.gateway import create_app
-from hookbus.services.gateway.connections import header_timeout_protocol
+from hookbus.services.gateway.connections import edge_protocol
 from hookbus.services.gateway.edge_options import EdgeOptions
 from tests.waiting import wait_for
 
@@ -72,7 +72,7 @@ async def running_gateway(
         try:
             app = create_app(client, api_keys=api_keys, models=models, limits=limits, **app_options)
             at_the_edge: dict[str, Any] = {} if edge is None else {
-                "http": header_timeout_protocol(edge.header_timeout, edge.max_connections_per_address),
+                "http": edge_protocol(edge.header_timeout, edge.max_connections_per_address),
                 "limit_concurrency": edge.max_connections,
             }
             config = uvicorn.Config(

@@ -121,6 +121,37 @@ async def test_a_slowloris_client_is_cut_off_at_the_header_timeout_while_others_
         assert 0.8 < seconds < 6.0, seconds
 
 
+async def read_response(reader: asyncio.StreamReader) -> bytes:
+    """One whole response with a content-length, as it came."""
+    async with asyncio.timeout(10):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        return head + await reader.readexactly(length)
+
+
+async def test_the_header_timer_restarts_after_each_response_on_a_kept_alive_connection(strict):
+    """Two pipelined requests are both answered (the second's headers came before the first
+    response ended, so no timer runs for it); the third, dripped on the same connection
+    after them, is cut off at the header timeout."""
+    reader, writer = await open_raw(strict.port)
+    request = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    writer.write(request * 2)
+    for _ in range(2):
+        assert (await read_response(reader)).startswith(b"HTTP/1.1 200 ")
+    started = time.perf_counter()
+    writer.write(b"GET /v1/models HTTP/1.1\r\n")
+    answer = asyncio.create_task(read_until_closed(reader, timeout=15))
+    with contextlib.suppress(ConnectionError):
+        while not answer.done():
+            writer.write(b"X")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+    response = await answer
+    writer.close()
+    assert response.startswith(b"HTTP/1.1 408 "), response
+    assert 0.8 < time.perf_counter() - started < 6.0
+
+
 async def test_a_body_that_does_not_arrive_in_time_gets_408(strict):
     reader, writer = await open_raw(strict.port)
     writer.write(

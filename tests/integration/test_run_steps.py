@@ -23,6 +23,7 @@ from hookbus.bus.store.run_steps import (
     stream_sent,
 )
 from hookbus.bus.wire.envelopes import ResponseItem
+from hookbus.skills import Skill, hook
 from tests.integration.stack import Notes, running_stack
 
 
@@ -109,24 +110,44 @@ async def test_what_a_stream_sent_is_read_from_its_items(client, prefix):
     assert (sent.items, sent.role, sent.text) == (3, True, True)
 
 
-async def test_a_stream_records_no_step_from_its_first_text_on(redis_url, prefix):
+class Closing(Skill):
+    """A finalize_connection hook: the stages before it are then on record when it starts."""
+
+    name = "closing"
+
+    @hook("finalize_connection")
+    async def close(self, data, ctx):
+        ctx.state["closed"] = True
+        return data
+
+
+async def recorded_steps(client, *cids: str) -> dict[str, list[int]]:
+    """The step numbers a request's journal has fields for (blanked by its end, not removed)."""
+    journal = Journal(client.redis, client.keys)
+    return {
+        cid: sorted(int(name.split(":")[1]) for name in await journal.read(cid) if name.startswith(STEP_FIELD))
+        for cid in cids
+    }
+
+
+@pytest.mark.parametrize("finalize_hook", [False, True], ids=["no finalize hook", "a finalize hook"])
+async def test_a_stream_records_no_step_from_its_first_text_on(redis_url, prefix, finalize_hook):
     """The same request with one tool round, whole and streamed: the stream's record ends
     before the LLM call whose text its client gets (a takeover from there ends the stream
     `orchestrator_lost` if text reached the client, and else runs that call again), so that
-    call, after_llm_call and on_message cost it nothing; the whole answer records every
-    step."""
+    call, after_llm_call and on_message cost it nothing. The whole answer records every
+    step up to its last LLM call; the stages after it (after_llm_call, on_message) are
+    written before finalize only when finalize has a hook to run, whose takeover must not
+    run them again: with none, the request's end would only blank them."""
     prompt = '[[tool:remember {"note": "milk"}]]'
-    async with running_stack(redis_url, prefix, Agent("steps"), {"notes": [Notes()]}) as (client, _, _):
+    agent = Agent("steps", skills=[Closing()] if finalize_hook else [])
+    async with running_stack(redis_url, prefix, agent, {"notes": [Notes()]}) as (client, _, _):
         whole = await client.complete(prompt)
         chunks = [chunk async for chunk in client.stream(prompt)]
-        journal = Journal(client.redis, client.keys)
-        recorded = {
-            cid: sorted(int(name.split(":")[1]) for name in await journal.read(cid) if name.startswith(STEP_FIELD))
-            for cid in (whole.id, chunks[0].id)
-        }
+        recorded = await recorded_steps(client, whole.id, chunks[0].id)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content and "noted (1)" in text
     # on_connection, then per round before_llm_call, llm_call, after_llm_call, the tool's
     # three steps in round 0, and on_message
-    assert recorded[whole.id] == list(range(11)), recorded
+    assert recorded[whole.id] == list(range(11 if finalize_hook else 9)), recorded
     assert recorded[chunks[0].id] == list(range(8)), recorded

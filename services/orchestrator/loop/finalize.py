@@ -53,7 +53,10 @@ async def _finalize(host: LoopHost, state: RequestState) -> None:
     if not await _still_ours(host, state):
         log.warning("finalize_skipped_lost_request", completion_id=state.completion_id)
         return
-    await state.steps.calling()  # a takeover during finalize runs no stage again
+    if state.plan.segments(Lifecycle.FINALIZE_CONNECTION, state.ctx.auth.scopes):
+        # a takeover during finalize's hooks runs no stage again; with no hook to run, the
+        # records would only be cleared by the request's end (one command for nothing)
+        await state.steps.calling()
     data = HookData.model_construct(
         lifecycle=Lifecycle.FINALIZE_CONNECTION,
         messages=state.conversation,

@@ -261,16 +261,18 @@ class Execution:
         own: a peer claimed the request and runs its finalize). When in doubt, yes:
         finalize must run at least once, and every write after it is fenced anyway.
 
-        A response write that found the epoch ours less than RECENTLY_OWNED seconds ago
-        answers without asking Redis: a peer claims a request only after its owner's
-        heartbeat was missing for `claim_idle`, or after it idled far longer, and a process
-        that stalled since that write sees the time gone by."""
+        A journal write that found the epoch ours less than RECENTLY_OWNED seconds ago (the
+        run's begin or claim, or a response write) answers without asking Redis: a peer
+        claims a request only after its owner's heartbeat was missing for `claim_idle`, or
+        after it idled far longer, and a process that stalled since that write sees the
+        time gone by. So a request answered within that time (most, not streamed) costs
+        no round trip here."""
         run = _current_run.get()
         if run is None or run.completion_id != completion_id or not run.epoch:
             return True
         if run.fenced:
             return False
-        owned_at = run.writer.owned_at if run.writer is not None else None
+        owned_at = run.last_owned()
         if owned_at is not None and time.monotonic() - owned_at < min(RECENTLY_OWNED, self.service.claim_idle / 4):
             return True
         try:

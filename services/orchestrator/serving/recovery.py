@@ -170,6 +170,7 @@ class Recovery:
         cid = request.completion_id
         run = service.runs.register(entry.stream, entry.entry_id, cid)
         try:
+            sent_at = time.monotonic()
             outcome = await service.journal.claim(cid, entry.entry_id, service.instance, now=time.time())
             if outcome.outcome == "duplicate":
                 await service.refuse(entry.stream, entry.entry_id, entry.fields, None, DuplicateCompletionId(cid))
@@ -177,7 +178,7 @@ class Recovery:
             if outcome.outcome == "done":
                 await service.client.xack(entry.stream, ORCHESTRATOR_GROUP, entry.entry_id)
                 return
-            run.epoch = outcome.epoch
+            run.epoch, run.owned_at = outcome.epoch, sent_at
             if entry.attempt > service.max_deliveries:
                 await self._give_up(entry, request, run)
                 return

@@ -37,6 +37,16 @@ class Running:
     started: float = field(default_factory=time.perf_counter)
     writer: ResponseWriter | None = None
     """Its response writer, whose last journal write says when the epoch was last ours."""
+    owned_at: float | None = None
+    """Monotonic time its begin (or claim) that made the epoch ours was sent."""
+
+    def last_owned(self) -> float | None:
+        """Monotonic time the last journal write that found the epoch ours was sent: its
+        begin or claim, or a later response write (None: none yet)."""
+        written = self.writer.owned_at if self.writer is not None else None
+        if written is None or self.owned_at is None:
+            return written if written is not None else self.owned_at
+        return max(written, self.owned_at)
 
 
 class RunTable:

@@ -384,6 +384,7 @@ class OrchestratorService(BusApp):
             assert self.journal is not None
             assert self.runtime is not None
             pins = self.runtime.pins.choose_all()
+            sent_at = time.monotonic()
             try:
                 begun = await self.journal.begin(
                     request.completion_id, entry_id, self.instance, now=time.time(), fields=pins
@@ -397,7 +398,7 @@ class OrchestratorService(BusApp):
             if not begun.ok:
                 await self.admission.not_ours(stream, entry_id, fields, request, begun)
                 return
-            run.epoch = begun.epoch
+            run.epoch, run.owned_at = begun.epoch, sent_at
             self.runtime.pins.adopt(request.completion_id, pins)
             if begun.cancelled:
                 run.cancel_reason = "cancelled before it started"

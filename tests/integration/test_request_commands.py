@@ -1,0 +1,64 @@
+"""What a quick request costs its journal, read from the server's MONITOR: its begin, the
+stages' records before the LLM call, the call's record, its end. No ownership check
+before finalize when the begin found the epoch ours moments before
+(hookbus.services.orchestrator.serving.execution `still_owner`), and no write of the
+last stages' records when finalize has no hook to run (hookbus.services.orchestrator.loop.finalize)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aredis
+
+from hookbus import Agent
+from hookbus.bus.keys import Keys
+from tests.integration.stack import running_stack
+
+QUICK = 0.2
+"""Seconds from begin to end under which the ownership check must be skipped (the
+orchestrator skips it up to 0.25 s after the begin was sent)."""
+
+
+@contextlib.asynccontextmanager
+async def monitored(redis_url: str) -> AsyncIterator[list[dict]]:
+    """Every command the server runs meanwhile, as MONITOR reports it (time, command)."""
+    client = aredis.Redis.from_url(redis_url, decode_responses=True)
+    seen: list[dict] = []
+    ready = asyncio.Event()
+
+    async def listen() -> None:
+        async with client.monitor() as monitor:
+            ready.set()
+            async for command in monitor.listen():
+                seen.append(command)
+
+    task = asyncio.create_task(listen())
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await task
+        await client.aclose()
+
+
+async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(redis_url, prefix):
+    async with running_stack(redis_url, prefix, Agent("plain")) as (client, _, _):
+        await client.complete("warm up")
+        async with monitored(redis_url) as seen:
+            ids = [(await client.complete(f"hello {n}")).id for n in range(5)]
+            await asyncio.sleep(0)  # the monitor has what the server ran before the answers
+    quick = 0
+    for cid in ids:
+        journal = Keys(prefix).journal(cid)
+        mine = [c for c in seen if journal in c["command"].split() and c.get("client_type") != "lua"]
+        names = [c["command"].split()[0] for c in mine]
+        checks = names.count("HGET")
+        assert [n for n in names if n != "HGET"] == ["EVALSHA", "HSET", "HSET", "EVALSHA"], names
+        if mine[-1]["time"] - mine[0]["time"] < QUICK:
+            quick += 1
+            assert checks == 0, names
+    assert quick, "no request took less than 0.2 s from begin to end"
