@@ -65,6 +65,8 @@ next hop of a request usually follows its reply within milliseconds, and its rea
 with it)."""
 TRIM_BYTES = 1024 * 1024
 """Bytes of replies read that trim the stream at once (large hook data must not linger)."""
+SEND_BACKOFF = 0.05
+"""Seconds before a hop whose send failed on a connection error is sent again (then doubling)."""
 COMPACT_AT = 1024
 _HOP_ID = re.compile(rb'"hop_id"\s*:\s*"([^"\\]{1,200})"')
 """Deadlines kept before the answered ones are swept out of the heap (when most are)."""
@@ -154,6 +156,8 @@ class ReplyRouter:
         self.dead_letter = dead_letter
         self.linger = linger
         self.bad_replies = 0
+        self.sends_retried = 0
+        """Hop sends made again after a connection error (`_send`)."""
         self.max_reply_bytes = get_settings().max_hop_bytes if max_reply_bytes is None else max_reply_bytes
         self.oversized_replies = 0
         self._background: set[asyncio.Task[None]] = set()
@@ -219,9 +223,7 @@ class ReplyRouter:
         self._deadlines.add(loop, loop.time() + timeout, hop_id)
         try:
             try:
-                await self._appender.add(stream, fields or encode(event))
-            except RECONNECT_ERRORS as exc:
-                raise HopUnsent(f"could not send to {stream}: {exc}") from exc
+                await self._send(stream, fields or encode(event), loop.time() + timeout)
             except ResponseError as exc:
                 if out_of_memory(exc):  # the request cannot go on: the 503 every path gives
                     raise RedisOutOfMemory() from exc
@@ -235,6 +237,28 @@ class ReplyRouter:
             self._waiting.pop(hop_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # a deadline that passed while the send failed: heard of
+
+    async def _send(self, stream: str, fields: dict[bytes, bytes], deadline: float) -> None:
+        """XADD a hop; through a connection error (Redis restarting, or a connection its
+        restart closed) again after SEND_BACKOFF, doubling up to a second, while the hop's
+        deadline (loop time) allows, then HopUnsent. Before, a hop sent in an outage of a
+        second failed its hooks at once. If the error came after Redis stored the entry, the
+        hop is in the stream twice: its second reply is dropped as late, as a claimed
+        hop's is."""
+        loop = asyncio.get_running_loop()
+        backoff = SEND_BACKOFF
+        while True:
+            try:
+                await self._appender.add(stream, fields)
+                return
+            except RECONNECT_ERRORS as exc:
+                if loop.time() + backoff >= deadline:
+                    raise HopUnsent(f"could not send to {stream}: {exc}") from exc
+                if backoff == SEND_BACKOFF:
+                    log.warning("hop_not_sent_yet", stream=stream, error=str(exc))
+                self.sends_retried += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
 
     def append(self, stream: str, fields: dict[bytes, bytes]) -> asyncio.Future[None]:
         """XADD an entry that expects no reply (a request's observations), in the same
