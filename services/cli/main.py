@@ -67,7 +67,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     configure_tracing("worker", replica_name)
     try:
         replica = WorkerReplica(
-            GroupHost(args.group, skills),
+            GroupHost(args.group, skills, agents=args.agent),
             redis_url_or_exit(),
             prefix=get_settings().prefix,
             concurrency=args.concurrency,
@@ -76,7 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             max_deliveries=args.max_deliveries,
             version=args.version,
         )
-    except ValueError as exc:  # a version that cannot name a stream
+    except ValueError as exc:  # a version that cannot name a stream, an agent name that cannot be served
         sys.exit(f"hookbus worker: {exc}")
     heap.settle()
     event_loop.run(replica.app.run())
@@ -349,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", default=None,
         help="the version this replica runs its group at (default: $HOOKBUS_WORKER_VERSION, the skills' "
         "declared versions, or a hash of their hooks); requests stay on the version they started with",
+    )
+    worker.add_argument(
+        "--agent", default=None, action="append", metavar="NAME",
+        help="serve only this agent's requests (repeatable; default: the agents the skills name, or all)",
     )
     worker.set_defaults(func=cmd_worker)
 

@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 
 from hookbus.bus.groups.registry import GroupAnnouncement
+from hookbus.bus.groups.served_agents import check_agent_name
 from hookbus.bus.wire.chunk_batch import (
     ChangeCheck,
     HeldText,
@@ -38,13 +39,21 @@ class UnknownHook(LookupError):
 
 
 class GroupHost:
-    def __init__(self, group: str, skills: Sequence[Skill], *, kept_chars: int = MAX_KEPT_CHARS) -> None:
+    def __init__(
+        self, group: str, skills: Sequence[Skill], *, kept_chars: int = MAX_KEPT_CHARS,
+        agents: Sequence[str] | None = None,
+    ) -> None:
         """`kept_chars`: at most how many characters of stream text this replica keeps
-        (hookbus.bus.wire.stream_text.KeptTexts)."""
+        (hookbus.bus.wire.stream_text.KeptTexts). `agents`: the agents the group serves,
+        chosen where it is deployed (`hookbus worker --agent`), whatever its skills name;
+        None: the ones they name."""
         if not skills:
             raise ValueError(f"worker group {group!r} needs at least one skill")
+        if agents is not None and not agents:
+            raise ValueError(f"worker group {group!r}: name at least one agent, or none to take the skills' own")
         self.group = group
         self.skills = list(skills)
+        self._agents = None if agents is None else sorted({check_agent_name(name) for name in agents})
         self.hooks: dict[str, BoundHook] = {
             h.key: h for skill in self.skills for h in skill.bound_hooks()
         }
@@ -65,8 +74,10 @@ class GroupHost:
 
     @property
     def agents(self) -> list[str]:
-        """The agents this group serves: those its skills name, or every agent (empty) as
-        soon as one skill names none."""
+        """The agents this group serves: those it was deployed for, else those its skills
+        name, or every agent (empty) as soon as one skill names none."""
+        if self._agents is not None:
+            return self._agents
         if any(not skill.agents for skill in self.skills):
             return []
         return sorted({name for skill in self.skills for name in skill.agents})

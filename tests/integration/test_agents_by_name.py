@@ -1,10 +1,14 @@
 """Agents by name, in-process: each agent's requests reach only the orchestrators serving it
-and the worker groups whose skills name it; a name nobody serves fails at once; an agent
+and the worker groups whose skills name it or that were deployed for it (`hookbus worker
+--agent`); a name nobody serves fails at once; an agent
 whose orchestrators stopped answers a 503 at once; one orchestrator may serve several
 agents; a request naming no agent still runs while one agent is served; `hookbus status`
 and `hookbus monitor` tell the agents apart."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -13,7 +17,10 @@ from hookbus.bus.client import HookbusClient
 from hookbus.bus.connection.retrying import connect
 from hookbus.bus.keys import Keys
 from hookbus.services.cli.monitor import EventFilter, read_status, recent_events
-from hookbus.skills import ServiceError
+from hookbus.services.worker.host import GroupHost
+from hookbus.services.worker.replica import WorkerReplica
+from hookbus.skills import Context, HookData, HookError, ServiceError, Skill, hook
+from tests.integration.stack import wait_for_groups
 from tests.integration.two_agents_stack import two_agents
 from tests.waiting import wait_for
 
@@ -79,3 +86,51 @@ async def test_one_orchestrator_serves_several_agents(redis_url: str, prefix: st
                 return (await client.agents.refresh()).live == ["billing", "support"]
 
         assert await wait_for(both_live, timeout=5)
+
+
+class Audit(Skill):
+    """Names no agent: it serves the ones its deployment picks. Fails a request of any other."""
+
+    name = "audit"
+
+    @hook("before_llm_call")
+    def audited(self, data: HookData, ctx: Context) -> HookData:
+        if ctx.metadata.agent_name != "billing":
+            raise HookError(500, "wrong_agent", f"the audit group got a request of {ctx.metadata.agent_name!r}")
+        data.messages[-1]["content"] += " audited"
+        return data
+
+
+async def test_a_group_deployed_for_one_agent_serves_only_that_agent(redis_url: str, prefix: str) -> None:
+    """`hookbus worker --agent billing` (GroupHost's `agents`): the group's skill names no
+    agent, and still only billing's requests reach it."""
+    audit = WorkerReplica(GroupHost("audit", [Audit()], agents=["billing"]), redis_url, prefix=prefix, replica="audit-1")
+    await audit.start()
+    try:
+        async with two_agents(redis_url, prefix, {"orch-both": [Agent("support"), Agent("billing")]}) as services:
+            await wait_for_groups(list(services.values()), 3)
+            for _ in range(2):
+                assert await answer(redis_url, prefix, "billing") == "hello there audited"
+                assert await answer(redis_url, prefix, "support") == "HELLO THERE"
+            async def counted() -> bool:  # a replica counts a hop once its reply is written
+                return audit.processed == 2
+
+            assert await wait_for(counted, timeout=5), audit.processed
+            redis = connect(redis_url)
+            try:
+                groups = {g.name for g in (await read_status(redis, Keys(prefix))).of_agent("support").groups}
+            finally:
+                await redis.aclose()
+            assert groups == {"desk"}
+    finally:
+        await audit.stop()
+
+
+def test_a_worker_refuses_an_agent_name_that_cannot_be_served() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hookbus.services.cli.main", "worker", "--group", "audit", "--agent", "bill ing",
+         "tests.integration.test_agents_by_name:Audit"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode != 0
+    assert "hookbus worker: agent name 'bill ing' cannot be served by name" in done.stderr, done.stderr
