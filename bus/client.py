@@ -9,7 +9,8 @@
 
 A client (or a request: `submit(..., agent=...)`) that names an agent queues on that
 agent's own stream, which only the orchestrators serving it read; one that names none
-queues on `requests`, as a deployment of one agent always did. A name no orchestrator
+queues on `requests`, as a deployment of one agent always did, and is refused (400
+`agent_required`) while two or more agents are served, as any of them could get it. A name no orchestrator
 serves now fails at once (404 `model_not_found`, or 503 `agent_unavailable` for an agent
 whose orchestrators are all gone), and so does a wait whose agent lost its last
 orchestrator (hookbus.bus.groups.served_agents: a cached view, read at most once a second).
@@ -167,13 +168,19 @@ class HookbusClient:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         agent = agent or self.agent
+        try:
+            await self._connected()
+            served = await self.agents.served()
+        except RECONNECT_ERRORS as exc:
+            raise BusUnavailable(f"could not queue the request: {exc}") from exc
         if agent is not None:
-            try:
-                await self._connected()
-                served = await self.agents.served()
-            except RECONNECT_ERRORS as exc:
-                raise BusUnavailable(f"could not queue the request: {exc}") from exc
             served.require(agent, model)
+        elif len(served.live) > 1:  # every orchestrator reads `requests`: any agent could get it
+            raise ServiceError(
+                400, "agent_required",
+                f"this deployment serves {len(served.live)} agents ({', '.join(served.live)}): name the one "
+                "to ask (HookbusClient(agent=...), submit(agent=...), `hookbus send --agent NAME`)",
+            )
         try:
             request = RequestEnvelope(
                 completion_id=completion_id or f"chatcmpl-{uuid.uuid4().hex}",

@@ -44,9 +44,14 @@ async def test_each_agent_reaches_only_its_orchestrators_and_groups(redis_url: s
         with pytest.raises(ServiceError) as unknown:
             await answer(redis_url, prefix, "nobody")
         assert (unknown.value.status_code, unknown.value.code) == (404, "model_not_found")
+        with pytest.raises(ServiceError) as unnamed:  # either agent's orchestrator could take it
+            await answer(redis_url, prefix, None)
+        assert (unnamed.value.status_code, unnamed.value.code) == (400, "agent_required")
+        assert "billing, support" in unnamed.value.message
 
         redis = connect(redis_url)
         try:
+            assert await redis.xlen(Keys(prefix).requests) == 0  # nothing was queued for it
 
             async def all_recorded() -> bool:  # each process writes its records every 100 ms
                 agents = (await read_status(redis, Keys(prefix))).agents
