@@ -108,9 +108,12 @@ async def test_healthz_tells_an_anonymous_caller_only_up_or_down(gateway):
 
 LIMITED = f"sk-limited-{uuid.uuid4().hex}"
 PER_MINUTE = f"sk-perminute-{uuid.uuid4().hex}"
+COUNTED = f"sk-counted-{uuid.uuid4().hex}"
+"""A key of its own for the test that looks for usage records, so it needs no other test's."""
 LIMITED_KEYS = {
     LIMITED: {"peer_user_id": "lim", "max_parallel_requests": 1},
     PER_MINUTE: {"peer_user_id": "rpm", "rpm_limit": 3},
+    COUNTED: {"peer_user_id": "counted", "rpm_limit": 1000},
 }
 
 
@@ -169,11 +172,14 @@ async def test_keys_without_limits_and_unknown_keys_are_not_counted(two_gateways
     one, _ = two_gateways
     async with httpx.AsyncClient(timeout=30) as http:
         unknown = await http.post(one.v1 + "/chat/completions", json=BODY, headers=bearer("sk-nobody-0123456789"))
+        counted = await http.post(one.v1 + "/chat/completions", json=BODY, headers=bearer(COUNTED))
     assert_openai_error(unknown, 401, "invalid_api_key")
+    assert counted.status_code == 200, counted.text
     client = stack[0]
     usage = [k async for k in client.redis.scan_iter(match=f"{client.keys.prefix}key-usage:*")]
     assert usage, "the limited keys' usage is kept in Redis"
-    assert not any(LIMITED.encode() in k or PER_MINUTE.encode() in k for k in usage)  # hashed, never the key
+    secrets = (LIMITED, PER_MINUTE, COUNTED)
+    assert not any(key.encode() in k for key in secrets for k in usage)  # hashed, never the key
 
 
 # -------------------------------------------------------------- error texts

@@ -15,6 +15,7 @@ import redis.asyncio as aredis
 from hookbus import Agent
 from hookbus.bus.keys import Keys
 from tests.integration.stack import running_stack
+from tests.waiting import wait_for
 
 QUICK = 0.2
 """Seconds from begin to end under which the ownership check must be skipped (the
@@ -50,7 +51,12 @@ async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(
         await client.complete("warm up")
         async with monitored(redis_url) as seen:
             ids = [(await client.complete(f"hello {n}")).id for n in range(5)]
-            await asyncio.sleep(0)  # the monitor has what the server ran before the answers
+            last = Keys(prefix).responses(ids[-1])
+
+            async def all_seen() -> bool:  # the client deletes an answer's stream once read: last of all
+                return any(c["command"] == f"DEL {last}" for c in seen)
+
+            assert await wait_for(all_seen, timeout=10)
     quick = 0
     for cid in ids:
         journal = Keys(prefix).journal(cid)

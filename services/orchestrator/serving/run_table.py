@@ -44,9 +44,7 @@ class Running:
         """Monotonic time the last journal write that found the epoch ours was sent: its
         begin or claim, or a later response write (None: none yet)."""
         written = self.writer.owned_at if self.writer is not None else None
-        if written is None or self.owned_at is None:
-            return written if written is not None else self.owned_at
-        return max(written, self.owned_at)
+        return max((t for t in (self.owned_at, written) if t is not None), default=None)
 
 
 class RunTable:
