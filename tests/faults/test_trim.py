@@ -99,7 +99,11 @@ async def test_after_a_run_the_streams_are_bounded_and_a_pending_hop_survives_th
         # the reply stream is trimmed by its reader, response streams are gone (read, or
         # expiring), journals expire soon after the request ended, events are capped
         assert await redis.xlen(services[0].runtime.router.reply_stream) <= 300
-        assert not await redis.keys(f"{keys.prefix}responses:*")
+
+        async def answers_gone() -> bool:  # the client deletes those it read within 0.2 s
+            return not await redis.keys(f"{keys.prefix}responses:*")
+
+        assert await wait_for(answers_gone, timeout=5)
         journals = await redis.keys(f"{keys.prefix}journal:*")
         assert len(journals) == 26
         assert all(0 < ttl <= DONE_TTL for ttl in [await redis.ttl(j) for j in journals])

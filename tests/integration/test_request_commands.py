@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aredis
 
 from hookbus import Agent
+from hookbus.bus.client import HookbusClient
 from hookbus.bus.keys import Keys
+from hookbus.bus.store.read_answers import ReadAnswers
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
 
@@ -46,6 +48,12 @@ async def monitored(redis_url: str) -> AsyncIterator[list[dict]]:
         await client.aclose()
 
 
+def deletes(command: str, key: str) -> bool:
+    """Whether the MONITOR line `command` is a DEL of `key` (among others)."""
+    words = command.split()
+    return words[0] == "DEL" and key in words[1:]
+
+
 async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(redis_url, prefix):
     async with running_stack(redis_url, prefix, Agent("plain")) as (client, _, _):
         await client.complete("warm up")
@@ -54,7 +62,7 @@ async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(
             last = Keys(prefix).responses(ids[-1])
 
             async def all_seen() -> bool:  # the client deletes an answer's stream once read: last of all
-                return any(c["command"] == f"DEL {last}" for c in seen)
+                return any(deletes(c["command"], last) for c in seen)
 
             assert await wait_for(all_seen, timeout=10)
     quick = 0
@@ -68,3 +76,34 @@ async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(
             quick += 1
             assert checks == 0, names
     assert quick, "no request took less than 0.2 s from begin to end"
+
+
+async def test_the_answers_read_together_are_deleted_in_one_command(redis_url, prefix):
+    """A client deletes the response streams it read to their end several in one DEL, off
+    the request's path (hookbus.bus.store.read_answers): eight concurrent requests, fewer
+    DELs than requests, and every stream gone once they went."""
+    async with running_stack(redis_url, prefix, Agent("plain")) as (client, _, _):
+        await client.complete("warm up")
+        async with monitored(redis_url) as seen:
+            ids = [c.id for c in await asyncio.gather(*(client.complete(f"hello {n}") for n in range(8)))]
+            streams = [Keys(prefix).responses(cid) for cid in ids]
+
+            async def all_deleted() -> bool:
+                return all(any(deletes(c["command"], s) for c in seen) for s in streams)
+
+            assert await wait_for(all_deleted, timeout=10)
+        dels = [c["command"] for c in seen if c["command"].startswith("DEL ") and c.get("client_type") != "lua"]
+        assert len(dels) < len(ids), dels
+        assert not await client.redis.exists(*streams)
+
+
+async def test_closing_the_client_deletes_the_answers_it_read(redis_url, prefix):
+    """What a client read is deleted when it closes, before the sweep's time comes."""
+    async with running_stack(redis_url, prefix, Agent("plain")) as (client, _, _):
+        reader = HookbusClient(redis_url, prefix=prefix, timeout=30)
+        reader.read_answers = ReadAnswers(reader.redis, every=3600.0)  # only the close deletes it in time
+        cid = (await reader.complete("hello")).id
+        stream = Keys(prefix).responses(cid)
+        assert await client.redis.exists(stream)
+        await reader.close()
+        assert not await client.redis.exists(stream)
