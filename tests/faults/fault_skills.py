@@ -218,6 +218,11 @@ def make_agent() -> Agent:
     return Agent("faults", skills=[LocalLedger()])
 
 
+def plain_agent() -> Agent:
+    """No skill: no hook runs at any stage, so a run records no step before its LLM call."""
+    return Agent("faults")
+
+
 def resume_agent() -> Agent:
     """The agent of the resumed-run tests: a paying tool, finalize counted in-process."""
     return Agent("faults", skills=[LocalLedger(), UserText(), Payments()], max_tool_rounds=RESUME_ROUNDS)

@@ -125,6 +125,32 @@ async def test_a_stream_killed_before_its_first_text_goes_on_unnoticed(procs, re
     assert await terminal_count(redis, keys, cid) == 1
 
 
+async def test_a_stream_with_no_hook_killed_in_its_llm_call_starts_over_unnoticed(procs, redis, keys, prefix):
+    """With no hook at any stage, nothing is on record before the LLM call (its stages
+    are free to run again): the sibling that takes the request over runs it from the
+    start, and its client gets the whole answer once, finalized once."""
+    one, two = await two_orchestrators(procs, "tests.faults.fault_skills:plain_agent")
+
+    cid = new_id("resume-plain")
+    await submit(redis, keys, "[[words:5]] [[delay:1500]]", completion_id=cid, stream=True)
+    journal = Journal(redis, Keys(prefix))
+
+    async def begun() -> dict[str, str]:
+        return await journal.read(cid)
+
+    owner = (await wait_for(begun, timeout=30))["owner"]
+    assert not [name for name in await journal.read(cid) if name.startswith(STEP_FIELD)]
+    victim = one if owner == "orch-1" else two
+    victim.kill()
+
+    outcome = await read_until_terminal(redis, keys, cid, timeout=45)
+    assert outcome.terminal is not None and outcome.terminal.kind == "done", (outcome.items, procs.logs())
+    assert outcome.text == "w0 w1 w2 w3 w4"
+    assert role_deltas(outcome) == 1
+    assert await terminal_count(redis, keys, cid) == 1
+    assert (await journal.read(cid))["owner"] != victim.name
+
+
 @pytest.mark.timeout(240)
 async def test_chaos_kills_fail_no_request_that_can_go_on(service_env, tmp_path):
     env = dict(service_env, HOOKBUS_LOG_LEVEL="warning")

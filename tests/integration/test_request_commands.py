@@ -1,5 +1,7 @@
 """What a quick request costs its journal, read from the server's MONITOR: its begin, the
-stages' records before the LLM call, the call's record, its end. No ownership check
+stages' records before the LLM call (none when no hook ran at them: they go with the
+call's record, hookbus.services.orchestrator.loop.run_steps `free`), the call's record,
+its end. No ownership check
 before finalize when the begin found the epoch ours moments before
 (hookbus.services.orchestrator.serving.execution `still_owner`), and no write of the
 last stages' records when finalize has no hook to run (hookbus.services.orchestrator.loop.finalize)."""
@@ -10,12 +12,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import pytest
 import redis.asyncio as aredis
 
 from hookbus import Agent
 from hookbus.bus.client import HookbusClient
 from hookbus.bus.keys import Keys
 from hookbus.bus.store.read_answers import ReadAnswers
+from hookbus.bus.store.run_steps import STEP_FIELD
+from tests.faults.fault_skills import UserText
 from tests.integration.stack import running_stack
 from tests.waiting import wait_for
 
@@ -54,8 +59,20 @@ def deletes(command: str, key: str) -> bool:
     return words[0] == "DEL" and key in words[1:]
 
 
-async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(redis_url, prefix):
-    async with running_stack(redis_url, prefix, Agent("plain")) as (client, _, _):
+@pytest.mark.parametrize(
+    ("skills", "journal_commands", "records"),
+    [
+        ([], ["EVALSHA", "HSET", "EVALSHA"], [[0, 1, 2]]),
+        ([UserText()], ["EVALSHA", "HSET", "HSET", "EVALSHA"], [[0, 1], [2]]),
+    ],
+    ids=["no hook", "an on_connection hook"],
+)
+async def test_a_quick_request_costs_its_journal_a_begin_its_records_and_an_end(
+    redis_url, prefix, skills, journal_commands, records
+):
+    """Steps 0-2 are on_connection, before_llm_call and the LLM call: with no hook at the
+    stages their records go with the call's, in one HSET; with one, before the call."""
+    async with running_stack(redis_url, prefix, Agent("plain", skills=skills)) as (client, _, _):
         await client.complete("warm up")
         async with monitored(redis_url) as seen:
             ids = [(await client.complete(f"hello {n}")).id for n in range(5)]
@@ -71,11 +88,18 @@ async def test_a_quick_request_costs_its_journal_a_begin_two_records_and_an_end(
         mine = [c for c in seen if journal in c["command"].split() and c.get("client_type") != "lua"]
         names = [c["command"].split()[0] for c in mine]
         checks = names.count("HGET")
-        assert [n for n in names if n != "HGET"] == ["EVALSHA", "HSET", "HSET", "EVALSHA"], names
+        assert [n for n in names if n != "HGET"] == journal_commands, names
+        written = [step_numbers(c["command"]) for c in mine if c["command"].startswith("HSET ")]
+        assert written == records, written
         if mine[-1]["time"] - mine[0]["time"] < QUICK:
             quick += 1
             assert checks == 0, names
     assert quick, "no request took less than 0.2 s from begin to end"
+
+
+def step_numbers(command: str) -> list[int]:
+    """The step numbers of the step fields a MONITOR line's HSET writes."""
+    return [int(word.split(":")[1]) for word in command.split() if word.startswith(STEP_FIELD)]
 
 
 async def test_the_answers_read_together_are_deleted_in_one_command(redis_url, prefix):

@@ -31,7 +31,7 @@ from hookbus.services.orchestrator.loop.chunk_stage import guarded_answer, strea
 from hookbus.services.orchestrator.loop.host import LoopHost
 from hookbus.services.orchestrator.loop.request_state import RequestState
 from hookbus.services.orchestrator.loop.run_steps import changes
-from hookbus.services.orchestrator.loop.stage_runner import in_process, stage
+from hookbus.services.orchestrator.loop.stage_runner import hookless, in_process, stage
 from hookbus.services.orchestrator.streaming.assemble import add_usage
 from hookbus.skills import HookData
 from hookbus.skills.compaction_outcome import Compaction
@@ -82,9 +82,11 @@ async def before_llm_call(
     }
     if data.tools != tools:
         record["tools"] = data.tools
-    if state.conversation is not conversation:  # compacted
+    compacted = state.conversation is not conversation
+    if compacted:
         record["conversation"] = changes(conversation, state.conversation)
-    await state.steps.done(key, record, state.ctx)
+    free = not compacted and hookless(state, Lifecycle.BEFORE_LLM_CALL)
+    await state.steps.done(key, record, state.ctx, free=free)
     return messages, data.tools or None, settings
 
 

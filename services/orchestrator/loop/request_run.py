@@ -36,7 +36,7 @@ from hookbus.services.orchestrator.loop.llm_round import after_llm_call, before_
 from hookbus.services.orchestrator.loop.observer_handoff import RequestObservations
 from hookbus.services.orchestrator.loop.request_state import RequestState
 from hookbus.services.orchestrator.loop.run_steps import RUN_STEPS, RunSteps, changes
-from hookbus.services.orchestrator.loop.stage_runner import in_process, stage
+from hookbus.services.orchestrator.loop.stage_runner import hookless, in_process, stage
 from hookbus.services.orchestrator.loop.tool_round import tool_round
 from hookbus.services.orchestrator.streaming.turn_stream import TurnStream
 from hookbus.services.process.offload import is_large, off_loop
@@ -191,7 +191,7 @@ async def _conversation_stage(host: LoopHost, state: RequestState, data: HookDat
     before = state.steps.start(state.conversation, in_process(state, key))
     data = await stage(host, state, data)
     state.conversation = list(data.messages or [])
-    await state.steps.done(key, {"messages": changes(before, state.conversation)}, state.ctx)
+    await state.steps.done(key, {"messages": changes(before, state.conversation)}, state.ctx, free=hookless(state, key))
 
 
 def _conversation(instructions: str | None, messages: Sequence[dict[str, Any]] | str) -> list[dict[str, Any]]:

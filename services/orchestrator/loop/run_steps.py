@@ -77,6 +77,8 @@ class RunSteps:
         self.recorded = 0
         self._state = "{}"
         self._session = "{}"
+        self._worth_storing = False
+        """Whether a record waiting would spare a takeover more than free steps (`done`)."""
 
     @property
     def recording(self) -> bool:
@@ -123,11 +125,14 @@ class RunSteps:
             self.diverged(key, "a change to another list of messages")
         return messages
 
-    async def done(self, key: str, output: dict[str, Any], ctx: Context) -> None:
+    async def done(self, key: str, output: dict[str, Any], ctx: Context, *, free: bool = False) -> None:
         """Put step `key` on record: its output, and `ctx.state` and the session data if it
         changed them. An LLM call or a tool call is stored before the next step starts; a
         stage's hooks wait for the next store (`calling`, a call's end), so the stages
-        between two calls cost one command together."""
+        between two calls cost one command together. `free`: the step ran no hook and
+        called nothing (a stage without hooks for this caller, not compacted), so a
+        takeover that runs it again gets the same output at no cost: its record waits
+        for the next one worth storing, and goes with it, in order."""
         if self._record is None:
             return
         state, session = _dumped(ctx.state), _dumped(ctx.session.data)
@@ -146,16 +151,18 @@ class RunSteps:
             return
         self._waiting.append((self.replayed + self.recorded, record))
         self.recorded += 1
+        self._worth_storing = self._worth_storing or not free
         if key.startswith(CALLS):
             await self.calling()
 
     async def calling(self) -> None:
         """Store the records waiting: a call's own as it ends (from `done`), the stages'
         before an LLM call, a tool call or finalize starts, so a takeover during a call runs
-        no stage before it again."""
-        if self._record is None or not self._waiting:
+        no stage before it again; nothing when every record waiting is of a free step (a
+        plain request's on_connection and before_llm_call: one command fewer)."""
+        if self._record is None or not self._worth_storing:
             return
-        waiting, self._waiting = self._waiting, []
+        waiting, self._waiting, self._worth_storing = self._waiting, [], False
         if not await self._record(waiting):
             # a step not on record costs only a takeover's replay; what follows would not
             # fit the record, so none is kept

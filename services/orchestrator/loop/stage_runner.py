@@ -33,6 +33,11 @@ def in_process(state: RequestState, lifecycle: Lifecycle) -> bool:
     return any(segment.group is None for segment in state.plan.segments(lifecycle, state.ctx.auth.scopes))
 
 
+def hookless(state: RequestState, lifecycle: Lifecycle) -> bool:
+    """Whether no hook runs at this stage for this caller (observers aside: they change nothing)."""
+    return not state.plan.segments(lifecycle, state.ctx.auth.scopes)
+
+
 async def stage(host: LoopHost, state: RequestState, data: HookData, stage_key: str = "") -> HookData:
     """Run the stage's hooks (`run_stage`), then hand its end to its observers, if it has
     any (hookbus.services.orchestrator.loop.observer_handoff: they run off the request's path)."""
