@@ -173,6 +173,10 @@ class Stamp(Skill):
         return data
 
 
+PAY_ONCE = """if redis.call('SET', KEYS[1], '1', 'NX') then redis.call('RPUSH', KEYS[2], ARGV[1]) end"""
+"""The payment provider's side: a payment for a key not seen before (standalone Redis)."""
+
+
 class Payments(Skill):
     """In the orchestrator: a tool with a side effect, done once per idempotency key.
 
@@ -189,12 +193,10 @@ class Payments(Skill):
         """Pay installment n."""
         client = redis_client()
         key = ctx.call.idempotency_key
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.rpush(fault_key("pay-calls", ctx.completion_id), json.dumps({"by": NAME, "key": key}))
-            pipe.set(fault_key("paid", key), NAME, nx=True)
-            _, first = await pipe.execute()
-        if first:
-            await client.rpush(fault_key("pay-effects", ctx.completion_id), key)
+        await client.rpush(fault_key("pay-calls", ctx.completion_id), json.dumps({"by": NAME, "key": key}))
+        # one script: a SIGKILL between taking the key and recording the payment would
+        # leave a key taken and no payment, which a rerun under that key never makes
+        await client.eval(PAY_ONCE, 2, fault_key("paid", key), fault_key("pay-effects", ctx.completion_id), key)
         await asyncio.sleep(param(ctx.state.get("user_text", ""), "payhold", 0.3))
         return f"paid {n}"
 
