@@ -26,8 +26,15 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 PR_SET_PDEATHSIG = 1
+START_ATTEMPTS = 3
+
+
+class ExitedAtStart(RuntimeError):
+    """The server process ended before it answered (its log, if any, in the message)."""
 
 
 def redis_server_binary() -> str:
@@ -63,6 +70,7 @@ class EmbeddedRedis:
         cluster ones); `auth=False` runs it without a password; `detached=True` keeps it out
         of the terminal's Ctrl-C (its owner stops it last) and ends it with its owner."""
         self.port = port or free_port()
+        self._port_chosen = port is None
         self.password = secrets.token_urlsafe(24) if auth else None
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="hookbus-redis-")).resolve()
@@ -81,8 +89,20 @@ class EmbeddedRedis:
         return self._process is not None and self._process.poll() is None
 
     def start(self, timeout: float = 10.0) -> str:
+        """Start the server. At its first start, a port it chose itself is chosen again
+        when the server exits at once (another process may take a free port between
+        choosing it and binding it), up to START_ATTEMPTS times; a restart keeps its port,
+        which its clients hold."""
         if self.running:
             return self.url
+        for _ in range(START_ATTEMPTS - 1 if self._port_chosen else 0):
+            try:
+                return self._start_once(timeout)
+            except ExitedAtStart:
+                self.port = free_port()
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout: float) -> str:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o700)
         args = [
@@ -106,20 +126,26 @@ class EmbeddedRedis:
             preexec_fn=leave_with_parent if self.detached else None,
         )
         self._wait_ready(timeout)
+        self._port_chosen = False
         return self.url
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2)
+        # a read timeout and no retries: on a port another process listens on, a PING is
+        # never answered, and the client's own retries would outlast the deadline
+        client = redis.Redis(
+            port=self.port, password=self.password, socket_connect_timeout=0.2, socket_timeout=0.5, retry=Retry(NoBackoff(), 0),
+        )
         try:
             while time.monotonic() < deadline:
-                if self._process is not None and self._process.poll() is not None:
+                if self._process is not None and (code := self._process.poll()) is not None:
+                    self._process = None
                     log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"embedded redis-server exited at start: {log}")
+                    raise ExitedAtStart(f"embedded redis-server on port {self.port} exited at start (code {code}): {log}")
                 try:
                     if client.ping():
                         return
-                except (redis.ConnectionError, redis.ResponseError):
+                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
                     # ResponseError: still loading the AOF after a restart
                     time.sleep(0.02)
             raise RuntimeError(f"embedded redis-server did not answer within {timeout}s")

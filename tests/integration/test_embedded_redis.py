@@ -1,13 +1,49 @@
-"""The embedded Redis is not open to whoever finds its port, and keeps its files private."""
+"""The embedded Redis is not open to whoever finds its port, keeps its files private, and
+starts on another port when the free one it chose was taken before it bound it."""
 
 from __future__ import annotations
 
+import socket
 import stat
 
 import pytest
 import redis
 
-from hookbus.bus.connection.embedded import EmbeddedRedis, write_private
+from hookbus.bus.connection.embedded import EmbeddedRedis, ExitedAtStart, write_private
+
+
+@pytest.fixture
+def taken_port():
+    """A port some other process listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path, taken_port) -> None:
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=False)
+    server.port = taken_port  # the race: another process took the port it chose
+    try:
+        server.start()
+        assert server.port != taken_port
+        with redis.Redis.from_url(server.url) as owner:
+            assert owner.ping()
+        server.restart()  # a restart keeps the port its clients hold
+        with redis.Redis.from_url(server.url) as owner:
+            assert owner.ping()
+    finally:
+        server.cleanup()
+
+
+def test_a_port_given_and_taken_fails_with_the_servers_log(tmp_path, taken_port) -> None:
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=False, port=taken_port)
+    try:
+        with pytest.raises(ExitedAtStart, match="in use"):
+            server.start()
+        assert server.port == taken_port
+    finally:
+        server.cleanup()
 
 
 def test_the_embedded_redis_needs_its_random_password_and_keeps_private_files(tmp_path) -> None:
