@@ -171,3 +171,21 @@ async def test_garbage_from_the_upstream_is_a_502_in_words_and_finalize_sees_it(
     assert not PYTHON_NAMES.search(json.dumps(error)), error
     assert "details" not in error or "exception" not in error["details"]
     assert (await finalized_with(finals, asked) or (0, ""))[0] == 502
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+async def test_an_answer_with_a_field_no_openai_model_accepts_is_still_an_answer(gateway, recording, finals, stream):
+    """Validated cheaply, but not strictly: an endpoint's odd `object` (the models accept only
+    OpenAI's) is built leniently, as the client builds everything, since its choices hold
+    what a completion's or a chunk's do."""
+    if stream:
+        odd = [{**c, "object": "chat.completion.chunk.v9"} for c in up.text_stream("odd but fine").chunks]
+        recording.answer(up.Stream(odd))
+    else:
+        recording.answer(up.Reply({**up.completion("odd but fine"), "object": "chat.completion.v9"}))
+    status, asked, events = await post(gateway, stream=stream)
+    assert status == 200, events
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")) if stream else (
+        events[0]["choices"][0]["message"]["content"])
+    assert text == "odd but fine"
+    assert await finalized_with(finals, asked) is None
