@@ -5,8 +5,8 @@ free loopback port in a private directory, optionally with AOF so that a restart
 every stream (the fault tests restart it under load).
 
 It requires a random password (the URL carries it), so another local user who finds the
-port cannot enqueue requests as any principal, and its files (AOF, log) are 0600 in a
-0700 directory.
+port cannot enqueue requests as any principal; the password is in its config file, not on
+its command line, and its files (config, AOF, log) are 0600 in a 0700 directory.
 """
 
 from __future__ import annotations
@@ -105,8 +105,14 @@ class EmbeddedRedis:
     def _start_once(self, timeout: float) -> str:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o700)
+        # the password goes in a private config file, not on the command line: every
+        # local user can read a process's arguments, and redis-server takes an argument
+        # that starts with "--" (1 in 4,096 random passwords) for an option and refuses to start
+        config = self.directory / "redis.conf"
+        write_private(config, f"requirepass {self.password}\n" if self.password else "")
         args = [
             redis_server_binary(),
+            str(config),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),
@@ -117,7 +123,6 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self.directory / "redis.log"),
-            *(["--requirepass", self.password] if self.password else []),
             *self.extra_args,
         ]
         self._process = subprocess.Popen(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import stat
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,6 +20,24 @@ def taken_port():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
+
+
+def test_the_password_is_not_on_the_command_line_whatever_it_starts_with(tmp_path) -> None:
+    """Any local user reads a process's arguments; and redis-server took a password that
+    starts with "--" (1 in 4,096 of them) for an option, and did not start."""
+    server = EmbeddedRedis(directory=tmp_path / "redis", appendonly=False)
+    server.password = "--" + (server.password or "")
+    try:
+        server.start()
+        assert server._process is not None
+        command_line = Path(f"/proc/{server._process.pid}/cmdline").read_bytes()
+        assert b"redis-server" in command_line and server.password.encode() not in command_line
+        with redis.Redis.from_url(server.url) as owner:
+            assert owner.ping()
+        with redis.Redis(port=server.port, password=server.password[2:]) as guesser, pytest.raises(redis.AuthenticationError):
+            guesser.ping()
+    finally:
+        server.cleanup()
 
 
 def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path, taken_port) -> None:
