@@ -173,8 +173,10 @@ class Stamp(Skill):
         return data
 
 
-PAY_ONCE = """if redis.call('SET', KEYS[1], '1', 'NX') then redis.call('RPUSH', KEYS[2], ARGV[1]) end"""
-"""The payment provider's side: a payment for a key not seen before (standalone Redis)."""
+PAY_ONCE = """redis.call('RPUSH', KEYS[1], ARGV[1])
+if redis.call('SET', KEYS[2], '1', 'NX') then redis.call('RPUSH', KEYS[3], ARGV[2]) end"""
+"""The payment provider's side, one round trip: the call logged, then a payment for a key
+not seen before (standalone Redis)."""
 
 
 class Payments(Skill):
@@ -193,10 +195,12 @@ class Payments(Skill):
         """Pay installment n."""
         client = redis_client()
         key = ctx.call.idempotency_key
-        await client.rpush(fault_key("pay-calls", ctx.completion_id), json.dumps({"by": NAME, "key": key}))
         # one script: a SIGKILL between taking the key and recording the payment would
         # leave a key taken and no payment, which a rerun under that key never makes
-        await client.eval(PAY_ONCE, 2, fault_key("paid", key), fault_key("pay-effects", ctx.completion_id), key)
+        await client.eval(
+            PAY_ONCE, 3, fault_key("pay-calls", ctx.completion_id), fault_key("paid", key),
+            fault_key("pay-effects", ctx.completion_id), json.dumps({"by": NAME, "key": key}), key,
+        )
         await asyncio.sleep(param(ctx.state.get("user_text", ""), "payhold", 0.3))
         return f"paid {n}"
 
